@@ -1,0 +1,854 @@
+#include "latticekit/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <unordered_map>
+
+#include "latticekit/errors.h"
+#include "latticekit/storage.h"
+
+namespace latticekit {
+namespace {
+
+constexpr char kMagic[8] = {'L', 'T', 'K', 'N', 'G', 'R', 'A', 'M'};
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kEndianMark = 0x0102030405060708ULL;
+constexpr float kMissingUnkLog10 = -100.0f;  // what KenLM substitutes when <unk> is absent
+constexpr uint64_t kMaxTokens = uint64_t(1) << 26;
+
+enum Section {
+  kStateBegin,     // uint64 [order + 1]
+  kArcBegin,       // uint32 [num_states + 1]
+  kBackoffWeight,  // float [num_states]
+  kBackoffState,   // uint32 [num_states]
+  kArcWord,        // uint16 or uint32 [num_arcs]
+  kArcProb,        // float [num_arcs]
+  kWordUpperBound, // float [num_words]
+  kTokenToWord,    // uint32 [num_tokens]
+  kTextBegin,      // uint64 [num_words + 1]
+  kText,           // char [text_bytes]
+  kNumSections
+};
+
+struct FileHeader {
+  char magic[8];
+  uint64_t endian_mark;
+  uint32_t version;
+  uint32_t header_size;
+  uint32_t order;
+  uint32_t flags;
+  uint64_t num_words, num_states, num_arcs, num_tokens, text_bytes;
+  uint64_t section_offset[kNumSections];
+  uint64_t file_size;
+  uint64_t checksum;  // of bytes [header_size, file_size)
+};
+constexpr uint32_t kFlagVocab = 1;
+constexpr uint32_t kFlagWideWords = 2;
+constexpr uint64_t kHeaderSize = (sizeof(FileHeader) + 63) & ~uint64_t(63);
+
+uint64_t AlignUp(uint64_t x) { return (x + 63) & ~uint64_t(63); }
+
+// Offsets of each section for the given sizes; returns the file size.
+uint64_t Layout(const FileHeader &h, uint64_t *offsets) {
+  const uint64_t word_bytes = (h.flags & kFlagWideWords) ? 4 : 2;
+  const uint64_t sizes[kNumSections] = {
+      8 * (uint64_t(h.order) + 1), 4 * (h.num_states + 1), 4 * h.num_states, 4 * h.num_states,
+      word_bytes * h.num_arcs,     4 * h.num_arcs,         4 * h.num_words,  4 * h.num_tokens,
+      8 * (h.num_words + 1),       h.text_bytes};
+  uint64_t at = kHeaderSize;
+  for (int i = 0; i < kNumSections; ++i) {
+    offsets[i] = at;
+    at = AlignUp(at + sizes[i]);
+  }
+  return at;
+}
+
+bool ParseTokenId(const std::string &s, uint64_t *id) {
+  if (s.empty() || s.size() > 10) return false;
+  if (s.size() > 1 && s[0] == '0') return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  *id = v;
+  return true;
+}
+
+// The n-grams of one order during the build, in internal word ids.
+struct BuildOrder {
+  std::vector<WordId> ids;  // [count, n]
+  std::vector<float> prob, backoff;
+  std::vector<uint32_t> line;
+  std::vector<uint8_t> filler;  // prefix added because a higher order needed it
+  size_t size() const { return prob.size(); }
+};
+
+int LexCompare(const WordId *a, const WordId *b, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
+  }
+  return 0;
+}
+
+void SortLexicographically(BuildOrder *order, size_t n, int bits) {
+  const size_t count = order->size();
+  std::vector<uint32_t> perm(count);
+  std::iota(perm.begin(), perm.end(), 0u);
+  const WordId *ids = order->ids.data();
+  if (n * bits <= 64) {
+    std::vector<std::pair<uint64_t, uint32_t>> keys(count);
+    for (size_t i = 0; i < count; ++i) {
+      uint64_t key = 0;
+      for (size_t k = 0; k < n; ++k) key = (key << bits) | ids[i * n + k];
+      keys[i] = {key, static_cast<uint32_t>(i)};
+    }
+    std::sort(keys.begin(), keys.end());
+    for (size_t i = 0; i < count; ++i) perm[i] = keys[i].second;
+  } else {
+    std::sort(perm.begin(), perm.end(), [ids, n](uint32_t a, uint32_t b) {
+      return LexCompare(ids + size_t(a) * n, ids + size_t(b) * n, n) < 0;
+    });
+  }
+  BuildOrder sorted;
+  sorted.ids.resize(order->ids.size());
+  sorted.prob.resize(count);
+  sorted.backoff.resize(count);
+  sorted.line.resize(count);
+  sorted.filler.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t j = perm[i];
+    std::copy_n(ids + size_t(j) * n, n, sorted.ids.data() + i * n);
+    sorted.prob[i] = order->prob[j];
+    sorted.backoff[i] = order->backoff[j];
+    sorted.line[i] = order->line[j];
+    sorted.filler[i] = order->filler[j];
+  }
+  *order = std::move(sorted);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Building
+
+class ModelBuilder {
+ public:
+  ModelBuilder(NGramTables tables, const std::vector<std::string> &vocab, bool has_vocab,
+               const std::string &source)
+      : tables_(std::move(tables)), vocab_(vocab), has_vocab_(has_vocab), source_(source) {}
+
+  std::unique_ptr<Model> Build() {
+    order_ = static_cast<int>(tables_.orders.size());
+    if (order_ < 1) throw ArpaError(source_, 0, "the model has no n-grams");
+    AssignWordIds();
+    ConvertOrders();
+    for (int n = 1; n <= order_; ++n) {
+      SortLexicographically(&orders_[n - 1], n, bits_);
+      CheckDuplicates(n);
+    }
+    for (int n = order_; n >= 2; --n) AddMissingPrefixes(n);
+    Allocate();
+    PlaceArcs();
+    LinkBackoffStates();
+    FillPrefixProbabilities();
+    ComputeUpperBounds();
+    FillTokensAndText();
+    FileHeader *h = reinterpret_cast<FileHeader *>(model_->storage_->mutable_data());
+    h->checksum = Checksum64(model_->storage_->data() + kHeaderSize, h->file_size - kHeaderSize);
+    return std::move(model_);
+  }
+
+ private:
+  [[noreturn]] void Fail(uint32_t line, const std::string &what) {
+    throw ArpaError(source_, line, what);
+  }
+
+  std::string Spell(const WordId *ids, size_t n) {
+    std::string s;
+    for (size_t k = 0; k < n; ++k) {
+      if (k) s += ' ';
+      s += words_[ids[k]];
+    }
+    return s;
+  }
+
+  void AssignWordIds() {
+    const OrderTable &unigrams = tables_.orders[0];
+    const size_t num_parsed = tables_.words.size();
+    std::vector<int64_t> unigram_of(num_parsed, -1);
+    for (size_t i = 0; i < unigrams.size(); ++i) {
+      int32_t w = unigrams.ids[i];
+      if (unigram_of[w] >= 0)
+        Fail(unigrams.lines.empty() ? 0 : unigrams.lines[i],
+             "duplicate 1-gram '" + tables_.words[w] + "'");
+      unigram_of[w] = static_cast<int64_t>(i);
+    }
+    // Every word of a higher order must be a unigram.
+    for (size_t n = 2; n <= tables_.orders.size(); ++n) {
+      const OrderTable &t = tables_.orders[n - 1];
+      for (size_t i = 0; i < t.ids.size(); ++i) {
+        if (unigram_of[t.ids[i]] < 0)
+          Fail(t.lines.empty() ? 0 : t.lines[i / n],
+               "word '" + tables_.words[t.ids[i]] + "' of a " + std::to_string(n) +
+                   "-gram is not among the 1-grams");
+      }
+    }
+    auto find = [&](const char *w) -> int64_t {
+      for (size_t i = 0; i < num_parsed; ++i)
+        if (tables_.words[i] == w && unigram_of[i] >= 0) return static_cast<int64_t>(i);
+      return -1;
+    };
+    int64_t unk = find("<unk>"), bos = find("<s>"), eos = find("</s>");
+    if (bos < 0) Fail(0, "the model has no <s> 1-gram (KenLM requires it too)");
+    if (eos < 0) Fail(0, "the model has no </s> 1-gram (KenLM requires it too)");
+    // Internal order: <unk>, <s>, </s>, then decimal token ids ascending, then other words.
+    std::vector<uint32_t> rest;
+    for (size_t i = 0; i < num_parsed; ++i) {
+      if (unigram_of[i] < 0 || int64_t(i) == unk || int64_t(i) == bos || int64_t(i) == eos)
+        continue;
+      rest.push_back(static_cast<uint32_t>(i));
+    }
+    std::vector<uint64_t> numeric(num_parsed, std::numeric_limits<uint64_t>::max());
+    for (uint32_t i : rest) {
+      uint64_t id;
+      if (ParseTokenId(tables_.words[i], &id)) numeric[i] = id;
+    }
+    std::sort(rest.begin(), rest.end(), [&](uint32_t a, uint32_t b) {
+      if (numeric[a] != numeric[b]) return numeric[a] < numeric[b];
+      return tables_.words[a] < tables_.words[b];
+    });
+    remap_.assign(num_parsed, 0);
+    words_.clear();
+    unigram_source_.clear();
+    auto add = [&](int64_t parsed, const std::string &text) {
+      if (parsed >= 0) remap_[parsed] = static_cast<WordId>(words_.size());
+      words_.push_back(text);
+      unigram_source_.push_back(parsed >= 0 ? unigram_of[parsed] : -1);
+    };
+    add(unk, "<unk>");
+    add(bos, "<s>");
+    add(eos, "</s>");
+    for (uint32_t i : rest) add(i, tables_.words[i]);
+    num_words_ = words_.size();
+    if (num_words_ >= (uint64_t(1) << 32) - 1) Fail(0, "too many words");
+    bits_ = 1;
+    while ((uint64_t(1) << bits_) < num_words_) ++bits_;
+  }
+
+  void ConvertOrders() {
+    orders_.resize(order_);
+    // Unigrams in internal word order; <unk> is added when the file lacks it.
+    BuildOrder &uni = orders_[0];
+    const OrderTable &src = tables_.orders[0];
+    for (WordId w = 0; w < num_words_; ++w) {
+      int64_t i = unigram_source_[w];
+      uni.ids.push_back(w);
+      uni.prob.push_back(i >= 0 ? src.log10_prob[i] : kMissingUnkLog10);
+      uni.backoff.push_back(i >= 0 ? src.log10_backoff[i] : 0.0f);
+      uni.line.push_back(i >= 0 && !src.lines.empty() ? src.lines[i] : 0);
+      uni.filler.push_back(0);
+    }
+    for (int n = 2; n <= order_; ++n) {
+      OrderTable &t = tables_.orders[n - 1];
+      BuildOrder &o = orders_[n - 1];
+      o.ids.resize(t.ids.size());
+      for (size_t i = 0; i < t.ids.size(); ++i) o.ids[i] = remap_[t.ids[i]];
+      o.prob = std::move(t.log10_prob);
+      o.backoff = std::move(t.log10_backoff);
+      o.line = t.lines.empty() ? std::vector<uint32_t>(o.prob.size(), 0) : std::move(t.lines);
+      o.filler.assign(o.prob.size(), 0);
+      t = OrderTable();
+    }
+  }
+
+  void CheckDuplicates(int n) {
+    const BuildOrder &o = orders_[n - 1];
+    for (size_t i = 1; i < o.size(); ++i) {
+      if (LexCompare(&o.ids[(i - 1) * n], &o.ids[i * n], n) == 0)
+        Fail(std::max(o.line[i - 1], o.line[i]),
+             "duplicate " + std::to_string(n) + "-gram '" + Spell(&o.ids[i * n], n) + "'");
+    }
+  }
+
+  // ARPA files may hold an n-gram whose prefix is missing (after some pruning tools). The
+  // prefix is added with the probability that back-off gives it and back-off weight 0,
+  // which leaves every score unchanged and makes every history a state.
+  void AddMissingPrefixes(int n) {
+    BuildOrder &high = orders_[n - 1];
+    BuildOrder &low = orders_[n - 2];
+    const size_t m = n - 1;
+    BuildOrder missing;
+    size_t j = 0;
+    for (size_t i = 0; i < high.size(); ++i) {
+      const WordId *prefix = &high.ids[i * n];
+      if (i > 0 && LexCompare(&high.ids[(i - 1) * n], prefix, m) == 0) continue;
+      while (j < low.size() && LexCompare(&low.ids[j * m], prefix, m) < 0) ++j;
+      if (j < low.size() && LexCompare(&low.ids[j * m], prefix, m) == 0) continue;
+      missing.ids.insert(missing.ids.end(), prefix, prefix + m);
+      missing.prob.push_back(std::numeric_limits<float>::quiet_NaN());
+      missing.backoff.push_back(0.0f);
+      missing.line.push_back(high.line[i]);
+      missing.filler.push_back(1);
+    }
+    if (missing.size() == 0) return;
+    if (m == 1) Fail(missing.line[0], "internal: a unigram prefix is missing");
+    BuildOrder merged;
+    size_t a = 0, b = 0;
+    auto take = [&](BuildOrder &from, size_t &k) {
+      merged.ids.insert(merged.ids.end(), &from.ids[k * m], &from.ids[k * m] + m);
+      merged.prob.push_back(from.prob[k]);
+      merged.backoff.push_back(from.backoff[k]);
+      merged.line.push_back(from.line[k]);
+      merged.filler.push_back(from.filler[k]);
+      ++k;
+    };
+    while (a < low.size() || b < missing.size()) {
+      if (b == missing.size() ||
+          (a < low.size() && LexCompare(&low.ids[a * m], &missing.ids[b * m], m) < 0))
+        take(low, a);
+      else
+        take(missing, b);
+    }
+    low = std::move(merged);
+    num_fillers_ += missing.size();
+  }
+
+  void Allocate() {
+    counts_.resize(order_);
+    for (int n = 1; n <= order_; ++n) counts_[n - 1] = orders_[n - 1].size();
+    num_states_ = 1;
+    for (int n = 1; n < order_; ++n) num_states_ += counts_[n - 1];
+    num_arcs_ = num_states_ - 1 + counts_[order_ - 1];
+    if (num_arcs_ >= (uint64_t(1) << 32) - 2)
+      Fail(0, "the model has " + std::to_string(num_arcs_) +
+                  " n-grams; at most 4,294,967,293 are supported");
+    if (has_vocab_) {
+      num_tokens_ = vocab_.size();
+    } else {
+      num_tokens_ = 0;
+      for (const std::string &w : words_) {
+        uint64_t id;
+        if (ParseTokenId(w, &id)) num_tokens_ = std::max(num_tokens_, id + 1);
+      }
+    }
+    if (num_tokens_ > kMaxTokens)
+      throw VocabularyTooLarge(num_tokens_);
+    text_bytes_ = 0;
+    for (const std::string &w : words_) text_bytes_ += w.size();
+
+    FileHeader h;
+    std::memset(&h, 0, sizeof(h));
+    std::memcpy(h.magic, kMagic, 8);
+    h.endian_mark = kEndianMark;
+    h.version = kVersion;
+    h.header_size = static_cast<uint32_t>(kHeaderSize);
+    h.order = static_cast<uint32_t>(order_);
+    h.flags = (has_vocab_ ? kFlagVocab : 0) | (num_words_ > 65535 ? kFlagWideWords : 0);
+    h.num_words = num_words_;
+    h.num_states = num_states_;
+    h.num_arcs = num_arcs_;
+    h.num_tokens = num_tokens_;
+    h.text_bytes = text_bytes_;
+    h.file_size = Layout(h, h.section_offset);
+    model_.reset(new Model());
+    model_->storage_.reset(ModelStorage::Allocate(h.file_size));
+    std::memcpy(model_->storage_->mutable_data(), &h, sizeof(h));
+    model_->BindViews();
+  }
+
+  static InvalidArgument VocabularyTooLarge(uint64_t n) {
+    return InvalidArgument("token ids up to " + std::to_string(n - 1) +
+                           " are too large for a direct token table (at most " +
+                           std::to_string(kMaxTokens - 1) + "); pass a vocab instead");
+  }
+
+  template <typename T>
+  T *Mutable(const T *p) {
+    return const_cast<T *>(p);
+  }
+
+  void PlaceArcs() {
+    Model &m = *model_;
+    uint64_t *state_begin = Mutable(m.state_begin_);
+    state_begin[0] = 0;
+    for (int n = 1; n <= order_; ++n) state_begin[n] = state_begin[n - 1] + (n == 1 ? 1 : counts_[n - 2]);
+    // state_begin[n] = 1 + sum_{k<n} counts[k]; the arcs of order n start at state_begin[n] - 1.
+    uint32_t *arc_begin = Mutable(m.arc_begin_);
+    float *arc_prob = Mutable(m.arc_prob_);
+    float *backoff_weight = Mutable(m.backoff_weight_);
+    uint16_t *word16 = Mutable(m.arc_word16_);
+    uint32_t *word32 = Mutable(m.arc_word32_);
+    std::vector<uint32_t> source(num_arcs_);
+    for (int n = 1; n <= order_; ++n) {
+      const BuildOrder &o = orders_[n - 1];
+      const uint64_t first_arc = state_begin[n] - 1;
+      const BuildOrder *low = n > 1 ? &orders_[n - 2] : nullptr;
+      size_t rank = 0;  // of the prefix among the (n-1)-grams, by merge walk
+      for (size_t i = 0; i < o.size(); ++i) {
+        const uint64_t a = first_arc + i;
+        uint64_t src = 0;
+        if (low != nullptr) {
+          const WordId *prefix = &o.ids[i * n];
+          while (LexCompare(&low->ids[rank * (n - 1)], prefix, n - 1) < 0) ++rank;
+          src = state_begin[n - 1] + rank;
+        }
+        source[a] = static_cast<uint32_t>(src);
+        const WordId w = o.ids[i * n + n - 1];
+        if (word16 != nullptr) word16[a] = static_cast<uint16_t>(w);
+        else word32[a] = w;
+        arc_prob[a] = o.prob[i];
+        if (n < order_) backoff_weight[a + 1] = o.backoff[i];
+      }
+    }
+    for (uint64_t a = 0; a < num_arcs_; ++a) ++arc_begin[source[a] + 1];
+    for (uint64_t s = 0; s < num_states_; ++s) arc_begin[s + 1] += arc_begin[s];
+  }
+
+  // The back-off state of a history is its longest proper suffix that is a state.
+  void LinkBackoffStates() {
+    Model &m = *model_;
+    uint32_t *backoff_state = Mutable(m.backoff_state_);
+    backoff_state[0] = 0;
+    for (int n = 1; n < order_; ++n) {
+      const BuildOrder &o = orders_[n - 1];
+      const uint64_t first = m.state_begin_[n];
+      for (size_t i = 0; i < o.size(); ++i) {
+        const WordId *g = &o.ids[i * n];
+        StateId link = kRootState;
+        for (int start = 1; start < n; ++start) {
+          StateId s = kRootState;
+          bool found = true;
+          for (int k = start; k < n; ++k) {
+            uint32_t a = m.FindArc(s, g[k]);
+            if (a == kNoArc) {
+              found = false;
+              break;
+            }
+            s = a + 1;
+          }
+          if (found) {
+            link = s;
+            break;
+          }
+        }
+        backoff_state[first + i] = link;
+      }
+    }
+  }
+
+  void FillPrefixProbabilities() {
+    if (num_fillers_ == 0) return;
+    Model &m = *model_;
+    float *arc_prob = Mutable(m.arc_prob_);
+    for (int n = 2; n < order_; ++n) {
+      const BuildOrder &o = orders_[n - 1];
+      const uint64_t first_arc = m.state_begin_[n] - 1;
+      for (size_t i = 0; i < o.size(); ++i) {
+        if (!o.filler[i]) continue;
+        const uint64_t a = first_arc + i;
+        // The prefix state is the source of arc a; scoring from its back-off state gives
+        // the probability the n-gram had before it was added.
+        StateId src = static_cast<StateId>(
+            std::upper_bound(m.arc_begin_, m.arc_begin_ + num_states_ + 1, uint32_t(a)) -
+            m.arc_begin_ - 1);
+        StateId next;
+        double p = m.backoff_weight_[src] +
+                   m.Advance(m.backoff_state_[src], o.ids[i * n + n - 1], &next);
+        arc_prob[a] = static_cast<float>(p);
+      }
+    }
+  }
+
+  void ComputeUpperBounds() {
+    Model &m = *model_;
+    std::vector<double> gain(num_states_, 0.0);  // best back-off sum reaching each state
+    for (uint64_t s = num_states_ - 1; s >= 1; --s) {
+      StateId b = m.backoff_state_[s];
+      gain[b] = std::max(gain[b], gain[s] + m.backoff_weight_[s]);
+    }
+    std::vector<double> best(num_words_, -std::numeric_limits<double>::infinity());
+    for (uint64_t s = 0; s < num_states_; ++s) {
+      for (uint32_t a = m.arc_begin_[s]; a < m.arc_begin_[s + 1]; ++a) {
+        WordId w = m.wide_words_ ? m.arc_word32_[a] : m.arc_word16_[a];
+        best[w] = std::max(best[w], gain[s] + m.arc_prob_[a]);
+      }
+    }
+    float *bound = Mutable(m.word_upper_bound_);
+    for (uint64_t w = 0; w < num_words_; ++w) {
+      float f = static_cast<float>(best[w]);
+      if (static_cast<double>(f) < best[w]) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+      bound[w] = f;
+    }
+  }
+
+  void FillTokensAndText() {
+    Model &m = *model_;
+    uint32_t *token_to_word = Mutable(m.token_to_word_);
+    if (has_vocab_) {
+      std::unordered_map<std::string, WordId> index;
+      index.reserve(num_words_ * 2);
+      for (WordId w = 0; w < num_words_; ++w) index.emplace(words_[w], w);
+      for (uint64_t t = 0; t < num_tokens_; ++t) {
+        auto it = index.find(vocab_[t]);
+        token_to_word[t] = it == index.end() ? kUnkWord : it->second;
+      }
+    } else {
+      for (WordId w = 0; w < num_words_; ++w) {
+        uint64_t id;
+        if (ParseTokenId(words_[w], &id)) token_to_word[id] = w;
+      }
+    }
+    uint64_t *text_begin = Mutable(m.text_begin_);
+    char *text = Mutable(m.text_);
+    uint64_t at = 0;
+    for (WordId w = 0; w < num_words_; ++w) {
+      text_begin[w] = at;
+      std::memcpy(text + at, words_[w].data(), words_[w].size());
+      at += words_[w].size();
+    }
+    text_begin[num_words_] = at;
+  }
+
+  NGramTables tables_;
+  const std::vector<std::string> &vocab_;
+  bool has_vocab_;
+  const std::string &source_;
+  int order_ = 0;
+  int bits_ = 1;
+  std::vector<std::string> words_;
+  std::vector<int64_t> unigram_source_;
+  std::vector<WordId> remap_;
+  std::vector<BuildOrder> orders_;
+  std::vector<uint64_t> counts_;
+  uint64_t num_words_ = 0, num_states_ = 0, num_arcs_ = 0, num_tokens_ = 0, text_bytes_ = 0;
+  uint64_t num_fillers_ = 0;
+  std::unique_ptr<Model> model_;
+};
+
+std::unique_ptr<Model> Model::Build(NGramTables tables, const std::vector<std::string> &vocab,
+                                    bool has_vocab, const std::string &source) {
+  return ModelBuilder(std::move(tables), vocab, has_vocab, source).Build();
+}
+
+// ---------------------------------------------------------------------------------------
+// Storage views, saving and loading
+
+// Per pair of words (a, b): the largest log10 p(b | h) over histories h ending in a.
+// Histories that back off past every n-gram ending in (a, b) reach the root: their best
+// is root_gain[a] + p(b), root_gain[a] being the largest sum of back-off weights from a
+// history ending in a down to the root. Pairs that end some n-gram are kept in a hash.
+struct Model::PairBounds {
+  struct Slot {
+    WordId a = kNoArc, b = 0;
+    float bound = 0;
+    uint32_t has_bigram = 0;
+  };
+  std::vector<Slot> slots;
+  uint64_t mask = 0;
+  std::vector<float> root_gain;
+
+  static uint64_t Hash(WordId a, WordId b) {
+    return ((uint64_t(a) << 32 | b) * 0x9E3779B97F4A7C15ULL) >> 20;
+  }
+  Slot &Insert(WordId a, WordId b) {
+    for (uint64_t i = Hash(a, b) & mask;; i = (i + 1) & mask) {
+      Slot &s = slots[i];
+      if (s.a == kNoArc) {
+        s.a = a;
+        s.b = b;
+        s.bound = -std::numeric_limits<float>::infinity();
+        return s;
+      }
+      if (s.a == a && s.b == b) return s;
+    }
+  }
+  const Slot *Find(WordId a, WordId b) const {
+    for (uint64_t i = Hash(a, b) & mask;; i = (i + 1) & mask) {
+      const Slot &s = slots[i];
+      if (s.a == kNoArc) return nullptr;
+      if (s.a == a && s.b == b) return &s;
+    }
+  }
+};
+
+Model::Model() = default;
+Model::~Model() = default;
+
+void Model::PreparePairBounds() const {
+  std::call_once(pair_bounds_once_, [this]() {
+    std::unique_ptr<PairBounds> pb(new PairBounds());
+    // gain[s]: largest sum of back-off weights from any state whose chain reaches s.
+    std::vector<double> gain(num_states_, 0.0);
+    for (uint64_t s = num_states_ - 1; s >= 1; --s) {
+      const StateId b = backoff_state_[s];
+      gain[b] = std::max(gain[b], gain[s] + backoff_weight_[s]);
+    }
+    pb->root_gain.assign(num_words_, 0.0f);
+    if (order_ >= 2) {
+      for (WordId a = 0; a < num_words_; ++a) {
+        double g = gain[a + 1] + backoff_weight_[a + 1];
+        float f = static_cast<float>(g);
+        if (f < g) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+        pb->root_gain[a] = f;
+      }
+    }
+    uint64_t pairs = order_ >= 2 ? num_arcs_ - num_words_ : 0;
+    uint64_t size = 1024;
+    while (size < 2 * pairs) size *= 2;
+    pb->slots.assign(size, PairBounds::Slot());
+    pb->mask = size - 1;
+    for (uint64_t s = 1; s < num_states_; ++s) {
+      const WordId a = wide_words_ ? arc_word32_[s - 1] : arc_word16_[s - 1];  // s's last word
+      for (uint32_t arc = arc_begin_[s]; arc < arc_begin_[s + 1]; ++arc) {
+        const WordId b = wide_words_ ? arc_word32_[arc] : arc_word16_[arc];
+        PairBounds::Slot &slot = pb->Insert(a, b);
+        const double v = gain[s] + arc_prob_[arc];
+        float f = static_cast<float>(v);
+        if (f < v) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+        slot.bound = std::max(slot.bound, f);
+        if (s <= num_words_) slot.has_bigram = 1;  // s is a unigram state
+      }
+    }
+    pair_bounds_ = std::move(pb);
+  });
+}
+
+float Model::PairUpperBound(WordId a, WordId b) const {
+  PreparePairBounds();
+  const PairBounds &pb = *pair_bounds_;
+  const float root = pb.root_gain[a] + arc_prob_[b];  // arc b of the root is unigram b
+  const PairBounds::Slot *slot = pb.Find(a, b);
+  if (slot == nullptr) return root;
+  return slot->has_bigram ? slot->bound : std::max(slot->bound, root);
+}
+
+void Model::BindViews() {
+  const char *base = storage_->data();
+  FileHeader h;
+  std::memcpy(&h, base, sizeof(h));
+  order_ = static_cast<int>(h.order);
+  has_vocab_ = (h.flags & kFlagVocab) != 0;
+  wide_words_ = (h.flags & kFlagWideWords) != 0;
+  num_words_ = h.num_words;
+  num_states_ = h.num_states;
+  num_arcs_ = h.num_arcs;
+  num_tokens_ = h.num_tokens;
+  const uint64_t *off = h.section_offset;
+  state_begin_ = reinterpret_cast<const uint64_t *>(base + off[kStateBegin]);
+  arc_begin_ = reinterpret_cast<const uint32_t *>(base + off[kArcBegin]);
+  backoff_weight_ = reinterpret_cast<const float *>(base + off[kBackoffWeight]);
+  backoff_state_ = reinterpret_cast<const uint32_t *>(base + off[kBackoffState]);
+  arc_word16_ = wide_words_ ? nullptr : reinterpret_cast<const uint16_t *>(base + off[kArcWord]);
+  arc_word32_ = wide_words_ ? reinterpret_cast<const uint32_t *>(base + off[kArcWord]) : nullptr;
+  arc_prob_ = reinterpret_cast<const float *>(base + off[kArcProb]);
+  word_upper_bound_ = reinterpret_cast<const float *>(base + off[kWordUpperBound]);
+  token_to_word_ = reinterpret_cast<const uint32_t *>(base + off[kTokenToWord]);
+  text_begin_ = reinterpret_cast<const uint64_t *>(base + off[kTextBegin]);
+  text_ = base + off[kText];
+}
+
+uint64_t Model::count(int n) const {
+  return (n < order_ ? state_begin_[n + 1] : num_arcs_ + 1) - state_begin_[n];
+}
+
+uint64_t Model::size_bytes() const { return storage_->size(); }
+
+void Model::Save(const std::string &path) const {
+  WriteFileAtomically(path, storage_->data(), storage_->size());
+}
+
+std::unique_ptr<Model> Model::Load(const std::string &path) {
+  std::unique_ptr<ModelStorage> storage(ModelStorage::Map(path));
+  const size_t size = storage->size();
+  auto fail = [&](const std::string &what) -> ModelFileError {
+    return ModelFileError(path + ": " + what);
+  };
+  if (size < sizeof(FileHeader) || std::memcmp(storage->data(), kMagic, 8) != 0)
+    throw fail("not a latticekit binary model (bad magic); build one with NGramLM.save");
+  FileHeader h;
+  std::memcpy(&h, storage->data(), sizeof(h));
+  if (h.endian_mark != kEndianMark) throw fail("written on a machine of other byte order");
+  if (h.version != kVersion)
+    throw fail("format version " + std::to_string(h.version) + ", this latticekit reads version " +
+               std::to_string(kVersion) + "; rebuild it from the ARPA file");
+  if (h.header_size != kHeaderSize || h.order < 1 || h.order > 255 ||
+      (h.flags & ~(kFlagVocab | kFlagWideWords)) != 0 || h.num_words < 3 ||
+      h.num_states < 1 || h.num_arcs < h.num_words || h.num_states > h.num_arcs + 1 ||
+      h.num_arcs >= (uint64_t(1) << 32) - 2 || h.num_tokens > kMaxTokens ||
+      h.text_bytes > size)
+    throw fail("corrupted header");
+  uint64_t offsets[kNumSections];
+  const uint64_t expected_size = Layout(h, offsets);
+  if (expected_size != h.file_size || std::memcmp(offsets, h.section_offset, sizeof(offsets)) != 0)
+    throw fail("corrupted header (section table)");
+  if (size < h.file_size)
+    throw fail("truncated: " + std::to_string(size) + " bytes, expected " +
+               std::to_string(h.file_size));
+  if (size > h.file_size) throw fail("trailing bytes after the model");
+  for (uint64_t i = sizeof(FileHeader); i < kHeaderSize; ++i)
+    if (storage->data()[i] != 0) throw fail("corrupted header (padding)");
+  if (Checksum64(storage->data() + kHeaderSize, size - kHeaderSize) != h.checksum)
+    throw fail("checksum mismatch: the file is corrupted");
+  std::unique_ptr<Model> model(new Model());
+  model->storage_ = std::move(storage);
+  model->BindViews();
+  try {
+    model->Validate();
+  } catch (const ModelFileError &e) {
+    throw fail(e.what());
+  }
+  return model;
+}
+
+void Model::Validate() const {
+  auto check = [](bool ok, const char *what) {
+    if (!ok) throw ModelFileError(std::string("inconsistent model structure: ") + what);
+  };
+  check(state_begin_[0] == 0 && state_begin_[1] == 1, "state table");
+  for (int n = 1; n <= order_; ++n) check(state_begin_[n] >= state_begin_[n - 1] && state_begin_[n] <= num_states_, "state table");
+  check(state_begin_[order_] == num_states_, "state table");
+  check(arc_begin_[0] == 0 && arc_begin_[1] == num_words_, "root arcs");
+  for (uint64_t s = 0; s < num_states_; ++s) check(arc_begin_[s] <= arc_begin_[s + 1], "arc table");
+  check(arc_begin_[num_states_] == num_arcs_, "arc table");
+  for (int n = 1; n <= order_; ++n)
+    check(arc_begin_[state_begin_[n - 1]] == state_begin_[n] - 1, "arcs per order");
+  check(backoff_state_[0] == 0, "back-off links");
+  for (int n = 1; n < order_; ++n)
+    for (uint64_t s = state_begin_[n]; s < state_begin_[n + 1]; ++s)
+      check(backoff_state_[s] < state_begin_[n], "back-off links");
+  for (uint64_t s = 0; s < num_states_; ++s) {
+    for (uint64_t a = arc_begin_[s]; a < arc_begin_[s + 1]; ++a) {
+      uint64_t w = wide_words_ ? arc_word32_[a] : arc_word16_[a];
+      check(w < num_words_, "arc word");
+      if (s == 0) check(w == a, "root arcs");
+      if (a > arc_begin_[s]) {
+        uint64_t prev = wide_words_ ? arc_word32_[a - 1] : arc_word16_[a - 1];
+        check(prev < w, "arc order");
+      }
+    }
+  }
+  for (uint64_t t = 0; t < num_tokens_; ++t) check(token_to_word_[t] < num_words_, "token table");
+  check(text_begin_[0] == 0, "word table");
+  for (uint64_t w = 0; w < num_words_; ++w) check(text_begin_[w] <= text_begin_[w + 1], "word table");
+  FileHeader h;
+  std::memcpy(&h, storage_->data(), sizeof(h));
+  check(text_begin_[num_words_] == h.text_bytes, "word table");
+}
+
+// ---------------------------------------------------------------------------------------
+// Scoring
+
+namespace {
+template <typename W>
+uint32_t SearchArcs(const W *words, uint32_t begin, uint32_t end, WordId w) {
+  // Short ranges: linear scan; long ones: binary search.
+  while (end - begin > 8) {
+    uint32_t mid = begin + (end - begin) / 2;
+    if (words[mid] <= w) begin = mid;
+    else end = mid;
+  }
+  for (uint32_t a = begin; a < end; ++a) {
+    if (words[a] == w) return a;
+    if (words[a] > w) break;
+  }
+  return kNoArc;
+}
+}  // namespace
+
+uint32_t Model::FindArc(StateId s, WordId w) const {
+  if (s == kRootState) return w < num_words_ ? w : kNoArc;
+  const uint32_t begin = arc_begin_[s], end = arc_begin_[s + 1];
+  return wide_words_ ? SearchArcs(arc_word32_, begin, end, w)
+                     : SearchArcs(arc_word16_, begin, end, w);
+}
+
+StateId Model::Normalize(StateId s) const {
+  while (s != kRootState && arc_begin_[s] == arc_begin_[s + 1] && backoff_weight_[s] == 0.0f)
+    s = backoff_state_[s];
+  return s;
+}
+
+double Model::Advance(StateId s, WordId w, StateId *next) const {
+  double total = 0.0;
+  StateId t = s;
+  while (true) {
+    const uint32_t a = FindArc(t, w);
+    if (a != kNoArc) {
+      if (order_ == 1) {
+        *next = kRootState;
+      } else if (a + 1 < num_states_) {
+        *next = Normalize(a + 1);
+      } else {
+        // Highest order: the next history is the longest suffix of (t, w) that is a state.
+        StateId u = backoff_state_[t];
+        uint32_t b;
+        while ((b = FindArc(u, w)) == kNoArc) u = backoff_state_[u];
+        *next = Normalize(b + 1);
+      }
+      return total + arc_prob_[a];
+    }
+    total += backoff_weight_[t];
+    t = backoff_state_[t];
+  }
+}
+
+StateId Model::StartState(bool bos) const {
+  if (!bos || order_ == 1) return kRootState;
+  return Normalize(kBosWord + 1);
+}
+
+double Model::Score(StateId start, const int32_t *tokens, size_t n, double *per_token,
+                    StateId *end) const {
+  double total = 0.0;
+  StateId s = start;
+  for (size_t i = 0; i < n; ++i) {
+    const double lp = Advance(s, TokenToWord(tokens[i]), &s);
+    if (per_token != nullptr) per_token[i] = lp;
+    total += lp;
+  }
+  if (end != nullptr) *end = s;
+  return total;
+}
+
+StateId Model::ContextState(const int32_t *context, size_t n, bool bos) const {
+  const size_t keep = std::min<size_t>(n, static_cast<size_t>(order_ - 1));
+  StateId s = StartState(bos);
+  Score(s, context + (n - keep), keep, nullptr, &s);
+  return s;
+}
+
+std::string Model::WordText(WordId w) const {
+  return std::string(text_ + text_begin_[w], text_ + text_begin_[w + 1]);
+}
+
+void Model::NGrams(int n, int32_t *ids, float *log10_prob, float *log10_backoff) const {
+  // Rows of order k are rebuilt from the rows of order k - 1: an arc's n-gram is its
+  // source state's n-gram plus its word.
+  std::vector<int32_t> rows, prev;
+  for (int k = 1; k <= n; ++k) {
+    const uint64_t first_arc = state_begin_[k] - 1;
+    const uint64_t count = (k < order_ ? state_begin_[k + 1] : num_arcs_ + 1) - state_begin_[k];
+    rows.assign(count * k, 0);
+    const uint64_t src_first = state_begin_[k - 1];
+    const uint64_t src_last = k > 1 ? state_begin_[k] : 1;
+    for (uint64_t s = src_first; s < src_last; ++s) {
+      for (uint32_t a = arc_begin_[s]; a < arc_begin_[s + 1]; ++a) {
+        const uint64_t i = a - first_arc;
+        if (k > 1) std::copy_n(&prev[(s - src_first) * (k - 1)], k - 1, &rows[i * k]);
+        rows[i * k + k - 1] = static_cast<int32_t>(wide_words_ ? arc_word32_[a] : arc_word16_[a]);
+        if (k == n) {
+          log10_prob[i] = arc_prob_[a];
+          log10_backoff[i] = k < order_ ? backoff_weight_[a + 1] : 0.0f;
+        }
+      }
+    }
+    prev.swap(rows);
+  }
+  std::copy(prev.begin(), prev.end(), ids);
+}
+
+}  // namespace latticekit

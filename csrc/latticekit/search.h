@@ -1,0 +1,77 @@
+// Exact p-best paths of a sausage lattice rescored by a back-off n-gram model.
+//
+// A path picks one arc per position; its score is the sum of its arc (draft) scores plus
+// alpha times its natural-log n-gram probability given the decoding context. The search is
+// A* over (position, model state) with at most p expansions per pair (the classic k-best
+// rule): hypotheses that reach the same model state at the same position share every
+// continuation, so only the p best of them can lead to a top-p path. The heuristic is,
+// per remaining position, the best arc score plus alpha times the largest probability any
+// history gives the arc's word: admissible and consistent, so the first p complete paths
+// popped are the p best. Ties break by token sequence, ascending.
+#ifndef LATTICEKIT_SEARCH_H_
+#define LATTICEKIT_SEARCH_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "latticekit/model.h"
+
+namespace latticekit {
+
+// One lattice, borrowed: tokens and scores are [h, k] row-major; widths[i] arcs of row i
+// are used (all k when widths is null).
+struct LatticeView {
+  const int32_t *tokens = nullptr;
+  const float *scores = nullptr;
+  const int32_t *widths = nullptr;
+  int h = 0;
+  int k = 0;
+};
+
+// Where a search writes its paths, best first: tokens [p, h]; the rest [p], natural log.
+struct PathsOut {
+  int32_t *tokens = nullptr;
+  double *score = nullptr;
+  double *draft_score = nullptr;
+  double *lm_score = nullptr;
+};
+
+struct SearchStats {
+  uint64_t pops = 0;        // hypotheses taken off the queue
+  uint64_t expansions = 0;  // hypotheses whose arcs were followed
+  uint64_t transitions = 0; // model transitions computed (not memoised)
+};
+
+// A reusable searcher; one per thread. Not thread-safe itself; the model is shared.
+class PBestSearch {
+ public:
+  explicit PBestSearch(const Model &model);
+  ~PBestSearch();
+  PBestSearch(const PBestSearch &) = delete;
+  PBestSearch &operator=(const PBestSearch &) = delete;
+
+  // Writes the min(p, number of paths) best paths; returns how many.
+  int Run(const LatticeView &lattice, StateId start, int p, double alpha, const PathsOut &out);
+  const SearchStats &stats() const { return stats_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  SearchStats stats_;
+};
+
+// The p best paths of each of a batch of equally shaped lattices, spread over threads.
+// tokens/scores [batch, h, k]; widths [batch, h] or null; contexts: tokens of lattice b are
+// context[context_offsets[b] .. context_offsets[b + 1]) (context null: no context).
+// Outputs: tokens [batch, p, h], score/draft/lm [batch, p], count [batch].
+void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,
+                const int32_t *widths, int64_t batch, int h, int k, const int32_t *context,
+                const int64_t *context_offsets, bool bos, int p, double alpha, int threads,
+                int32_t *out_tokens, double *out_score, double *out_draft, double *out_lm,
+                int32_t *out_count, int64_t *out_pops = nullptr,
+                int64_t *out_transitions = nullptr);
+
+}  // namespace latticekit
+
+#endif  // LATTICEKIT_SEARCH_H_

@@ -1,0 +1,84 @@
+# Declarations of the C++ core (csrc/latticekit/*.h), one block per header.
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libcpp cimport bool
+from libcpp.memory cimport unique_ptr
+from libcpp.string cimport string
+from libcpp.vector cimport vector
+
+
+cdef extern from "latticekit/errors.h" namespace "latticekit" nogil:
+    cdef cppclass ErrorInfo:
+        int kind
+        string message
+        string path
+        long line
+    ErrorInfo CurrentError()
+
+
+# Called by Cython inside the C++ catch block of every `except +raise_core_error` call:
+# turns the C++ exception being handled into the matching latticekit.errors class.
+cdef inline int raise_core_error() except -1:
+    cdef ErrorInfo info = CurrentError()
+    from latticekit import errors
+    message = info.message.decode("utf-8", "replace")
+    if info.kind == 1:
+        raise errors.ArpaFormatError(message, info.path.decode("utf-8", "replace"), info.line)
+    if info.kind == 2:
+        raise errors.ModelFormatError(message)
+    if info.kind == 3:
+        raise errors.LatticeError(message)
+    if info.kind == 4:
+        raise MemoryError(message)
+    raise errors.LatticeKitError(message)
+
+
+cdef extern from "latticekit/arpa.h" namespace "latticekit" nogil:
+    cdef cppclass OrderTable:
+        vector[int32_t] ids
+        vector[float] log10_prob
+        vector[float] log10_backoff
+        vector[uint32_t] lines
+
+    cdef cppclass NGramTables:
+        vector[string] words
+        vector[OrderTable] orders
+
+    NGramTables ParseArpa(const char* data, size_t size, const string& path) except +raise_core_error
+
+
+cdef extern from "latticekit/model.h" namespace "latticekit" nogil:
+    ctypedef uint32_t StateId
+    ctypedef uint32_t WordId
+
+    cdef cppclass Model:
+        @staticmethod
+        unique_ptr[Model] Build(NGramTables tables, const vector[string]& vocab, bool has_vocab,
+                                const string& source) except +raise_core_error
+        @staticmethod
+        unique_ptr[Model] Load(const string& path) except +raise_core_error
+        void Save(const string& path) except +raise_core_error
+
+        int order()
+        uint64_t count(int n)
+        uint64_t num_words()
+        uint64_t num_states()
+        uint64_t num_arcs()
+        uint64_t num_tokens()
+        uint64_t size_bytes()
+        bool has_vocab()
+        WordId TokenToWord(int64_t token)
+        StateId StartState(bool bos)
+        double Score(StateId start, const int32_t* tokens, size_t n, double* per_token,
+                     StateId* end)
+        StateId ContextState(const int32_t* context, size_t n, bool bos)
+        float WordUpperBound(WordId w)
+        string WordText(WordId w)
+        void NGrams(int n, int32_t* ids, float* log10_prob, float* log10_backoff)
+
+
+cdef extern from "latticekit/search.h" namespace "latticekit" nogil:
+    void PBestBatch(const Model& model, const int32_t* tokens, const float* scores,
+                    const int32_t* widths, int64_t batch, int h, int k, const int32_t* context,
+                    const int64_t* context_offsets, bool bos, int p, double alpha, int threads,
+                    int32_t* out_tokens, double* out_score, double* out_draft, double* out_lm,
+                    int32_t* out_count, int64_t* out_pops, int64_t* out_transitions) except +raise_core_error

@@ -1,0 +1,212 @@
+"""The n-gram language model: Katz/ARPA back-off semantics, compiled for fast lookups."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+from typing import Any, Optional, Sequence, Tuple
+
+import numpy as np
+
+from latticekit import _core
+from latticekit._arrays import token_array
+from latticekit.errors import ArpaFormatError, ModelFormatError
+
+__all__ = ["NGramLM"]
+
+LN10 = math.log(10.0)
+
+NGramTable = Tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+class NGramLM:
+    """A back-off n-gram model held as a state machine with back-off links.
+
+    Scores follow the ARPA back-off recursion exactly as KenLM computes it:
+    ``p(w | h) = P(h w)`` when the n-gram exists, else ``bo(h) * p(w | h[1:])``. A token the
+    model lacks is scored as ``<unk>`` (the file's ``<unk>`` entry, or log10 -100 when it has
+    none, as KenLM substitutes). All scores returned are natural logs.
+
+    Words are decimal token ids by default (``"1234"`` is token 1234). A ``vocab`` (strings
+    indexed by token id, e.g. a tokenizer's vocabulary) maps any other word set.
+
+    Build one with :meth:`from_arpa`, :meth:`load` (the compact binary format written by
+    :meth:`save`) or :meth:`from_ngrams`.
+    """
+
+    def __init__(self, core: "_core.CoreModel") -> None:
+        """Wraps a compiled core model; use the ``from_*`` constructors or :meth:`load`."""
+        self._core = core
+        self._words: Optional[list] = None
+
+    # -- construction ------------------------------------------------------------------
+
+    @classmethod
+    def from_arpa(cls, path: "os.PathLike[str] | str", vocab: Optional[Sequence[str]] = None) -> "NGramLM":
+        """Reads an ARPA back-off model (plain or gzip-compressed).
+
+        Args:
+            path: the ARPA file; a name ending in ``.gz`` is decompressed.
+            vocab: spelling of each token id, for models whose words are not decimal ids.
+
+        Returns:
+            The compiled model.
+
+        Raises:
+            ArpaFormatError: the file is malformed; the message names file and line.
+            OSError: the file cannot be read.
+        """
+        path = os.fspath(path)
+        with open(path, "rb") as f:
+            data = f.read()
+        if path.endswith(".gz") or data[:2] == b"\x1f\x8b":
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError) as exc:
+                raise ArpaFormatError(f"{path}: corrupt gzip stream: {exc}", path, 0) from exc
+        buffer = np.frombuffer(data, dtype=np.uint8)
+        return cls(_core.CoreModel.from_arpa_bytes(buffer, path, _vocab_list(vocab)))
+
+    @classmethod
+    def from_ngrams(
+        cls,
+        words: Sequence[str],
+        tables: Sequence[NGramTable],
+        vocab: Optional[Sequence[str]] = None,
+    ) -> "NGramLM":
+        """Compiles a model from n-gram tables (the layout :meth:`ngrams` returns).
+
+        Args:
+            words: spelling of each word id used in the tables; must include ``<s>`` and
+                ``</s>``.
+            tables: ``tables[n - 1]`` is ``(ids, log10_prob, log10_backoff)`` for order n:
+                ``ids`` int32 of shape ``(count, n)`` indexing ``words``, the two others
+                float32 of shape ``(count,)``.
+            vocab: as in :meth:`from_arpa`.
+
+        Raises:
+            ArpaFormatError: inconsistent tables (duplicates, words missing from unigrams).
+            ValueError: arrays of the wrong shape.
+        """
+        prepared = []
+        for n, table in enumerate(tables, start=1):
+            ids, prob, backoff = table
+            ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1, n)
+            prob = np.ascontiguousarray(prob, dtype=np.float32).reshape(-1)
+            backoff = np.ascontiguousarray(backoff, dtype=np.float32).reshape(-1)
+            if not (ids.shape[0] == prob.shape[0] == backoff.shape[0]):
+                raise ValueError(f"order {n}: ids, log10_prob and log10_backoff differ in length")
+            if ids.size and (ids.min() < 0 or ids.max() >= len(words)):
+                raise ValueError(f"order {n}: word ids must index words (0..{len(words) - 1})")
+            prepared.append((ids, prob, backoff))
+        core = _core.CoreModel.from_tables(list(words), prepared, _vocab_list(vocab), "<tables>")
+        return cls(core)
+
+    @classmethod
+    def load(cls, path: "os.PathLike[str] | str") -> "NGramLM":
+        """Memory-maps a binary model written by :meth:`save`, checking it completely.
+
+        Raises:
+            ModelFormatError: not a latticekit model, another version, truncated or corrupted.
+        """
+        return cls(_core.CoreModel.load(os.fspath(path)))
+
+    def save(self, path: "os.PathLike[str] | str") -> None:
+        """Writes the compact binary model (magic, version, checksum) atomically.
+
+        The file is written next to ``path`` under a temporary name and renamed into place,
+        so a crash never leaves a half-written model behind.
+        """
+        self._core.save(os.fspath(path))
+
+    # -- properties ------------------------------------------------------------------
+
+    @property
+    def order(self) -> int:
+        """The model's order N (longest n-gram)."""
+        return self._core.order
+
+    @property
+    def counts(self) -> Tuple[int, ...]:
+        """Number of n-grams per order, ``counts[n - 1]`` for order n.
+
+        Includes an added ``<unk>`` unigram when the source had none, and any missing
+        n-gram prefixes filled in with their back-off probability.
+        """
+        return self._core.counts
+
+    @property
+    def num_ngrams(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def words(self) -> list:
+        """Spelling of each internal word id: ``<unk>``, ``<s>``, ``</s>``, then the rest."""
+        if self._words is None:
+            self._words = self._core.words()
+        return list(self._words)
+
+    @property
+    def size_bytes(self) -> int:
+        """Size of the compiled model (the binary file's size)."""
+        return self._core.size_bytes
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{n}-grams={c}" for n, c in enumerate(self.counts, start=1))
+        return f"NGramLM(order={self.order}, {counts})"
+
+    # -- scoring ---------------------------------------------------------------------
+
+    def token_logprobs(self, tokens: Any, context: Any = (), bos: bool = False) -> np.ndarray:
+        """Natural-log probability of each token after ``context``.
+
+        Args:
+            tokens: token ids, shape ``(n,)`` (list, numpy array or torch tensor).
+            context: the decoded prefix; only its last ``order - 1`` tokens matter.
+            bos: start from ``<s>`` (KenLM's ``BeginSentenceWrite``) instead of the empty
+                context (``NullContextWrite``).
+
+        Returns:
+            float64 array of shape ``(n,)``.
+
+        Raises:
+            VocabularyError: negative or out-of-range token ids.
+        """
+        log10 = self._core.token_log10probs(token_array(tokens), token_array(context, "context"), bool(bos))
+        return log10 * LN10
+
+    def score(self, tokens: Any, context: Any = (), bos: bool = False) -> float:
+        """Natural-log probability of ``tokens`` after ``context`` (see :meth:`token_logprobs`).
+
+        Equals KenLM's sum of ``BaseScore`` over the tokens, times ln 10.
+        """
+        log10 = self._core.token_log10probs(token_array(tokens), token_array(context, "context"), bool(bos))
+        return float(log10.sum()) * LN10
+
+    def ngrams(self, order: int) -> NGramTable:
+        """The n-grams of one order, in lexicographic order of word ids.
+
+        Returns:
+            ``(ids, log10_prob, log10_backoff)``: int32 of shape ``(count, order)`` indexing
+            :attr:`words`, and two float32 arrays of shape ``(count,)``.
+        """
+        if not 1 <= order <= self.order:
+            raise ValueError(f"order must be in 1..{self.order}, got {order}")
+        return self._core.ngrams(int(order))
+
+    def write_arpa(self, path: "os.PathLike[str] | str") -> None:
+        """Writes the model as an ARPA file (``.gz`` names are compressed), atomically."""
+        from latticekit.lm.arpa_io import write_arpa
+
+        write_arpa(path, self.words, [self.ngrams(n) for n in range(1, self.order + 1)])
+
+
+def _vocab_list(vocab: Optional[Sequence[str]]) -> Optional[list]:
+    if vocab is None:
+        return None
+    out = list(vocab)
+    for i, word in enumerate(out):
+        if not isinstance(word, str):
+            raise TypeError(f"vocab[{i}] is {type(word).__name__}, expected str")
+    return out

@@ -1,0 +1,83 @@
+"""Slow, obviously-correct references for the fast paths: ARPA back-off scoring straight
+from the n-gram dictionary, and p-best by enumerating every path."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+LN10 = math.log(10.0)
+
+
+class ReferenceLM:
+    """An ARPA model as a dict ``ngram tuple -> (log10 prob, log10 backoff)``."""
+
+    def __init__(self, ngrams: Dict[Tuple[str, ...], Tuple[float, float]], vocab: Optional[Sequence[str]] = None):
+        self.ngrams = ngrams
+        self.order = max(len(g) for g in ngrams)
+        self.vocab = vocab
+
+    @classmethod
+    def from_arpa_text(cls, text: str, vocab=None) -> "ReferenceLM":
+        ngrams = {}
+        section = 0
+        for line in text.splitlines():
+            line = line.strip()
+            if not line or line.startswith("ngram ") or line == "\\data\\":
+                continue
+            if line.startswith("\\") and line.endswith("-grams:"):
+                section = int(line[1:].split("-")[0])
+                continue
+            if line == "\\end\\":
+                break
+            if section:
+                parts = line.split()
+                prob = float(parts[0])
+                words = tuple(parts[1 : 1 + section])
+                backoff = float(parts[1 + section]) if len(parts) > section + 1 else 0.0
+                ngrams[words] = (prob, backoff)
+        return cls(ngrams, vocab)
+
+    def word(self, token: int) -> str:
+        w = self.vocab[token] if self.vocab is not None and token < len(self.vocab) else (
+            str(token) if self.vocab is None else "<unk>")
+        return w if (w,) in self.ngrams else "<unk>"
+
+    def log10_prob(self, history: Tuple[str, ...], w: str) -> float:
+        """The ARPA back-off recursion, with history truncated to order - 1 words."""
+        history = history[len(history) - min(len(history), self.order - 1):]
+        total = 0.0
+        while True:
+            if history + (w,) in self.ngrams:
+                return total + self.ngrams[history + (w,)][0]
+            if not history:
+                return total + (-100.0 if w == "<unk>" else self.ngrams[(w,)][0])
+            total += self.ngrams.get(history, (0.0, 0.0))[1]
+            history = history[1:]
+
+    def token_log10probs(self, tokens, context=(), bos=False) -> List[float]:
+        history = (("<s>",) if bos else ()) + tuple(self.word(t) for t in context)
+        out = []
+        for t in tokens:
+            w = self.word(t)
+            out.append(self.log10_prob(history, w))
+            history = history + (w,)
+        return out
+
+    def score(self, tokens, context=(), bos=False) -> float:
+        return sum(self.token_log10probs(tokens, context, bos)) * LN10
+
+
+def brute_force_pbest(tokens, scores, widths, lm: ReferenceLM, p, alpha, context=(), bos=False):
+    """Every path of the lattice, scored, sorted by (score desc, tokens asc); the first p."""
+    h = len(tokens)
+    paths = []
+    for arcs in itertools.product(*[range(int(widths[i])) for i in range(h)]):
+        toks = tuple(int(tokens[i][a]) for i, a in enumerate(arcs))
+        draft = sum(float(scores[i][a]) for i, a in enumerate(arcs))
+        lm_score = lm.score(toks, context, bos)
+        total = draft if alpha == 0 else draft + alpha * lm_score
+        paths.append((total, toks, draft, lm_score))
+    paths.sort(key=lambda x: (-x[0], x[1]))
+    return paths[:p]

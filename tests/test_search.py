@@ -1,0 +1,196 @@
+"""p-best search against brute-force enumeration, batching, threads and the GIL."""
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import latticekit as lk
+from arpa_gen import arpa_models, to_arpa
+from reference import ReferenceLM, brute_force_pbest
+
+DATA = Path(__file__).parent / "data"
+
+
+@st.composite
+def lattices(draw, max_h=4, max_k=4, max_token=9, tie_prone=False):
+    h = draw(st.integers(1, max_h))
+    k = draw(st.integers(1, max_k))
+    tokens = np.array([draw(st.permutations(range(max_token)))[:k] for _ in range(h)], dtype=np.int32)
+    if tie_prone:
+        values = st.sampled_from([0.0, -1.0, -2.0])
+    else:
+        values = st.floats(-8.0, 0.0, allow_nan=False, width=32)
+    scores = np.array([[draw(values) for _ in range(k)] for _ in range(h)], dtype=np.float32)
+    widths = np.array([draw(st.integers(1, k)) for _ in range(h)], dtype=np.int32)
+    return tokens, scores, widths
+
+
+def assert_same_paths(got, want, tol=1e-9):
+    """Same scores rank by rank; same drafts except where scores are tied within rounding
+    (float sums in another order), where only the order inside the group may differ."""
+    assert len(got) == len(want)
+    for g, (score, toks, draft, lm_score) in zip(got, want):
+        assert g.score == pytest.approx(score, abs=tol * max(1, abs(score)))
+        assert g.draft_score == pytest.approx(draft, abs=1e-9 * max(1, abs(draft)))
+    scores = np.array([w[0] for w in want])
+    for i, (g, w) in enumerate(zip(got, want)):
+        tied = np.abs(scores - w[0]) <= tol * max(1, abs(w[0]))
+        group_inside = tied.sum() == 1 or (i < len(want) - 1 and tied[-1] == False)  # noqa: E712
+        if tied.sum() == 1:
+            assert g.tokens == w[1]
+        elif group_inside:
+            assert g.tokens in {want[j][1] for j in np.flatnonzero(tied)}
+
+
+@settings(max_examples=80)
+@given(model=arpa_models(max_order=4), lattice=lattices(), p=st.integers(1, 20),
+       alpha=st.sampled_from([0.0, 0.3, 1.0, 25.0]), context=st.lists(st.integers(0, 9), max_size=4),
+       bos=st.booleans())
+def test_pbest_equals_brute_force(tmp_path_factory, model, lattice, p, alpha, context, bos):
+    ngrams, _ = model
+    path = tmp_path_factory.mktemp("m") / "m.arpa"
+    path.write_text(to_arpa(ngrams))
+    lm = lk.NGramLM.from_arpa(path)
+    tokens, scores, widths = lattice
+    got = lk.pbest(lk.SausageLattice(tokens, scores, widths), lm, p, alpha, context, bos)
+    want = brute_force_pbest(tokens, scores, widths, ReferenceLM(ngrams), p, alpha, context, bos)
+    assert_same_paths(got, want, tol=1e-6)
+    for g in got:
+        assert g.lm_score == pytest.approx(lm.score(g.tokens, context, bos), rel=1e-12, abs=1e-12)
+        assert g.score == pytest.approx(g.draft_score + alpha * g.lm_score, rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=60)
+@given(lattice=lattices(tie_prone=True), p=st.integers(1, 30))
+def test_ties_break_by_tokens_ascending(tmp_path_factory, lattice, p):
+    # alpha = 0 with few distinct scores: many exact ties, resolved by token sequence.
+    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    tokens, scores, widths = lattice
+    got = lk.pbest(lk.SausageLattice(tokens, scores, widths), lm, p, alpha=0.0)
+    paths = brute_force_pbest(tokens, scores, widths, ReferenceLM({("x",): (0.0, 0.0)}), p, 0.0)
+    assert [(g.score, g.tokens) for g in got] == [(w[0], w[1]) for w in paths]
+
+
+def test_fewer_paths_than_p_returns_all():
+    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lat = lk.SausageLattice([[1, 2], [3, 4]], [[-0.1, -0.2], [-0.3, -0.4]])
+    paths = lk.pbest(lat, lm, p=100)
+    assert len(paths) == 4 == lat.num_paths
+    assert len({p.tokens for p in paths}) == 4
+
+
+def golden_lattices(lm, n, h, k, seed):
+    rng = np.random.default_rng(seed)
+    text = [int(t) for t in (DATA / "tokenids-small-heldout.txt").read_text().split()]
+    ids = np.array([int(w) for w in lm.words[3:]])
+    out = []
+    for _ in range(n):
+        pos = int(rng.integers(5, len(text) - h))
+        toks = np.zeros((h, k), dtype=np.int32)
+        for i in range(h):
+            row = [text[pos + i]]
+            while len(row) < k:
+                c = int(rng.choice(ids))
+                if c not in row:
+                    row.append(c)
+            toks[i] = rng.permutation(row)
+        scores = rng.normal(-2, 1.5, (h, k)).astype(np.float32)
+        out.append((lk.SausageLattice(toks, scores), text[pos - 5:pos]))
+    return out
+
+
+def test_batch_equals_single_calls_and_threads_agree():
+    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    items = golden_lattices(lm, 24, 5, 6, seed=1)
+    lattices_, contexts = [l for l, _ in items], [c for _, c in items]
+    singles = [lk.pbest(l, lm, 8, 0.7, c) for l, c in items]
+    for threads in (1, 2, 3):
+        batch = lk.pbest_batch(lattices_, lm, 8, 0.7, contexts, threads=threads)
+        assert list(batch) == singles
+        assert batch.tokens.shape == (24, 8, 5)
+    stacked = lk.SausageLattice(np.stack([l.tokens for l in lattices_]), np.stack([l.scores for l in lattices_]))
+    assert list(lk.pbest_batch(stacked, lm, 8, 0.7, contexts)) == singles
+
+
+def test_batch_pads_different_widths():
+    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    a = lk.SausageLattice([[5, 6, 7], [8, 9, 10]], np.full((2, 3), -1.0))
+    b = lk.SausageLattice([[5], [8]], [[-1.0], [-2.0]])
+    res = lk.pbest_batch([a, b], lm, 4)
+    assert res[0] == lk.pbest(a, lm, 4) and res[1] == lk.pbest(b, lm, 4)
+    assert res.counts.tolist() == [4, 1]
+
+
+def test_fix_first_lattice_keeps_only_the_argmax():
+    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    logits = np.random.default_rng(0).normal(size=(4, 50)).astype(np.float32)
+    lat = lk.SausageLattice.from_logits(logits, k=5, fix_first=True)
+    paths = lk.pbest(lat, lm, 30)
+    assert {p.tokens[0] for p in paths} == {int(np.argmax(logits[0]))}
+    assert len(paths) == 30 and lat.num_paths == 125
+
+
+def test_gil_is_released_during_batch_search():
+    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz5_pruned.arpa.gz")
+    items = golden_lattices(lm, 300, 8, 12, seed=2)
+    lats = [l for l, _ in items]
+    ctx = [c for _, c in items]
+    start = time.perf_counter()
+    lk.pbest_batch(lats, lm, 16, 1.0, ctx, threads=1)
+    duration = time.perf_counter() - start
+    ticks = []
+    stop = threading.Event()
+
+    def heartbeat():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=heartbeat)
+    t.start()
+    try:
+        lk.pbest_batch(lats, lm, 16, 1.0, ctx, threads=1)
+    finally:
+        stop.set()
+        t.join()
+    # A thread holding the GIL would starve the heartbeat for the whole call.
+    assert duration > 0.02, "batch too quick to observe"
+    assert len(ticks) >= 5
+    gaps = np.diff(ticks)
+    assert gaps.max() < max(0.5 * duration, 0.05)
+
+
+def test_concurrent_calls_on_one_model_match_serial():
+    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    items = golden_lattices(lm, 40, 6, 8, seed=3)
+    serial = [lk.pbest(l, lm, 4, 1.0, c) for l, c in items]
+    results = [None] * 4
+    errors = []
+
+    def work(i):
+        try:
+            results[i] = [lk.pbest(l, lm, 4, 1.0, c) for l, c in items]
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert all(r == serial for r in results)
+
+
+def test_search_on_golden_model_matches_brute_force():
+    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    import gzip
+    ref = ReferenceLM.from_arpa_text(gzip.decompress((DATA / "tokenids-small-katz3.arpa.gz").read_bytes()).decode())
+    for lat, ctx in golden_lattices(lm, 6, 4, 4, seed=4):
+        got = lk.pbest(lat, lm, 10, 1.0, ctx)
+        want = brute_force_pbest(lat.tokens, lat.scores, lat.widths, ref, 10, 1.0, ctx)
+        assert_same_paths(got, want, tol=1e-6)
