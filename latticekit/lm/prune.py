@@ -7,8 +7,8 @@ relative entropy between the model with and without it (Stolcke 1998, OpenGrm's 
 
 where ``p(h)`` is the product of the ascending n-gram probabilities of ``h``,
 ``p'(w|h) = alpha'(h) p(w|h')`` and ``alpha'`` the back-off weight after removing ``h w``
-alone. Like OpenGrm, a score is raised to the largest score of every n-gram extending it (as
-prefix or as suffix), n-grams still needed as a history state or as the back-off of a kept
+alone. Like OpenGrm 1.3.11 (checked on the golden files: same kept set, same values), n-grams
+still needed as a history state or as the back-off of a kept
 higher-order n-gram are never pruned, the n-gram probabilities that stay are unchanged, and
 the back-off weights are recomputed afterwards so every state normalises. An n-gram is pruned
 when its score is below ``ln(1 + theta)``.
@@ -31,8 +31,8 @@ def _neglog(model: BackoffModel, k: int) -> np.ndarray:
     return -np.asarray(model.log10_prob[k - 1], np.float64) * LN10
 
 
-def relative_entropy_scores(model: BackoffModel, propagate: bool = False) -> List[np.ndarray]:
-    """OpenGrm's shrink score of every n-gram, raised to the max over its extensions.
+def relative_entropy_scores(model: BackoffModel) -> List[np.ndarray]:
+    """OpenGrm's shrink score of every n-gram (each scored as if pruned alone).
 
     Args:
         model: a normalised back-off model.
@@ -69,13 +69,7 @@ def relative_entropy_scores(model: BackoffModel, propagate: bool = False) -> Lis
         score *= -np.exp(log_state[k - 2][hist])
         score[~np.isfinite(lp) | ~np.isfinite(log_state[k - 2][hist])] = np.inf
         own.append(score)
-    # Raise each score to the max of the n-grams extending it, highest order first.
-    final = [s.copy() for s in own]
-    for k in range(N, 2, -1) if propagate else ():
-        s = final[k - 1]
-        np.maximum.at(final[k - 2], np.asarray(model.prefix[k - 1]), s)
-        np.maximum.at(final[k - 2], model.suffix_rows(k), s)
-    return final
+    return own
 
 
 def _backoff_factors(hi_neglog: np.ndarray, lo_neglog: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
