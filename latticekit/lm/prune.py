@@ -20,7 +20,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from latticekit.lm.katz import INF_BACKOFF, _backoff_cost, _f32, _state_neglog_sums
+from latticekit.lm.katz import INF_BACKOFF, _backoff_cost, _round_f32, _state_neglog_sums
 from latticekit.lm.model import LN10, BackoffModel
 from latticekit.lm.trie import BOS, EOS
 
@@ -123,7 +123,10 @@ def prune_relative_entropy(
         model: a normalised back-off model (e.g. from :func:`estimate_katz`).
         theta: prune n-grams whose score is below ``ln(1 + theta)`` (OpenGrm's ``--theta``).
         target_ngrams: instead, keep at most this many n-grams (OpenGrm's
-            ``--target_number_of_ngrams``; ``<s>`` not counted).
+            ``--target_number_of_ngrams``; ``<s>`` not counted). OpenGrm's threshold is tried
+            first; where the n-grams that must stay make it overshoot, the threshold is raised
+            to the lowest score level that fits (unigrams are never pruned, so a target below
+            their number keeps only the unigrams).
 
     Returns:
         The pruned model (a new object); kept probabilities are unchanged, back-off weights
@@ -144,21 +147,22 @@ def prune_relative_entropy(
         if target_ngrams is None or target_ngrams < 0:
             raise ValueError(f"target_ngrams must be >= 0, got {target_ngrams}")
         log_theta = theta_for_target(model, target_ngrams, scores)
-    N = model.order
-    keep = [np.ones(model.total(k), bool) for k in range(1, N + 1)]
-    if log_theta != np.inf:
-        alive_state = [np.zeros(model.total(k), bool) for k in range(1, N + 1)]
-        for k in range(N, 1, -1):
-            needed = np.zeros(model.total(k), bool)
-            if k < N:
-                kept_hi = keep[k]
-                # a history state with kept n-grams, or the back-off of a kept n-gram
-                needed |= alive_state[k - 1]
-                needed[model.suffix_rows(k + 1)[kept_hi]] = True
-            keep[k - 1] = needed | (scores[k - 1] >= log_theta)
-            alive_state[k - 2] |= np.bincount(
-                np.asarray(model.prefix[k - 1])[keep[k - 1]], minlength=model.total(k - 1)
-            ) > 0
+    keep = _keep_masks(model, scores, log_theta)
+    if target_ngrams is not None and _n_kept(model, keep) > target_ngrams:
+        # OpenGrm's threshold ignores n-grams that must stay (histories, back-offs of kept
+        # n-grams), so it can overshoot: raise it to the smallest score level that fits.
+        levels = np.unique(np.concatenate([scores[k] for k in range(1, model.order)]))
+        levels = levels[levels > log_theta]
+        lo, hi = 0, len(levels) - 1
+        best = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            trial = _keep_masks(model, scores, float(np.nextafter(levels[mid], np.inf)))
+            if _n_kept(model, trial) <= target_ngrams:
+                best, hi = trial, mid - 1
+            else:
+                lo = mid + 1
+        keep = best if best is not None else _keep_masks(model, scores, np.inf)
     out = model.copy()
     masks = out.select(keep)
     out.log10_prob = [np.asarray(p)[m] for p, m in zip(model.log10_prob, masks)]
@@ -167,6 +171,29 @@ def prune_relative_entropy(
     if hasattr(model, "discounts"):
         out.discounts = model.discounts  # type: ignore[attr-defined]
     return out
+
+
+def _n_kept(model: BackoffModel, keep: List[np.ndarray]) -> int:
+    """N-grams kept, ``<s>`` not counted (OpenGrm's count)."""
+    return int(sum(int(m.sum()) for m in keep)) - int(np.count_nonzero(np.asarray(model.word[0]) == BOS))
+
+
+def _keep_masks(model: BackoffModel, scores: List[np.ndarray], log_theta: float) -> List[np.ndarray]:
+    """Which n-grams stay at threshold ``log_theta``, deciding from the highest order down."""
+    N = model.order
+    keep = [np.ones(model.total(k), bool) for k in range(1, N + 1)]
+    alive_state = [np.zeros(model.total(k), bool) for k in range(1, N + 1)]
+    for k in range(N, 1, -1):
+        needed = np.zeros(model.total(k), bool)
+        if k < N:
+            # a history state with kept n-grams, or the back-off of a kept n-gram
+            needed |= alive_state[k - 1]
+            needed[model.suffix_rows(k + 1)[keep[k]]] = True
+        keep[k - 1] = needed | (scores[k - 1] >= log_theta)
+        alive_state[k - 2] |= np.bincount(
+            np.asarray(model.prefix[k - 1])[keep[k - 1]], minlength=model.total(k - 1)
+        ) > 0
+    return keep
 
 
 def recompute_backoffs(model: BackoffModel) -> None:
@@ -187,7 +214,7 @@ def recompute_backoffs(model: BackoffModel) -> None:
         fanout = np.bincount(hist, minlength=n_states)
         alpha = _backoff_cost(hi, lo)
         alpha[fanout == unigram_events] = INF_BACKOFF
-        bo = -_f32(alpha) / LN10
+        bo = -_round_f32(alpha) / LN10
         bo[fanout == 0] = np.nan
         bo[np.asarray(model.word[j - 1]) == EOS] = np.nan
         model.log10_backoff[j - 1] = bo
