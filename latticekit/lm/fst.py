@@ -407,7 +407,7 @@ class OpenFstRescorer:
             lm_fst = ngramlm_to_fst(model)
         else:
             lm_fst = fst.Fst.read(model) if isinstance(model, str) else model
-        self._base = fst.VectorFst(lm_fst) if not isinstance(lm_fst, fst.VectorFst) else lm_fst.copy()
+        self._base = lm_fst.copy()
         syms = self._base.input_symbols()
         label_by_token: Dict[int, int] = {}
         for label, sym in syms:

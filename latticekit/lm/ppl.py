@@ -104,7 +104,8 @@ def perplexity_of_ids(model: BackoffModel, ids: np.ndarray, lengths: np.ndarray)
     words = int(len(ids))
     oovs = int(oov.sum())
     denom = words - oovs + n_sent
-    ppl = float(10.0 ** (-logprob / denom)) if denom > 0 else float("nan")
+    with np.errstate(over="ignore"):
+        ppl = float(np.power(10.0, -logprob / denom)) if denom > 0 else float("nan")
     return PerplexityResult(n_sent, words, oovs, logprob, ppl)
 
 
