@@ -1,0 +1,331 @@
+"""Reading training text into chunks of ``<s> ... </s>`` word-id streams.
+
+Three kinds of input, each line (or array) one sentence:
+
+* raw text, words separated by whitespace (:func:`text_chunks`);
+* raw text encoded by a tokenizer (:func:`tokenizer_chunks`): an HF ``tokenizers`` JSON file or
+  a local ``transformers`` tokenizer directory;
+* pre-tokenized files of decimal token ids (:func:`token_id_chunks`) or numpy arrays of ids
+  (:func:`array_chunks`).
+
+Words get internal ids in order of first appearance after ``<unk>``, ``<s>``, ``</s>`` (as
+OpenGrm's ``ngramsymbols`` does), kept in a :class:`WordTable`. Empty lines are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Iterable, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from latticekit.errors import VocabularyError
+from latticekit.lm.counting import CorpusError
+from latticekit.lm.trie import BOS, EOS, SPECIAL_WORDS
+
+__all__ = [
+    "WordTable",
+    "TokenIdTable",
+    "text_chunks",
+    "token_id_chunks",
+    "tokenizer_chunks",
+    "array_chunks",
+    "load_tokenizer",
+    "lines_to_stream",
+]
+
+DEFAULT_CHUNK_TOKENS = 2_000_000
+
+
+class WordTable:
+    """String words to internal ids, in order of first appearance."""
+
+    def __init__(self) -> None:
+        self.words: List[str] = list(SPECIAL_WORDS)
+        self._index = {w: i for i, w in enumerate(self.words)}
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def ids(self, tokens: Sequence[str]) -> np.ndarray:
+        """Internal ids of ``tokens`` (a flat list of words), adding new words.
+
+        Only distinct words go through Python; the mapping itself is vectorised.
+        """
+        if not tokens:
+            return np.zeros(0, np.int64)
+        arr = np.asarray(tokens, dtype=object)
+        uniq, first, inverse = np.unique(arr, return_index=True, return_inverse=True)
+        ids = np.empty(len(uniq), np.int64)
+        for u in np.argsort(first, kind="stable"):  # distinct words, first-appearance order
+            w = uniq[u]
+            i = self._index.get(w)
+            if i is None:
+                i = len(self.words)
+                self._index[w] = i
+                self.words.append(w)
+            ids[u] = i
+        return ids[inverse]
+
+
+class TokenIdTable:
+    """Token ids to internal ids, in order of first appearance; words are decimal strings.
+
+    Args:
+        vocab_size: when given, ids must be in ``[0, vocab_size)``.
+    """
+
+    def __init__(self, vocab_size: Optional[int] = None) -> None:
+        self.vocab_size = vocab_size
+        self._internal = np.full(0, -1, np.int64)
+        self.token_of_word: List[int] = [-1, -1, -1]
+
+    @property
+    def words(self) -> List[str]:
+        """The word table (``<unk>``, ``<s>``, ``</s>``, then token ids as decimal strings)."""
+        return list(SPECIAL_WORDS) + [str(t) for t in self.token_of_word[3:]]
+
+    def __len__(self) -> int:
+        return len(self.token_of_word)
+
+    def ids(self, tokens: np.ndarray, path: str = "", line_of: Optional[np.ndarray] = None) -> np.ndarray:
+        """Internal ids of token ids, adding new ones.
+
+        Raises:
+            VocabularyError: for a negative id or one beyond ``vocab_size``.
+        """
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if len(tokens) == 0:
+            return tokens
+        bad = tokens < 0
+        if self.vocab_size is not None:
+            bad |= tokens >= self.vocab_size
+        if bad.any():
+            at = int(np.argmax(bad))
+            line = int(line_of[at]) if line_of is not None else 0
+            where = f"{path}:{line}: " if path else ""
+            raise VocabularyError(
+                f"{where}token id {int(tokens[at])} is outside the vocabulary"
+                + (f" of {self.vocab_size} ids" if self.vocab_size is not None else "")
+            )
+        top = int(tokens.max()) + 1
+        if top > len(self._internal):
+            grown = np.full(max(top, 2 * len(self._internal)), -1, np.int64)
+            grown[: len(self._internal)] = self._internal
+            self._internal = grown
+        mapped = self._internal[tokens]
+        new = mapped < 0
+        if new.any():
+            uniq, first = np.unique(tokens[new], return_index=True)
+            uniq = uniq[np.argsort(first, kind="stable")]
+            start = len(self.token_of_word)
+            self._internal[uniq] = np.arange(start, start + len(uniq))
+            self.token_of_word.extend(uniq.tolist())
+            mapped = self._internal[tokens]
+        return mapped
+
+
+def lines_to_stream(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Insert ``<s>`` and ``</s>`` around sentences given as flat ids plus lengths.
+
+    Args:
+        ids: int internal ids of every sentence, back to back.
+        lengths: int words per sentence.
+
+    Returns:
+        int32 stream of ``len(ids) + 2 * len(lengths)`` ids.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    n = len(lengths)
+    out = np.empty(len(ids) + 2 * n, np.int32)
+    ends = np.cumsum(lengths + 2)
+    starts = ends - lengths - 2
+    out[starts] = BOS
+    out[ends - 1] = EOS
+    word_pos = np.ones(len(out), bool)
+    word_pos[starts] = False
+    word_pos[ends - 1] = False
+    out[word_pos] = ids
+    return out
+
+
+def _read_lines(path: str, max_lines: int) -> Iterator[List[bytes]]:
+    with open(path, "rb") as f:
+        while True:
+            lines = f.readlines(max_lines * 64)
+            if not lines:
+                return
+            yield lines
+
+
+def _decode(lines: List[bytes], path: str, first_line: int) -> List[str]:
+    try:
+        return b"".join(lines).decode("utf-8").split("\n")[: len(lines)]
+    except UnicodeDecodeError:
+        for i, raw in enumerate(lines):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise CorpusError(
+                    f"{path}:{first_line + i}: not UTF-8 text ({exc.reason} at byte {exc.start})",
+                    path,
+                    first_line + i,
+                ) from exc
+        raise
+
+
+def text_chunks(
+    paths: Sequence[str], table: WordTable, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+) -> Iterator[np.ndarray]:
+    """Streams of raw text files, one sentence per line, words split on whitespace.
+
+    Args:
+        paths: text files (UTF-8).
+        table: the word table, filled as words are seen.
+        chunk_tokens: approximate words per chunk.
+
+    Yields:
+        int32 ``<s> ... </s>`` streams.
+
+    Raises:
+        CorpusError: naming the file and line, for text that is not UTF-8.
+        OSError: if a file cannot be read.
+    """
+    for path in paths:
+        line_no = 1
+        for raw in _read_lines(path, max(chunk_tokens // 8, 1000)):
+            lines = _decode(raw, path, line_no)
+            line_no += len(raw)
+            split = [l.split() for l in lines]
+            lengths = np.fromiter((len(s) for s in split), np.int64, count=len(split))
+            keep = lengths > 0
+            flat = [w for s in split for w in s]
+            yield lines_to_stream(table.ids(flat), lengths[keep])
+
+
+def token_id_chunks(
+    paths: Sequence[str], table: TokenIdTable, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+) -> Iterator[np.ndarray]:
+    """Streams of pre-tokenized files: one sentence of decimal token ids per line.
+
+    Raises:
+        CorpusError: naming file and line, for a line that is not decimal ids or not UTF-8.
+        VocabularyError: for an id outside the table's vocabulary.
+    """
+    for path in paths:
+        line_no = 1
+        for raw in _read_lines(path, max(chunk_tokens // 8, 1000)):
+            lines = _decode(raw, path, line_no)
+            tokens, lengths = _parse_ids(b"".join(raw), path, line_no, lines)
+            line_of = np.repeat(np.arange(line_no, line_no + len(lines)), lengths)
+            ids = table.ids(tokens, path, line_of)
+            line_no += len(raw)
+            yield lines_to_stream(ids, lengths[lengths > 0])
+
+
+def _parse_ids(data: bytes, path: str, line_no: int, lines: List[str]) -> "tuple[np.ndarray, np.ndarray]":
+    """Decimal ids and words per line of a block of lines, vectorised over the bytes."""
+    b = np.frombuffer(data, np.uint8)
+    space = (b == 32) | (b == 9) | (b == 10) | (b == 13) | (b == 11) | (b == 12)
+    starts = ~space
+    starts[1:] &= space[:-1]
+    line_of_byte = np.cumsum(b == 10) - (b == 10)
+    lengths = np.bincount(line_of_byte[starts], minlength=len(lines))[: len(lines)].astype(np.int64)
+    digits_ok = bool(np.all(space | ((b >= 48) & (b <= 57))))
+    if digits_ok:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tokens = np.fromstring(data.decode("ascii"), dtype=np.int64, sep=" ")
+        if len(tokens) == int(lengths.sum()):
+            return tokens, lengths
+    for i, line in enumerate(lines):
+        for w in line.split():
+            if not w.isdigit():
+                raise CorpusError(f"{path}:{line_no + i}: {w!r} is not a decimal token id", path, line_no + i)
+    raise CorpusError(f"{path}: could not parse token ids near line {line_no}", path, line_no)
+
+
+def array_chunks(
+    arrays: Iterable[np.ndarray], table: TokenIdTable, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+) -> Iterator[np.ndarray]:
+    """Streams of numpy arrays of token ids, one array per sentence."""
+    batch: List[np.ndarray] = []
+    size = 0
+    for a in arrays:
+        a = np.asarray(a).reshape(-1)
+        if a.dtype.kind not in "iu":
+            raise CorpusError(f"token id arrays must be integers, got {a.dtype}")
+        if len(a) == 0:
+            continue
+        batch.append(a)
+        size += len(a)
+        if size >= chunk_tokens:
+            yield _arrays_to_stream(batch, table)
+            batch, size = [], 0
+    if batch:
+        yield _arrays_to_stream(batch, table)
+
+
+def _arrays_to_stream(batch: List[np.ndarray], table: TokenIdTable) -> np.ndarray:
+    lengths = np.fromiter((len(a) for a in batch), np.int64, count=len(batch))
+    return lines_to_stream(table.ids(np.concatenate(batch)), lengths)
+
+
+def load_tokenizer(path: str) -> Any:
+    """Load a tokenizer: an HF ``tokenizers`` JSON file or a ``transformers`` directory.
+
+    Returns:
+        An object with ``encode_batch(lines) -> list[list[int]]`` semantics (see
+        :func:`tokenizer_chunks`) and a ``vocab_size``.
+
+    Raises:
+        OSError: if nothing loadable is at ``path``.
+    """
+    if os.path.isfile(path):
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(path)
+        return _HFTokenizer(tok)
+    if os.path.isdir(path):
+        from transformers import AutoTokenizer
+
+        return _TransformersTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True))
+    raise OSError(f"no tokenizer at {path!r} (expected tokenizer.json or a tokenizer directory)")
+
+
+class _HFTokenizer:
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+
+    def encode_batch(self, lines: List[str]) -> List[List[int]]:
+        return [e.ids for e in self.tok.encode_batch(lines, add_special_tokens=False)]
+
+
+class _TransformersTokenizer:
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+        self.vocab_size = len(tok)
+
+    def encode_batch(self, lines: List[str]) -> List[List[int]]:
+        return self.tok(lines, add_special_tokens=False)["input_ids"]
+
+
+def tokenizer_chunks(
+    paths: Sequence[str], tokenizer: Any, table: TokenIdTable, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+) -> Iterator[np.ndarray]:
+    """Streams of raw text files encoded line by line with ``tokenizer`` (no special tokens).
+
+    Raises:
+        CorpusError: naming file and line, for text that is not UTF-8.
+    """
+    for path in paths:
+        line_no = 1
+        for raw in _read_lines(path, max(chunk_tokens // 32, 1000)):
+            lines = [l for l in _decode(raw, path, line_no) if l.strip()]
+            line_no += len(raw)
+            encoded = tokenizer.encode_batch(lines) if lines else []
+            arrays = [np.asarray(e, np.int64) for e in encoded if len(e)]
+            if arrays:
+                yield _arrays_to_stream(arrays, table)

@@ -1,0 +1,98 @@
+"""Bad input gives typed errors that name the file and line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from latticekit.errors import ArpaFormatError, LatticeKitError, VocabularyError
+from latticekit.lm.arpa_io import read_arpa
+from latticekit.lm.build import build_katz, count_ngrams
+from latticekit.lm.counting import CorpusError, count_stream
+from latticekit.lm.ppl import perplexity
+
+
+def test_empty_corpus(tmp_path):
+    path = tmp_path / "empty.txt"
+    path.write_text("\n\n   \n")
+    with pytest.raises(CorpusError, match="no sentence"):
+        build_katz([str(path)], 3, workers=1)
+
+
+def test_order_below_one(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("a b\n")
+    with pytest.raises(ValueError, match="order"):
+        build_katz([str(path)], 0)
+    with pytest.raises(ValueError, match="order"):
+        count_stream(np.array([1, 3, 2], np.int32), 0, 4)
+
+
+def test_non_utf8_text_names_line(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"fine line\nalso fine\nbroken \xff\xfe here\n")
+    with pytest.raises(CorpusError) as info:
+        build_katz([str(path)], 2, workers=1)
+    assert info.value.line == 3 and str(path) in str(info.value)
+    assert isinstance(info.value, (LatticeKitError, ValueError))
+
+
+def test_ids_beyond_vocabulary(tmp_path):
+    path = tmp_path / "ids.txt"
+    path.write_text("1 2 3\n4 99 5\n")
+    with pytest.raises(VocabularyError, match=r":2: token id 99"):
+        build_katz([str(path)], 2, tokenized=True, vocab_size=50, workers=1)
+
+
+def test_not_decimal_ids(tmp_path):
+    path = tmp_path / "ids.txt"
+    path.write_text("1 2 3\n4 x5\n")
+    with pytest.raises(CorpusError, match=r":2: 'x5'"):
+        build_katz([str(path)], 2, tokenized=True, workers=1)
+
+
+def test_sentence_longer_than_any_buffer(tmp_path):
+    rng = np.random.default_rng(0)
+    long_line = " ".join(map(str, rng.integers(0, 30, 300_000)))
+    path = tmp_path / "long.txt"
+    path.write_text(long_line + "\n1 2 3\n")
+    model = build_katz([str(path)], 3, tokenized=True, workers=1, chunk_tokens=1000)
+    assert model.counts[0] == 30 + 2  # 30 ids, <s>, </s>
+    counts, _ = count_ngrams([str(path)], 1, tokenized=True, workers=1)
+    assert counts.tokens == 300_003 and counts.sentences == 2
+
+
+def test_add_vocabulary(tmp_path):
+    path = tmp_path / "ids.txt"
+    path.write_text("1 2 3\n3 2 1 1\n")
+    model = build_katz([str(path)], 2, tokenized=True, vocab_size=10, add_vocabulary=True, workers=1)
+    unigrams = {model.words[i]: p for i, p in zip(model.word[0], model.log10_prob[0])}
+    assert set(unigrams) == {"<s>", "</s>"} | {str(i) for i in range(10)}
+    assert unigrams["7"] == -1000.0 and unigrams["1"] > -2
+    res = perplexity(model, [["7", "1"]])
+    assert res.oovs == 0 and np.isfinite(res.logprob10)
+
+
+def test_min_counts(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("a b c\na b c\na b d\n")
+    full = build_katz([str(path)], 3, workers=1)
+    cut = build_katz([str(path)], 3, min_counts=[1, 1, 2], workers=1)
+    assert cut.counts[2] < full.counts[2]
+    assert all(" ".join(cut.words[i] for i in row) != "a b d" for row in cut.ngram_ids(3))
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("no data section\n", "no \\\\data"),
+        ("\\data\\\nngram 1=2\n\n\\1-grams:\n-1\ta\n\\end\\\n", "header says 2"),
+        ("\\data\\\nngram 1=1\n\n\\1-grams:\n-1 a\n\\end\\\n", ":5: expected"),
+        ("\\data\\\nngram 1=1\nngram 2=1\n\n\\1-grams:\n-1\ta\n\n\\2-grams:\n-1\tb c\n\\end\\\n", "prefix"),
+    ],
+)
+def test_bad_arpa(tmp_path, text, match):
+    path = tmp_path / "bad.arpa"
+    path.write_text(text)
+    with pytest.raises(ArpaFormatError, match=match):
+        read_arpa(str(path))
