@@ -195,11 +195,29 @@ class NGramLM:
             raise ValueError(f"order must be in 1..{self.order}, got {order}")
         return self._core.ngrams(int(order))
 
+    @classmethod
+    def from_fst(cls, fst: Any, vocab: Optional[Sequence[str]] = None) -> "NGramLM":
+        """Reads an OpenGrm n-gram model FST (``pywrapfst.Fst`` or a path to one).
+
+        One state per history, back-off arcs on label 0, ``-ln`` tropical weights, ``</s>``
+        as final weight, words from the FST's symbol table. Needs ``pynini``.
+        """
+        from latticekit.lm.fst import ngramlm_from_fst
+
+        return ngramlm_from_fst(fst, vocab)
+
+    def to_fst(self) -> Any:
+        """This model in the OpenGrm model format, a ``pywrapfst.VectorFst`` with symbol
+        tables attached, that OpenFst and OpenGrm tools accept. Needs ``pynini``."""
+        from latticekit.lm.fst import ngramlm_to_fst
+
+        return ngramlm_to_fst(self)
+
     def write_arpa(self, path: "os.PathLike[str] | str") -> None:
         """Writes the model as an ARPA file (``.gz`` names are compressed), atomically."""
         from latticekit.lm.arpa_io import write_arpa
 
-        write_arpa(path, self.words, [self.ngrams(n) for n in range(1, self.order + 1)])
+        write_arpa(os.fspath(path), self.words, [self.ngrams(n) for n in range(1, self.order + 1)])
 
 
 def _vocab_list(vocab: Optional[Sequence[str]]) -> Optional[list]:
