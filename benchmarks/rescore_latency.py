@@ -1,0 +1,194 @@
+"""p-best rescoring latency: latticekit vs OpenFst composition, on a real 4-gram.
+
+The paper's grid (h in {4, 8, 16} x k in {2, 4, 8, 16} x p in {1, 2, 4, 8, 16}) plus batch
+throughput, on the OpenGrm 4-gram over SmolLM2 token ids of the CPython standard library.
+Lattices come from real held-out text: at a random position, each step holds the true next
+token plus k - 1 distinct tokens drawn from the unigram distribution, scored by the
+log-softmax of N(0, 2) logits with +2 on the true token (seeded).
+
+Every row reports latticekit's median and p90, OpenFst's median measured in the same run
+(compose with the model, arc-sorted and with its label-sorted property cached, then
+shortestpath(nshortest=p, unique=True)), their ratio, and how often OpenFst's p best differ
+from the exact ones (its back-off arcs are epsilon transitions, an approximation).
+
+    python benchmarks/rescore_latency.py                 # full grid (several minutes)
+    python benchmarks/rescore_latency.py --quick         # 8 x 16 and 16 x 16 rows only
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import latticekit as lk
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT.parent / "shared" / "golden" / "stdlib-tokenids"
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": sys.version.split()[0],
+            "platform": platform.platform()}
+
+
+def make_lattices(lm, stream, n, h, k, seed):
+    words = lm.words
+    token_of_word = np.array([int(w) if w.isdigit() else -1 for w in words])
+    _, log10p, _ = lm.ngrams(1)
+    prob = np.power(10.0, log10p.astype(np.float64))
+    prob[token_of_word < 0] = 0.0
+    prob /= prob.sum()
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        pos = int(rng.integers(16, len(stream) - h - 1))
+        tokens = np.zeros((h, k), np.int32)
+        for i in range(h):
+            row = [int(stream[pos + i])]
+            while len(row) < k:
+                for c in rng.choice(len(prob), size=2 * k, p=prob):
+                    t = int(token_of_word[c])
+                    if t not in row and len(row) < k:
+                        row.append(t)
+            tokens[i] = row
+        logits = rng.normal(0.0, 2.0, (h, k))
+        logits[:, 0] += 2.0
+        scores = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        perm = np.argsort(-scores, axis=1, kind="stable")
+        lattice = lk.SausageLattice(np.take_along_axis(tokens, perm, 1),
+                                    np.take_along_axis(scores, perm, 1).astype(np.float32))
+        out.append((lattice, stream[pos - 16:pos]))
+    return out
+
+
+def timed(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(GOLDEN / "katz4.arpa.gz"))
+    ap.add_argument("--heldout", default=str(GOLDEN / "heldout_ids.txt.gz"))
+    ap.add_argument("--lattices", type=int, default=100, help="lattices per grid cell")
+    ap.add_argument("--openfst-lattices", type=int, default=30, help="lattices per cell for OpenFst")
+    ap.add_argument("--quick", action="store_true", help="only the 8 x 16 and 16 x 16 rows")
+    ap.add_argument("--no-openfst", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rescore_latency"))
+    args = ap.parse_args(argv)
+
+    report = {"machine": machine(), "model": args.model}
+    t = time.perf_counter()
+    lm = lk.NGramLM.from_arpa(args.model)
+    report["arpa_to_model_s"] = time.perf_counter() - t
+    binary = Path(args.out + ".lkm")
+    t = time.perf_counter()
+    lm.save(binary)
+    report["save_s"] = time.perf_counter() - t
+    loads = timed(lambda: lk.NGramLM.load(binary), 7)
+    lm = lk.NGramLM.load(binary)
+    report.update(ngrams=lm.num_ngrams, counts=lm.counts, binary_bytes=lm.size_bytes,
+                  bytes_per_ngram=lm.size_bytes / lm.num_ngrams, load_ms_median=statistics.median(loads) * 1e3)
+    binary.unlink()
+    print(f"model {lm!r}: ARPA -> model {report['arpa_to_model_s']:.2f} s, "
+          f"{report['bytes_per_ngram']:.2f} bytes/n-gram, load {report['load_ms_median']:.1f} ms", flush=True)
+
+    with gzip.open(args.heldout, "rt") as f:
+        stream = np.array([int(x) for line in f for x in line.split()], dtype=np.int64)
+
+    rescorer = None
+    if not args.no_openfst:
+        try:
+            from latticekit.lm.fst import OpenFstRescorer
+            t = time.perf_counter()
+            rescorer = OpenFstRescorer(lm, bos=True)
+            report["openfst_model_build_s"] = time.perf_counter() - t
+        except ImportError as exc:
+            print(f"OpenFst baseline skipped: {exc}")
+
+    grid_h = [8, 16] if args.quick else [4, 8, 16]
+    grid_k = [16] if args.quick else [2, 4, 8, 16]
+    grid_p = [1, 16] if args.quick else [1, 2, 4, 8, 16]
+    rows = []
+    for h in grid_h:
+        for k in grid_k:
+            lattices = make_lattices(lm, stream, args.lattices, h, k, seed=h * 100 + k)
+            for p in grid_p:
+                lk.pbest_batch([l for l, _ in lattices[:5]], lm, p, threads=1)  # warm-up
+                ours = [timed(lambda: lk.pbest(l, lm, p, 1.0, bos=True), 1)[0] for l, _ in lattices]
+                with_ctx = [timed(lambda: lk.pbest(l, lm, p, 1.0, context=c), 1)[0] for l, c in lattices]
+                res = lk.pbest_batch([l for l, _ in lattices], lm, p, 1.0, bos=True, threads=1)
+                row = {"h": h, "k": k, "p": p,
+                       "latticekit_ms_median": statistics.median(ours) * 1e3,
+                       "latticekit_ms_p90": float(np.percentile(ours, 90)) * 1e3,
+                       "latticekit_context_ms_median": statistics.median(with_ctx) * 1e3,
+                       "pops_median": float(np.median(res.pops)),
+                       "transitions_median": float(np.median(res.transitions))}
+                if rescorer is not None:
+                    n = min(args.openfst_lattices, len(lattices))
+                    fst_times, differ = [], 0
+                    for i, (l, _) in enumerate(lattices[:n]):
+                        t = time.perf_counter()
+                        paths, _ = rescorer.pbest(l.tokens, l.scores, p, 1.0, l.widths)
+                        fst_times.append(time.perf_counter() - t)
+                        exact = {tuple(x) for x in res.tokens[i, : res.counts[i]].tolist()}
+                        if {tuple(x) for x in paths.tolist()} != exact:
+                            differ += 1
+                    row["openfst_ms_median"] = statistics.median(fst_times) * 1e3
+                    row["speedup_vs_openfst"] = row["openfst_ms_median"] / row["latticekit_ms_median"]
+                    row["openfst_disagreement"] = differ / n
+                rows.append(row)
+                print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}"
+                               for key, val in row.items()), flush=True)
+    report["grid"] = rows
+
+    # Batch throughput: 64 lattices of 8 x 16, p = 16, on 2 threads.
+    lattices = [l for l, _ in make_lattices(lm, stream, 64, 8, 16, seed=7)]
+    contexts = [c for _, c in make_lattices(lm, stream, 64, 8, 16, seed=7)]
+    throughput = {}
+    for threads in (1, 2):
+        times = timed(lambda: lk.pbest_batch(lattices, lm, 16, 1.0, contexts, threads=threads), 7)
+        throughput[f"threads_{threads}_lattices_per_s"] = 64 / statistics.median(times)
+    report["batch_64_8x16_p16"] = throughput
+    report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(throughput), f"peak RSS {report['peak_rss_mb']:.0f} MB", flush=True)
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".json").write_text(json.dumps(report, indent=2))
+    lines = ["| h | k | p | latticekit ms (median / p90) | with context ms | OpenFst ms | speed-up | OpenFst differs |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        fst = f"{r['openfst_ms_median']:.3f}" if "openfst_ms_median" in r else "-"
+        speed = f"{r['speedup_vs_openfst']:.2f}x" if "speedup_vs_openfst" in r else "-"
+        differ = f"{100 * r['openfst_disagreement']:.0f}%" if "openfst_disagreement" in r else "-"
+        lines.append(f"| {r['h']} | {r['k']} | {r['p']} | {r['latticekit_ms_median']:.3f} / "
+                     f"{r['latticekit_ms_p90']:.3f} | {r['latticekit_context_ms_median']:.3f} | {fst} | {speed} | {differ} |")
+    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
