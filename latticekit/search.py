@@ -41,7 +41,7 @@ class PBestResult:
         counts (`np.ndarray` of shape `(batch,)`): paths found per lattice (< p only when the
             lattice has fewer than p paths).
         pops, transitions (`np.ndarray` of shape `(batch,)`): search effort per lattice:
-            hypotheses taken off the A* queue, and model transitions computed.
+            partial paths created, and model transitions computed.
     """
 
     def __init__(self, tokens, scores, draft_scores, lm_scores, counts, pops, transitions) -> None:

@@ -537,94 +537,9 @@ std::unique_ptr<Model> Model::Build(NGramTables tables, const std::vector<std::s
 // ---------------------------------------------------------------------------------------
 // Storage views, saving and loading
 
-// Per pair of words (a, b): the largest log10 p(b | h) over histories h ending in a.
-// Histories that back off past every n-gram ending in (a, b) reach the root: their best
-// is root_gain[a] + p(b), root_gain[a] being the largest sum of back-off weights from a
-// history ending in a down to the root. Pairs that end some n-gram are kept in a hash.
-struct Model::PairBounds {
-  struct Slot {
-    WordId a = kNoArc, b = 0;
-    float bound = 0;
-    uint32_t has_bigram = 0;
-  };
-  std::vector<Slot> slots;
-  uint64_t mask = 0;
-  std::vector<float> root_gain;
-
-  static uint64_t Hash(WordId a, WordId b) {
-    return ((uint64_t(a) << 32 | b) * 0x9E3779B97F4A7C15ULL) >> 20;
-  }
-  Slot &Insert(WordId a, WordId b) {
-    for (uint64_t i = Hash(a, b) & mask;; i = (i + 1) & mask) {
-      Slot &s = slots[i];
-      if (s.a == kNoArc) {
-        s.a = a;
-        s.b = b;
-        s.bound = -std::numeric_limits<float>::infinity();
-        return s;
-      }
-      if (s.a == a && s.b == b) return s;
-    }
-  }
-  const Slot *Find(WordId a, WordId b) const {
-    for (uint64_t i = Hash(a, b) & mask;; i = (i + 1) & mask) {
-      const Slot &s = slots[i];
-      if (s.a == kNoArc) return nullptr;
-      if (s.a == a && s.b == b) return &s;
-    }
-  }
-};
-
 Model::Model() = default;
 Model::~Model() = default;
 
-void Model::PreparePairBounds() const {
-  std::call_once(pair_bounds_once_, [this]() {
-    std::unique_ptr<PairBounds> pb(new PairBounds());
-    // gain[s]: largest sum of back-off weights from any state whose chain reaches s.
-    std::vector<double> gain(num_states_, 0.0);
-    for (uint64_t s = num_states_ - 1; s >= 1; --s) {
-      const StateId b = backoff_state_[s];
-      gain[b] = std::max(gain[b], gain[s] + backoff_weight_[s]);
-    }
-    pb->root_gain.assign(num_words_, 0.0f);
-    if (order_ >= 2) {
-      for (WordId a = 0; a < num_words_; ++a) {
-        double g = gain[a + 1] + backoff_weight_[a + 1];
-        float f = static_cast<float>(g);
-        if (f < g) f = std::nextafter(f, std::numeric_limits<float>::infinity());
-        pb->root_gain[a] = f;
-      }
-    }
-    uint64_t pairs = order_ >= 2 ? num_arcs_ - num_words_ : 0;
-    uint64_t size = 1024;
-    while (size < 2 * pairs) size *= 2;
-    pb->slots.assign(size, PairBounds::Slot());
-    pb->mask = size - 1;
-    for (uint64_t s = 1; s < num_states_; ++s) {
-      const WordId a = wide_words_ ? arc_word32_[s - 1] : arc_word16_[s - 1];  // s's last word
-      for (uint32_t arc = arc_begin_[s]; arc < arc_begin_[s + 1]; ++arc) {
-        const WordId b = wide_words_ ? arc_word32_[arc] : arc_word16_[arc];
-        PairBounds::Slot &slot = pb->Insert(a, b);
-        const double v = gain[s] + arc_prob_[arc];
-        float f = static_cast<float>(v);
-        if (f < v) f = std::nextafter(f, std::numeric_limits<float>::infinity());
-        slot.bound = std::max(slot.bound, f);
-        if (s <= num_words_) slot.has_bigram = 1;  // s is a unigram state
-      }
-    }
-    pair_bounds_ = std::move(pb);
-  });
-}
-
-float Model::PairUpperBound(WordId a, WordId b) const {
-  PreparePairBounds();
-  const PairBounds &pb = *pair_bounds_;
-  const float root = pb.root_gain[a] + arc_prob_[b];  // arc b of the root is unigram b
-  const PairBounds::Slot *slot = pb.Find(a, b);
-  if (slot == nullptr) return root;
-  return slot->has_bigram ? slot->bound : std::max(slot->bound, root);
-}
 
 void Model::BindViews() {
   const char *base = storage_->data();

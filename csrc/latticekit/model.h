@@ -14,7 +14,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -78,11 +77,19 @@ class Model {
 
   // Upper bound of log10 p(w | h) over every history h.
   float WordUpperBound(WordId w) const { return word_upper_bound_[w]; }
-  // Upper bound of log10 p(b | h) over every history h that ends in word a (the exact
-  // maximum over the model's states). Tables built on first use; thread-safe.
-  float PairUpperBound(WordId a, WordId b) const;
-  // Builds the tables behind PairUpperBound now (otherwise on first use).
-  void PreparePairBounds() const;
+
+  // Raw structure, for the search. Arc a of state s lies in [ArcBegin(s), ArcEnd(s)).
+  uint32_t FindArc(StateId s, WordId w) const;  // arc index of (s, w), or kNoArc
+  uint32_t ArcBegin(StateId s) const { return arc_begin_[s]; }
+  uint32_t ArcEnd(StateId s) const { return arc_begin_[s + 1]; }
+  WordId ArcWord(uint32_t a) const { return wide_words_ ? arc_word32_[a] : arc_word16_[a]; }
+  float ArcLog10Prob(uint32_t a) const { return arc_prob_[a]; }
+  // Arcs of the highest order lead to no state of their own.
+  bool IsTopArc(uint32_t a) const { return a + 1 >= num_states_; }
+  StateId BackoffState(StateId s) const { return backoff_state_[s]; }
+  float BackoffWeight(StateId s) const { return backoff_weight_[s]; }
+  // Replaces a state without arcs and without back-off weight by its back-off state.
+  StateId Normalize(StateId s) const;
 
   // Introspection.
   std::string WordText(WordId w) const;
@@ -93,17 +100,10 @@ class Model {
   Model();
   friend class ModelBuilder;
 
-  // Arc index of (s, w), or kNoArc.
-  uint32_t FindArc(StateId s, WordId w) const;
-  // Replaces a state without arcs and without back-off weight by its back-off state.
-  StateId Normalize(StateId s) const;
   void BindViews();  // points the array members into storage_
   void Validate() const;
 
-  struct PairBounds;
   std::unique_ptr<ModelStorage> storage_;
-  mutable std::unique_ptr<PairBounds> pair_bounds_;
-  mutable std::once_flag pair_bounds_once_;
   int order_ = 0;
   bool has_vocab_ = false;
   bool wide_words_ = false;  // arc words are uint32 (else uint16)

@@ -29,6 +29,15 @@ class StampedTable {
     used_ = 0;
   }
 
+  // The value for key, or null.
+  const V *Find(uint64_t key) const {
+    for (size_t i = Hash(key);; i = (i + 1) & mask_) {
+      const Slot &s = slots_[i];
+      if (s.stamp != stamp_) return nullptr;
+      if (s.key == key) return &s.value;
+    }
+  }
+
   // Returns the value for key, inserting a default one (and setting *inserted) if absent.
   V *FindOrInsert(uint64_t key, bool *inserted) {
     if (2 * (used_ + 1) > slots_.size()) Grow();
@@ -95,14 +104,22 @@ struct Transition {
   StateId next = 0;
 };
 
-struct Node {
-  double f;       // g + heuristic: priority
-  double g;       // score so far: draft + alpha * ln p
-  double log10_lm;
-  int32_t parent;
-  int32_t arc;    // arc index within its row
-  int32_t pos;    // positions consumed
+// A partial path: its token sequence is the chain of nodes ending at node.
+struct Entry {
+  double g;         // draft + alpha * ln p so far
+  double log10_lm;  // n-gram log10 probability so far
+  int32_t node;
+};
+
+struct PathNode {
+  int32_t parent;  // -1 for the empty path
+  int32_t arc;     // arc index within its column
+};
+
+// The hypotheses that sit in one model state, at most p, best first after Finish().
+struct StateList {
   StateId state;
+  std::vector<Entry> entries;
 };
 
 }  // namespace
@@ -111,47 +128,88 @@ struct PBestSearch::Impl {
   explicit Impl(const Model &m) : model(m) {}
 
   const Model &model;
-  std::vector<WordId> words;     // [h, k]
-  std::vector<double> future;    // [h, k]: heuristic per arc
-  std::vector<Node> nodes;
-  std::vector<int32_t> heap;
-  StampedTable<uint32_t> pops;         // (pos, state) -> times expanded
-  StampedTable<Transition> memo;       // (state, word) -> transition
-  std::vector<int32_t> path_a, path_b; // scratch for tie-breaking
   const LatticeView *lattice = nullptr;
+  int p = 1;
+  double alpha = 0, alpha_log10 = 0;
 
-  int32_t TokenAt(const Node &n) const {
-    return lattice->tokens[static_cast<size_t>(n.pos - 1) * lattice->k + n.arc];
+  std::vector<WordId> words;          // [h, k]
+  std::vector<PathNode> nodes;
+  StampedTable<Transition> memo;      // (state, word) -> transition, at every back-off level
+  StampedTable<uint32_t> index;       // state -> position in lists (current column)
+  std::vector<StateList> lists, next_lists;
+  std::vector<StateId> order;         // collapse work queue (max-heap of state ids)
+  StampedTable<uint8_t> column_words; // words of the current column
+  std::vector<int32_t> seq_a, seq_b;  // scratch for tie-breaking
+  SearchStats *stats = nullptr;
+
+  void Sequence(int32_t node, int depth, std::vector<int32_t> *out) const {
+    out->assign(depth, 0);
+    for (int d = depth; d > 0; --d) {
+      (*out)[d - 1] = lattice->tokens[static_cast<size_t>(d - 1) * lattice->k + nodes[node].arc];
+      node = nodes[node].parent;
+    }
   }
 
-  // Fills out with the token sequence of node i (root first).
-  void Tokens(int32_t i, std::vector<int32_t> *out) const {
-    out->clear();
-    for (; nodes[i].pos > 0; i = nodes[i].parent) out->push_back(TokenAt(nodes[i]));
-    std::reverse(out->begin(), out->end());
+  // Strict order of partial paths of equal length: higher g first, then tokens ascending.
+  // A candidate not yet in nodes is (parent node, arc at column depth - 1).
+  bool Better(double ga, int32_t parent_a, int32_t arc_a, double gb, int32_t parent_b,
+              int32_t arc_b, int depth) {
+    if (ga != gb) return ga > gb;
+    Sequence(parent_a, depth - 1, &seq_a);
+    Sequence(parent_b, depth - 1, &seq_b);
+    const size_t row = static_cast<size_t>(depth - 1) * lattice->k;
+    seq_a.push_back(lattice->tokens[row + arc_a]);
+    seq_b.push_back(lattice->tokens[row + arc_b]);
+    return seq_a < seq_b;
+  }
+  bool BetterEntry(const Entry &a, const Entry &b, int depth) {
+    if (a.g != b.g) return a.g > b.g;
+    return Better(a.g, nodes[a.node].parent, nodes[a.node].arc, b.g, nodes[b.node].parent,
+                  nodes[b.node].arc, depth);
   }
 
-  // Heap order: true when a should come out after b (lower score, or equal score and a
-  // larger token sequence, a prefix counting as smaller than its extensions).
-  bool Later(int32_t a, int32_t b) {
-    const Node &x = nodes[a], &y = nodes[b];
-    if (x.f != y.f) return x.f < y.f;
-    Tokens(a, &path_a);
-    Tokens(b, &path_b);
-    return std::lexicographical_compare(path_b.begin(), path_b.end(), path_a.begin(), path_a.end());
+  // log10 p(w | s) and the next state, memoised at every back-off level so that states
+  // sharing a back-off state share the work.
+  Transition Step(StateId s, WordId w) {
+    bool inserted;
+    Transition *t = memo.FindOrInsert((uint64_t(s) << 32) | w, &inserted);
+    if (!inserted) return *t;
+    ++stats->transitions;
+    Transition result;
+    const uint32_t a = model.FindArc(s, w);
+    if (a != kNoArc) {
+      result.log10_prob = model.ArcLog10Prob(a);
+      if (model.order() == 1) {
+        result.next = kRootState;
+      } else if (model.IsTopArc(a)) {
+        result.next = Step(model.BackoffState(s), w).next;
+      } else {
+        result.next = model.Normalize(a + 1);
+      }
+    } else {
+      const Transition lower = Step(model.BackoffState(s), w);
+      result.log10_prob = model.BackoffWeight(s) + lower.log10_prob;
+      result.next = lower.next;
+    }
+    // Step may have grown the table: look the slot up again.
+    *memo.FindOrInsert((uint64_t(s) << 32) | w, &inserted) = result;
+    return result;
   }
 
-  void Push(const Node &n) {
-    nodes.push_back(n);
-    heap.push_back(static_cast<int32_t>(nodes.size() - 1));
-    std::push_heap(heap.begin(), heap.end(), [this](int32_t a, int32_t b) { return Later(a, b); });
-  }
-
-  int32_t Pop() {
-    std::pop_heap(heap.begin(), heap.end(), [this](int32_t a, int32_t b) { return Later(a, b); });
-    int32_t i = heap.back();
-    heap.pop_back();
-    return i;
+  // Whether some arc of s carries a word of the current column.
+  bool MatchesColumn(StateId s, int column, int width) {
+    if (s == kRootState) return true;
+    const uint32_t begin = model.ArcBegin(s), end = model.ArcEnd(s);
+    if (begin == end) return false;
+    const size_t row = static_cast<size_t>(column) * lattice->k;
+    if (end - begin <= static_cast<uint32_t>(4 * width)) {
+      for (uint32_t a = begin; a < end; ++a)
+        if (column_words.Find(model.ArcWord(a)) != nullptr) return true;
+      return false;
+    }
+    for (int j = 0; j < width; ++j)
+      if (model.FindArc(s, words[row + j]) != kNoArc) return true;
+    return false;
   }
 };
 
@@ -167,103 +225,144 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   if (h < 1 || k < 1) throw InvalidArgument("a lattice needs at least one position and one arc");
   if (!(alpha >= 0) || std::isinf(alpha)) throw InvalidArgument("alpha must be finite and >= 0");
   s.lattice = &lattice;
-  const double alpha_log10 = alpha * kLn10;  // converts log10 model scores to alpha * ln
-
-  // Heuristic: future[j * k + b] bounds the best score of columns j+1.. given that column
-  // j took arc b, using for each adjacent pair of arcs the largest probability any history
-  // ending in the first token gives the second (a bigram relaxation of the model, exact
-  // over the model's states). Computed backwards over the lattice.
+  s.p = p;
+  s.alpha = alpha;
+  s.alpha_log10 = alpha * kLn10;
+  s.stats = &stats_;
+  stats_ = SearchStats();
   s.words.resize(static_cast<size_t>(h) * k);
-  s.future.assign(static_cast<size_t>(h) * k, 0.0);
   for (int i = 0; i < h; ++i) {
     const int width = lattice.widths ? lattice.widths[i] : k;
     if (width < 1 || width > k) throw InvalidArgument("lattice width out of range");
     for (int j = 0; j < width; ++j)
       s.words[static_cast<size_t>(i) * k + j] = model.TokenToWord(lattice.tokens[static_cast<size_t>(i) * k + j]);
   }
-  for (int i = h - 2; i >= 0; --i) {
-    const int width = lattice.widths ? lattice.widths[i] : k;
-    const int next_width = lattice.widths ? lattice.widths[i + 1] : k;
-    const size_t row = static_cast<size_t>(i) * k, next = row + k;
-    for (int a = 0; a < width; ++a) {
-      double best = -std::numeric_limits<double>::infinity();
-      for (int b = 0; b < next_width; ++b) {
-        double v = lattice.scores[next + b] + s.future[next + b];
-        if (alpha_log10 > 0) v += alpha_log10 * model.PairUpperBound(s.words[row + a], s.words[next + b]);
-        best = std::max(best, v);
-      }
-      s.future[row + a] = best;
-    }
-  }
-  double root_heuristic = -std::numeric_limits<double>::infinity();
-  {
-    const int width = lattice.widths ? lattice.widths[0] : k;
-    for (int b = 0; b < width; ++b) {
-      double v = lattice.scores[b] + s.future[b];
-      if (alpha_log10 > 0) v += alpha_log10 * model.WordUpperBound(s.words[b]);
-      root_heuristic = std::max(root_heuristic, v);
-    }
-  }
-
-  s.nodes.clear();
-  s.heap.clear();
-  s.pops.Clear();
   s.memo.Clear();
-  stats_ = SearchStats();
+  s.nodes.clear();
+  s.nodes.push_back(PathNode{-1, -1});
+  s.lists.clear();
+  s.lists.push_back(StateList{start, {Entry{0.0, 0.0, 0}}});
 
-  Node root{root_heuristic, 0.0, 0.0, -1, -1, 0, start};
-  s.Push(root);
-  int found = 0;
-  while (!s.heap.empty() && found < p) {
-    const int32_t i = s.Pop();
-    ++stats_.pops;
-    const Node node = s.nodes[i];
-    if (node.pos == h) {
-      // A complete path: write it out, best first. Draft scores are summed in position
-      // order so that score == draft_score + alpha * lm_score as a reader computes it.
-      int32_t *tokens = out.tokens + static_cast<size_t>(found) * h;
-      std::vector<int32_t> &arcs = s.path_a;
-      arcs.assign(h, 0);
-      for (int32_t j = i; s.nodes[j].pos > 0; j = s.nodes[j].parent) {
-        const Node &n = s.nodes[j];
-        arcs[n.pos - 1] = n.arc;
-        tokens[n.pos - 1] = s.TokenAt(n);
-      }
-      double draft = 0.0;
-      for (int pos = 0; pos < h; ++pos) draft += lattice.scores[static_cast<size_t>(pos) * k + arcs[pos]];
-      const double lm = node.log10_lm * kLn10;
-      out.score[found] = alpha == 0 ? draft : draft + alpha * lm;
-      out.draft_score[found] = draft;
-      out.lm_score[found] = lm;
-      ++found;
-      continue;
-    }
+  for (int column = 0; column < h; ++column) {
+    const int width = lattice.widths ? lattice.widths[column] : k;
+    const size_t row = static_cast<size_t>(column) * k;
+    // 1. Collapse: a state none of whose arcs carries a word of this column behaves, from
+    //    here on, exactly like its back-off state plus its back-off weight. Move its
+    //    hypotheses down, highest state ids (longest histories) first, merging lists.
+    s.column_words.Clear();
     bool inserted;
-    uint32_t *count = s.pops.FindOrInsert((uint64_t(node.pos) << 32) | node.state, &inserted);
-    if (++*count > static_cast<uint32_t>(p)) continue;
-    ++stats_.expansions;
-    const int width = lattice.widths ? lattice.widths[node.pos] : k;
-    const size_t row = static_cast<size_t>(node.pos) * k;
-    for (int j = 0; j < width; ++j) {
-      const WordId w = s.words[row + j];
-      Transition *t = s.memo.FindOrInsert((uint64_t(node.state) << 32) | w, &inserted);
-      if (inserted) {
-        t->log10_prob = model.Advance(node.state, w, &t->next);
-        ++stats_.transitions;
-      }
-      Node child;
-      child.g = node.g + lattice.scores[row + j];
-      if (alpha_log10 != 0) child.g += alpha_log10 * t->log10_prob;
-      child.f = child.g + s.future[row + j];
-      child.log10_lm = node.log10_lm + t->log10_prob;
-      child.parent = i;
-      child.arc = j;
-      child.pos = node.pos + 1;
-      child.state = t->next;
-      s.Push(child);
+    for (int j = 0; j < width; ++j) *s.column_words.FindOrInsert(s.words[row + j], &inserted) = 1;
+    s.index.Clear();
+    s.order.clear();
+    for (uint32_t i = 0; i < s.lists.size(); ++i) {
+      *s.index.FindOrInsert(s.lists[i].state, &inserted) = i;
+      s.order.push_back(s.lists[i].state);
     }
+    std::make_heap(s.order.begin(), s.order.end());
+    s.next_lists.clear();
+    while (!s.order.empty()) {
+      std::pop_heap(s.order.begin(), s.order.end());
+      const StateId state = s.order.back();
+      s.order.pop_back();
+      const uint32_t at = *s.index.FindOrInsert(state, &inserted);
+      if (s.MatchesColumn(state, column, width)) continue;
+      // Shift by the back-off weight and merge into the back-off state's list.
+      const StateId lower = model.BackoffState(state);
+      const double bo = model.BackoffWeight(state);
+      std::vector<Entry> moved;
+      moved.swap(s.lists[at].entries);
+      for (Entry &e : moved) {
+        e.log10_lm += bo;
+        if (s.alpha_log10 != 0) e.g += s.alpha_log10 * bo;
+      }
+      uint32_t *slot = s.index.FindOrInsert(lower, &inserted);
+      if (inserted) {
+        *slot = static_cast<uint32_t>(s.lists.size());
+        s.lists.push_back(StateList{lower, std::move(moved)});
+        s.order.push_back(lower);
+        std::push_heap(s.order.begin(), s.order.end());
+      } else {
+        std::vector<Entry> &dest = s.lists[*slot].entries;
+        std::vector<Entry> merged;
+        merged.reserve(std::min<size_t>(p, dest.size() + moved.size()));
+        size_t a = 0, b = 0;
+        while (merged.size() < static_cast<size_t>(p) && (a < dest.size() || b < moved.size())) {
+          if (b == moved.size() || (a < dest.size() && s.BetterEntry(dest[a], moved[b], column)))
+            merged.push_back(dest[a++]);
+          else
+            merged.push_back(moved[b++]);
+        }
+        dest.swap(merged);
+      }
+    }
+    // 2. Expand the remaining states over the column's arcs; keep the p best per next state.
+    s.index.Clear();
+    for (const StateList &list : s.lists) {
+      if (list.entries.empty()) continue;
+      ++stats_.expansions;
+      for (int j = 0; j < width; ++j) {
+        const Transition t = s.Step(list.state, s.words[row + j]);
+        const double add = lattice.scores[row + j] + (s.alpha_log10 != 0 ? s.alpha_log10 * t.log10_prob : 0.0);
+        uint32_t *slot = s.index.FindOrInsert(t.next, &inserted);
+        if (inserted) {
+          *slot = static_cast<uint32_t>(s.next_lists.size());
+          s.next_lists.push_back(StateList{t.next, {}});
+        }
+        std::vector<Entry> &heap = s.next_lists[*slot].entries;  // worst on top once full
+        auto worse = [&](const Entry &x, const Entry &y) { return s.BetterEntry(x, y, column + 1); };
+        for (const Entry &e : list.entries) {
+          const double g = e.g + add;
+          if (static_cast<int>(heap.size()) == p) {
+            const Entry &worst = heap.front();
+            if (!s.Better(g, e.node, j, worst.g, s.nodes[worst.node].parent, s.nodes[worst.node].arc, column + 1))
+              break;  // entries are best first: the rest of this list cannot enter either
+            std::pop_heap(heap.begin(), heap.end(), worse);
+            heap.pop_back();
+          }
+          s.nodes.push_back(PathNode{e.node, j});
+          heap.push_back(Entry{g, e.log10_lm + t.log10_prob, static_cast<int32_t>(s.nodes.size() - 1)});
+          std::push_heap(heap.begin(), heap.end(), worse);
+        }
+      }
+    }
+    for (StateList &list : s.next_lists) {
+      auto worse = [&](const Entry &x, const Entry &y) { return s.BetterEntry(x, y, column + 1); };
+      std::sort_heap(list.entries.begin(), list.entries.end(), worse);
+    }
+    s.lists.swap(s.next_lists);
   }
-  return found;
+
+  // 3. The p best complete paths over all final states.
+  std::vector<Entry> final_entries;
+  for (const StateList &list : s.lists)
+    final_entries.insert(final_entries.end(), list.entries.begin(), list.entries.end());
+  const size_t found = std::min<size_t>(p, final_entries.size());
+  std::partial_sort(final_entries.begin(), final_entries.begin() + found, final_entries.end(),
+                    [&](const Entry &x, const Entry &y) { return s.BetterEntry(x, y, h); });
+  for (size_t r = 0; r < found; ++r) {
+    const Entry &e = final_entries[r];
+    int32_t *tokens = out.tokens + r * h;
+    double draft = 0.0;
+    int32_t node = e.node;
+    for (int d = h; d > 0; --d) {
+      tokens[d - 1] = lattice.tokens[static_cast<size_t>(d - 1) * k + s.nodes[node].arc];
+      node = s.nodes[node].parent;
+    }
+    node = e.node;
+    std::vector<int32_t> &arcs = s.seq_a;
+    arcs.assign(h, 0);
+    for (int d = h; d > 0; --d) {
+      arcs[d - 1] = s.nodes[node].arc;
+      node = s.nodes[node].parent;
+    }
+    for (int d = 0; d < h; ++d) draft += lattice.scores[static_cast<size_t>(d) * k + arcs[d]];
+    const double lm = e.log10_lm * kLn10;
+    out.score[r] = alpha == 0 ? draft : draft + alpha * lm;
+    out.draft_score[r] = draft;
+    out.lm_score[r] = lm;
+  }
+  stats_.pops = s.nodes.size();
+  return static_cast<int>(found);
 }
 
 void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,

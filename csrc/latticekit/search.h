@@ -2,12 +2,13 @@
 //
 // A path picks one arc per position; its score is the sum of its arc (draft) scores plus
 // alpha times its natural-log n-gram probability given the decoding context. The search is
-// A* over (position, model state) with at most p expansions per pair (the classic k-best
-// rule): hypotheses that reach the same model state at the same position share every
-// continuation, so only the p best of them can lead to a top-p path. The heuristic is,
-// per remaining position, the best arc score plus alpha times the largest probability any
-// history gives the arc's word: admissible and consistent, so the first p complete paths
-// popped are the p best. Ties break by token sequence, ascending.
+// a forward k-best dynamic programme over (position, model state): hypotheses that reach
+// the same state at the same position share every continuation, so only the p best of
+// them can lead to a top-p path. Before each column, every state none of whose arcs
+// carries a word of the column is collapsed into its back-off state (its hypotheses shifted
+// by its back-off weight): from there on it behaves exactly like that state, so the lists
+// merge and only states that really continue with a column word are expanded. Ties break
+// by token sequence, ascending.
 #ifndef LATTICEKIT_SEARCH_H_
 #define LATTICEKIT_SEARCH_H_
 
@@ -38,9 +39,9 @@ struct PathsOut {
 };
 
 struct SearchStats {
-  uint64_t pops = 0;        // hypotheses taken off the queue
-  uint64_t expansions = 0;  // hypotheses whose arcs were followed
-  uint64_t transitions = 0; // model transitions computed (not memoised)
+  uint64_t pops = 0;        // partial paths created
+  uint64_t expansions = 0;  // (position, state) lists expanded over a column
+  uint64_t transitions = 0; // model transitions computed (memo misses, every back-off level)
 };
 
 // A reusable searcher; one per thread. Not thread-safe itself; the model is shared.
