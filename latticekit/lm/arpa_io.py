@@ -21,7 +21,7 @@ import numpy as np
 
 from latticekit.errors import ArpaFormatError
 from latticekit.lm.model import BackoffModel
-from latticekit.lm.trie import EOS, SPECIAL_WORDS, NGramTrie
+from latticekit.lm.trie import EOS, SPECIAL_WORDS
 
 __all__ = ["write_arpa", "write_model_arpa", "read_arpa", "arpa_text"]
 
@@ -228,16 +228,6 @@ def read_arpa(path: str, words: Optional[Sequence[str]] = None) -> BackoffModel:
         probs.append(prob)
         backoffs.append(bo)
     try:
-        trie = NGramTrie.from_ngram_ids(len(table), ids_per_order)
+        return BackoffModel.from_arrays(table, ids_per_order, probs, backoffs)
     except ValueError as exc:
         raise ArpaFormatError(f"{path}: {exc}", path, 0) from exc
-    model = BackoffModel(len(table), trie.prefix, trie.word, table)
-    for k in range(1, len(ngrams) + 1):
-        rows_of_input = trie.lookup_ngrams(ids_per_order[k - 1])
-        p = np.empty(len(rows_of_input))
-        b = np.empty(len(rows_of_input))
-        p[rows_of_input] = probs[k - 1]
-        b[rows_of_input] = backoffs[k - 1]
-        model.log10_prob.append(p)
-        model.log10_backoff.append(b)
-    return model

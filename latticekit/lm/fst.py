@@ -315,17 +315,7 @@ def _model_of_ngramlm(lm: Any) -> BackoffModel:
         ids.append(np.asarray(i, np.int64))
         probs.append(np.asarray(p, np.float64))
         bos.append(np.asarray(b, np.float64))
-    trie = NGramTrie.from_ngram_ids(len(words), ids)
-    model = BackoffModel(len(words), trie.prefix, trie.word, words)
-    for k in range(1, lm.order + 1):
-        rows = trie.lookup_ngrams(ids[k - 1])
-        p = np.empty(len(rows))
-        b = np.empty(len(rows))
-        p[rows] = probs[k - 1]
-        b[rows] = bos[k - 1]
-        model.log10_prob.append(p)
-        model.log10_backoff.append(b)
-    return model
+    return BackoffModel.from_arrays(words, ids, probs, bos)
 
 
 def ngramlm_from_fst(fst_model: Any, vocab: Optional[Sequence[str]] = None) -> Any:

@@ -39,6 +39,36 @@ class BackoffModel(NGramTrie):
     log10_prob: List[np.ndarray] = field(default_factory=list)
     log10_backoff: List[np.ndarray] = field(default_factory=list)
 
+    @classmethod
+    def from_arrays(
+        cls,
+        words: Sequence[str],
+        ids: Sequence[np.ndarray],
+        log10_prob: Sequence[np.ndarray],
+        log10_backoff: Sequence[np.ndarray],
+    ) -> "BackoffModel":
+        """A model from per-order n-grams in any order.
+
+        Args:
+            words: the word table.
+            ids: ``ids[k-1]`` (int `[n_k, k]`) the k-grams, indexing ``words``.
+            log10_prob, log10_backoff: ``[k-1]`` (float `[n_k]`) their values, row for row.
+
+        Raises:
+            ValueError: duplicate n-grams or missing histories (from the trie).
+        """
+        trie = NGramTrie.from_ngram_ids(len(words), ids)
+        model = cls(len(words), trie.prefix, trie.word, list(words))
+        for k in range(1, len(ids) + 1):
+            rows = trie.lookup_ngrams(ids[k - 1])
+            p = np.empty(len(rows))
+            b = np.empty(len(rows))
+            p[rows] = log10_prob[k - 1]
+            b[rows] = log10_backoff[k - 1]
+            model.log10_prob.append(p)
+            model.log10_backoff.append(b)
+        return model
+
     @property
     def counts(self) -> Tuple[int, ...]:
         """Number of n-grams per order."""
