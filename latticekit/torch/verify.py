@@ -1,0 +1,324 @@
+"""Verify a tree of drafts with one forward pass of the target model, then commit its KV cache.
+
+The invariant between steps: for a sequence ``prefix_ids`` of length L, the cache holds the
+key/values of ``prefix_ids[:-1]``; the last token (the previous step's bonus token, or the
+last prompt token) is fed as the tree's root together with all draft nodes in one pass::
+
+    cache: x_0 .. x_{L-2}  |  input: x_{L-1} (root), node_0, ..., node_{N-1}
+    positions:               L-1, L + depth(node_i)
+    mask: root sees the cache and itself; node i sees the cache, the root, its ancestors, itself
+
+After acceptance the cache keeps ``x_0 .. x_{L-1}`` and the accepted nodes, so the new
+sequence ``prefix_ids + accepted + [bonus]`` satisfies the invariant again.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Union
+
+import numpy as np
+import torch
+
+from latticekit.errors import VocabularyError
+from latticekit.torch.acceptance import (
+    AcceptedPath,
+    block_verify,
+    greedy_accept,
+    target_probs,
+    token_verify,
+    tree_sampling_accept,
+)
+from latticekit.torch.cache import KVCache, cache_device, cache_length, commit_accepted
+from latticekit.torch.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError
+from latticekit.torch.tree import DraftTree, mask_from_visibility
+
+__all__ = ["AcceptanceRule", "VerifyResult", "verify", "prefill", "new_cache"]
+
+#: ``"greedy"``: arg-max path through the tree. ``"sampling"``: sample at each node, descend
+#: while the sample is a child (deterministic drafts, any tree). ``"token"`` / ``"block"``:
+#: token / block verification of one draft sampled from ``draft_probs``.
+AcceptanceRule = Literal["greedy", "sampling", "token", "block"]
+
+_RULES = ("greedy", "sampling", "token", "block")
+_MASKABLE_ATTENTION = ("eager", "sdpa")
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of one verification step.
+
+    Attributes:
+        accepted_tokens (`torch.LongTensor` of shape `(num_accepted,)`): accepted draft tokens.
+        bonus_token: the token the target adds after them (always emitted).
+        accepted_nodes: tree nodes of the accepted tokens, root's child first.
+        accepted_drafts (`np.ndarray` of shape `(k,)`): drafts that contain the accepted path.
+        logits (`torch.Tensor` of shape `(vocab,)`): the target's raw logits at the last
+            accepted node (at the root when nothing was accepted): the distribution the bonus
+            token came from.
+        hidden_state (`torch.Tensor` of shape `(hidden,)`): the target's final hidden state at
+            that node, for draft heads to propose the next lattice from the same pass.
+    """
+
+    accepted_tokens: torch.Tensor
+    bonus_token: int
+    accepted_nodes: list[int]
+    accepted_drafts: np.ndarray
+    logits: torch.Tensor
+    hidden_state: torch.Tensor
+
+    @property
+    def num_accepted(self) -> int:
+        """Number of accepted draft tokens (the bonus token not counted)."""
+        return len(self.accepted_nodes)
+
+    @property
+    def emitted_tokens(self) -> torch.Tensor:
+        """Accepted tokens followed by the bonus token, `(num_accepted + 1,)`."""
+        bonus = torch.tensor([self.bonus_token], dtype=torch.long, device=self.accepted_tokens.device)
+        return torch.cat([self.accepted_tokens, bonus])
+
+
+class _Target:
+    """Uniform access to an HF causal LM or a plain module following the protocol."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        transformers = sys.modules.get("transformers")
+        self.is_hf = transformers is not None and isinstance(model, transformers.PreTrainedModel)
+        if self.is_hf:
+            attn = getattr(model.config, "_attn_implementation", None)
+            if attn not in _MASKABLE_ATTENTION:
+                raise UnsupportedModelError(
+                    f"attention implementation {attn!r} cannot take a custom 4-D tree mask; "
+                    f"load the model with attn_implementation in {_MASKABLE_ATTENTION}"
+                )
+            head = model.get_output_embeddings()
+            if head is None:
+                raise UnsupportedModelError(f"{type(model).__name__} has no output embeddings (not a causal LM?)")
+            self.head = head
+            self.vocab_size = int(model.config.vocab_size)
+        elif isinstance(model, torch.nn.Module) and isinstance(getattr(model, "vocab_size", None), int):
+            self.vocab_size = int(model.vocab_size)
+        else:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} is neither a transformers PreTrainedModel nor a "
+                "torch.nn.Module with an int vocab_size following latticekit.torch.protocol"
+            )
+        param = next(model.parameters(), None)
+        if param is None:
+            raise UnsupportedModelError(f"{type(model).__name__} has no parameters")
+        self.device = param.device
+        self.dtype = param.dtype
+
+    def new_cache(self) -> Any:
+        if self.is_hf:
+            from transformers import DynamicCache
+
+            return DynamicCache(config=self.model.config)
+        return KVCache()
+
+    def check_cache(self, cache: Any) -> None:
+        if self.is_hf:
+            from transformers import Cache
+
+            if not isinstance(cache, Cache):
+                raise CacheError(f"an HF model needs a transformers Cache, got {type(cache).__name__}")
+        elif not isinstance(cache, KVCache):
+            raise CacheError(f"a plain module needs a latticekit.torch.KVCache, got {type(cache).__name__}")
+        device = cache_device(cache)
+        if device is not None and device != self.device:
+            raise DeviceMismatchError(f"the KV cache lives on {device}, the model on {self.device}")
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, visible: np.ndarray, cache: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Runs `(1, n)` tokens over the cache; returns logits `(n, vocab)` and hidden `(n, hidden)`."""
+        if not self.is_hf:
+            mask = mask_from_visibility(visible, torch.bool, self.device)
+            logits, hidden = self.model(input_ids, position_ids, mask, cache)
+            return logits[0], hidden[0]
+        # An additive mask in the model's dtype is understood by both eager and sdpa attention.
+        mask = mask_from_visibility(visible, self.dtype, self.device)
+        captured: list[torch.Tensor] = []
+        hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        finally:
+            hook.remove()
+        return out.logits[0], captured[-1][0]
+
+
+def _as_prefix(prefix_ids: Union[torch.Tensor, Sequence[int]], target: _Target) -> torch.Tensor:
+    if not isinstance(prefix_ids, torch.Tensor):
+        prefix_ids = torch.tensor(list(prefix_ids), dtype=torch.long, device=target.device)
+    if prefix_ids.dim() == 2 and prefix_ids.shape[0] == 1:
+        prefix_ids = prefix_ids[0]
+    if prefix_ids.dim() != 1 or prefix_ids.shape[0] == 0:
+        raise DraftError(f"prefix_ids must be a non-empty 1-D id tensor, got shape {tuple(prefix_ids.shape)}")
+    if prefix_ids.is_floating_point() or prefix_ids.dtype == torch.bool:
+        raise DraftError(f"prefix_ids must hold integer ids, got {prefix_ids.dtype}")
+    if prefix_ids.device != target.device:
+        raise DeviceMismatchError(f"prefix_ids live on {prefix_ids.device}, the model on {target.device}")
+    return prefix_ids.long()
+
+
+def new_cache(model: Any) -> Any:
+    """An empty cache of the kind ``model`` needs (``DynamicCache`` or :class:`KVCache`).
+
+    Raises:
+        UnsupportedModelError: the model is neither an HF causal LM nor a protocol module.
+    """
+    return _Target(model).new_cache()
+
+
+@torch.no_grad()
+def prefill(model: Any, prefix_ids: Union[torch.Tensor, Sequence[int]], past_key_values: Any = None) -> Any:
+    """Brings a cache up to the verify invariant: it holds all of ``prefix_ids`` but the last.
+
+    Args:
+        model: HF causal LM or a module following ``latticekit.torch.protocol``.
+        prefix_ids (`torch.LongTensor` of shape `(L,)`): the prompt.
+        past_key_values: a cache already holding a prefix of ``prefix_ids[:-1]``; a new one
+            when None.
+
+    Returns:
+        The cache, holding ``L - 1`` positions.
+
+    Raises:
+        CacheError: the given cache already holds more than ``L - 1`` positions.
+        DeviceMismatchError / VocabularyError / DraftError: bad ``prefix_ids``.
+    """
+    target = _Target(model)
+    ids = _as_prefix(prefix_ids, target)
+    _check_vocab(ids, target.vocab_size, "prefix_ids")
+    cache = target.new_cache() if past_key_values is None else past_key_values
+    target.check_cache(cache)
+    held, todo = cache_length(cache), ids.shape[0] - 1
+    if held > todo:
+        raise CacheError(f"the cache holds {held} positions, more than the {todo} to prefill")
+    if held < todo:
+        n = todo - held
+        visible = np.concatenate([np.ones((n, held), dtype=bool), np.tri(n, dtype=bool)], axis=1)
+        positions = torch.arange(held, todo, device=target.device)[None]
+        target.forward(ids[None, held:todo], positions, visible, cache)
+    return cache
+
+
+def _check_vocab(ids: torch.Tensor, vocab_size: int, what: str) -> None:
+    if ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise VocabularyError(f"{what} holds id {bad}, outside the model's vocabulary 0..{vocab_size - 1}")
+
+
+@torch.no_grad()
+def verify(
+    model: Any,
+    past_key_values: Any,
+    prefix_ids: Union[torch.Tensor, Sequence[int]],
+    tree: DraftTree,
+    rule: AcceptanceRule = "greedy",
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    draft_probs: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+) -> VerifyResult:
+    """Verifies all drafts of ``tree`` in one forward pass and commits the accepted path.
+
+    Args:
+        model: an HF transformers causal LM (eager or sdpa attention) or a ``torch.nn.Module``
+            following ``latticekit.torch.protocol``. Put it in eval mode: dropout makes any
+            verification lossy.
+        past_key_values: ``transformers.DynamicCache`` (HF) or :class:`KVCache` (plain module)
+            holding ``prefix_ids[:-1]``; see :func:`prefill`. Updated in place: afterwards it
+            holds ``prefix_ids`` and the accepted tokens.
+        prefix_ids (`torch.LongTensor` of shape `(L,)`): every token so far, on the model's device.
+        tree: the drafts to verify, continuing ``prefix_ids``.
+        rule: the acceptance rule, see :data:`AcceptanceRule`.
+        temperature: sampling rules only: the target's temperature.
+        top_p: sampling rules only: the target's nucleus mass.
+        draft_probs (`torch.Tensor` of shape `(g, vocab)`): rules ``"token"``/``"block"`` only:
+            the distributions q_1..q_g the single draft was sampled from.
+        generator: sampling rules only: CPU random generator.
+
+    Returns:
+        The accepted tokens, the bonus token and the target's outputs at the last accepted node.
+
+    Raises:
+        UnsupportedModelError: the model is neither kind, or uses flash attention.
+        CacheError: the cache is not of the model's kind or does not hold exactly L - 1 positions.
+        DeviceMismatchError: ``prefix_ids``, the cache or ``draft_probs`` is not on the model's device.
+        VocabularyError: a prefix or draft id is outside the model's vocabulary.
+        DraftError: bad ``prefix_ids``, an unknown rule, or ``"token"``/``"block"`` with more
+            than one distinct draft or without matching ``draft_probs``.
+    """
+    if rule not in _RULES:
+        raise DraftError(f"unknown acceptance rule {rule!r}; expected one of {_RULES}")
+    if not isinstance(tree, DraftTree):
+        raise DraftError(f"tree must be a DraftTree (see DraftTree.from_drafts), got {type(tree).__name__}")
+    target = _Target(model)
+    ids = _as_prefix(prefix_ids, target)
+    _check_vocab(ids, target.vocab_size, "prefix_ids")
+    node_tokens = torch.from_numpy(tree.tokens).to(target.device)
+    _check_vocab(node_tokens, target.vocab_size, "the drafts")
+    target.check_cache(past_key_values)
+    prefix_len = ids.shape[0]
+    held = cache_length(past_key_values)
+    if held != prefix_len - 1:
+        raise CacheError(
+            f"the cache holds {held} positions but a prefix of {prefix_len} tokens needs exactly "
+            f"{prefix_len - 1} (all but the last token); "
+            + ("run prefill() first" if held < prefix_len - 1 else "the cache holds tokens beyond the prefix")
+        )
+    if rule in ("token", "block"):
+        if not tree.is_chain:
+            raise DraftError(f"rule {rule!r} verifies a single draft; the tree has {tree.num_nodes} nodes in branches")
+        if draft_probs is None or draft_probs.shape != (tree.num_nodes, target.vocab_size):
+            got = None if draft_probs is None else tuple(draft_probs.shape)
+            raise DraftError(f"rule {rule!r} needs draft_probs of shape ({tree.num_nodes}, {target.vocab_size}), got {got}")
+        if draft_probs.device != target.device:
+            raise DeviceMismatchError(f"draft_probs live on {draft_probs.device}, the model on {target.device}")
+
+    n = tree.num_nodes
+    visible = np.zeros((n + 1, prefix_len + n), dtype=bool)
+    visible[:, :prefix_len] = True
+    visible[1:, prefix_len:] = tree.ancestors()
+    positions = np.concatenate([[prefix_len - 1], tree.depths + prefix_len])
+    input_ids = torch.cat([ids[-1:], node_tokens])[None]
+    logits, hidden = target.forward(
+        input_ids, torch.from_numpy(positions).to(target.device)[None], visible, past_key_values
+    )
+
+    if rule == "greedy":
+        path = greedy_accept(tree, logits.argmax(dim=-1).tolist())
+    elif rule == "sampling":
+        path = tree_sampling_accept(tree, lambda row: target_probs(logits[row], temperature, top_p), generator)
+    else:
+        p = target_probs(logits, temperature, top_p)
+        verifier = token_verify if rule == "token" else block_verify
+        tau, bonus = verifier(p, draft_probs, node_tokens, generator)
+        path = AcceptedPath(list(range(tau)), bonus)
+
+    commit_accepted(past_key_values, prefix_len, n, path.nodes)
+    last_row = path.nodes[-1] + 1 if path.nodes else 0
+    accepted_drafts = tree.drafts_through(path.nodes[-1]) if path.nodes else np.arange(tree.num_drafts)
+    return VerifyResult(
+        accepted_tokens=node_tokens[path.nodes],
+        bonus_token=path.bonus_token,
+        accepted_nodes=path.nodes,
+        accepted_drafts=accepted_drafts,
+        logits=logits[last_row],
+        hidden_state=hidden[last_row],
+    )
