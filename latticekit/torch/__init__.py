@@ -26,12 +26,22 @@ from latticekit.torch.cache import KVCache, commit_accepted
 from latticekit.torch.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError
 from latticekit.torch.protocol import TreeVerifiableModule
 from latticekit.torch.tree import ROOT, DraftTree
-from latticekit.torch.verify import AcceptanceRule, VerifyResult, new_cache, prefill, verify
+from latticekit.torch.verify import (
+    AcceptanceRule,
+    TreeOutputs,
+    VerifyResult,
+    new_cache,
+    prefill,
+    tree_forward,
+    verify,
+)
 
 __all__ = [
     "DraftTree",
     "ROOT",
     "verify",
+    "tree_forward",
+    "TreeOutputs",
     "prefill",
     "new_cache",
     "VerifyResult",

@@ -33,9 +33,9 @@ from latticekit.torch.acceptance import (
 )
 from latticekit.torch.cache import KVCache, cache_device, cache_length, commit_accepted
 from latticekit.torch.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError
-from latticekit.torch.tree import DraftTree, mask_from_visibility
+from latticekit.torch.tree import ROOT, DraftTree, mask_from_visibility
 
-__all__ = ["AcceptanceRule", "VerifyResult", "verify", "prefill", "new_cache"]
+__all__ = ["AcceptanceRule", "VerifyResult", "TreeOutputs", "verify", "tree_forward", "prefill", "new_cache"]
 
 #: ``"greedy"``: arg-max path through the tree. ``"sampling"``: sample at each node, descend
 #: while the sample is a child (deterministic drafts, any tree). ``"token"`` / ``"block"``:
@@ -222,6 +222,101 @@ def _check_vocab(ids: torch.Tensor, vocab_size: int, what: str) -> None:
         raise VocabularyError(f"{what} holds id {bad}, outside the model's vocabulary 0..{vocab_size - 1}")
 
 
+@dataclass
+class TreeOutputs:
+    """The target's outputs for one tree pass; row 0 is the root, row ``i + 1`` is node ``i``.
+
+    Attributes:
+        logits (`torch.Tensor` of shape `(num_nodes + 1, vocab)`): raw logits per row.
+        hidden_states (`torch.Tensor` of shape `(num_nodes + 1, hidden)`): final hidden state
+            per row (the input of the output projection).
+        node_tokens (`torch.LongTensor` of shape `(num_nodes,)`): the tree's tokens on the
+            model's device.
+    """
+
+    logits: torch.Tensor
+    hidden_states: torch.Tensor
+    node_tokens: torch.Tensor
+
+
+def _check_rule_inputs(
+    rule: str, tree: DraftTree, draft_probs: Optional[torch.Tensor], target: _Target
+) -> None:
+    if rule not in _RULES:
+        raise DraftError(f"unknown acceptance rule {rule!r}; expected one of {_RULES}")
+    if rule not in ("token", "block"):
+        return
+    if not tree.is_chain:
+        raise DraftError(
+            f"rule {rule!r} verifies a single draft; the tree branches ({tree.num_nodes} nodes)"
+        )
+    expected = (tree.num_nodes, target.vocab_size)
+    if draft_probs is None or tuple(draft_probs.shape) != expected:
+        got = None if draft_probs is None else tuple(draft_probs.shape)
+        raise DraftError(f"rule {rule!r} needs draft_probs of shape {expected}, got {got}")
+    if draft_probs.device != target.device:
+        raise DeviceMismatchError(f"draft_probs live on {draft_probs.device}, the model on {target.device}")
+
+
+def _tree_forward(target: _Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree) -> TreeOutputs:
+    """Validated inputs -> one pass of root + nodes; the cache gains ``num_nodes + 1`` positions."""
+    node_tokens = torch.from_numpy(tree.tokens).to(target.device)
+    _check_vocab(node_tokens, target.vocab_size, "the drafts")
+    target.check_cache(past_key_values)
+    prefix_len = ids.shape[0]
+    held = cache_length(past_key_values)
+    if held != prefix_len - 1:
+        hint = "run prefill() first" if held < prefix_len - 1 else "it holds tokens beyond the prefix"
+        raise CacheError(
+            f"the cache holds {held} positions but a prefix of {prefix_len} tokens needs exactly "
+            f"{prefix_len - 1} (all but the last token); {hint}"
+        )
+    n = tree.num_nodes
+    visible = np.zeros((n + 1, prefix_len + n), dtype=bool)
+    visible[:, :prefix_len] = True
+    visible[1:, prefix_len:] = tree.ancestors()
+    positions = np.concatenate([[prefix_len - 1], tree.depths + prefix_len])
+    input_ids = torch.cat([ids[-1:], node_tokens])[None]
+    logits, hidden = target.forward(
+        input_ids, torch.from_numpy(positions).to(target.device)[None], visible, past_key_values
+    )
+    return TreeOutputs(logits, hidden, node_tokens)
+
+
+@torch.no_grad()
+def tree_forward(
+    model: Any,
+    past_key_values: Any,
+    prefix_ids: Union[torch.Tensor, Sequence[int]],
+    tree: DraftTree,
+) -> TreeOutputs:
+    """Runs the target once on the root (``prefix_ids[-1]``) and every node of ``tree``.
+
+    This is the pass :func:`verify` makes, without acceptance or commit: afterwards the cache
+    holds ``prefix_ids`` followed by one position per node, in node order (commit it with
+    :func:`latticekit.torch.commit_accepted`).
+
+    Args:
+        model: HF causal LM (eager or sdpa attention) or a module following the protocol.
+        past_key_values: cache holding ``prefix_ids[:-1]``.
+        prefix_ids (`torch.LongTensor` of shape `(L,)`): every token so far.
+        tree: drafts continuing ``prefix_ids``.
+
+    Returns:
+        Logits and hidden states for the root and every node.
+
+    Raises:
+        UnsupportedModelError, CacheError, DeviceMismatchError, VocabularyError, DraftError:
+            as for :func:`verify`.
+    """
+    if not isinstance(tree, DraftTree):
+        raise DraftError(f"tree must be a DraftTree (see DraftTree.from_drafts), got {type(tree).__name__}")
+    target = _Target(model)
+    ids = _as_prefix(prefix_ids, target)
+    _check_vocab(ids, target.vocab_size, "prefix_ids")
+    return _tree_forward(target, past_key_values, ids, tree)
+
+
 @torch.no_grad()
 def verify(
     model: Any,
@@ -264,42 +359,14 @@ def verify(
         DraftError: bad ``prefix_ids``, an unknown rule, or ``"token"``/``"block"`` with more
             than one distinct draft or without matching ``draft_probs``.
     """
-    if rule not in _RULES:
-        raise DraftError(f"unknown acceptance rule {rule!r}; expected one of {_RULES}")
     if not isinstance(tree, DraftTree):
         raise DraftError(f"tree must be a DraftTree (see DraftTree.from_drafts), got {type(tree).__name__}")
     target = _Target(model)
     ids = _as_prefix(prefix_ids, target)
     _check_vocab(ids, target.vocab_size, "prefix_ids")
-    node_tokens = torch.from_numpy(tree.tokens).to(target.device)
-    _check_vocab(node_tokens, target.vocab_size, "the drafts")
-    target.check_cache(past_key_values)
-    prefix_len = ids.shape[0]
-    held = cache_length(past_key_values)
-    if held != prefix_len - 1:
-        raise CacheError(
-            f"the cache holds {held} positions but a prefix of {prefix_len} tokens needs exactly "
-            f"{prefix_len - 1} (all but the last token); "
-            + ("run prefill() first" if held < prefix_len - 1 else "the cache holds tokens beyond the prefix")
-        )
-    if rule in ("token", "block"):
-        if not tree.is_chain:
-            raise DraftError(f"rule {rule!r} verifies a single draft; the tree has {tree.num_nodes} nodes in branches")
-        if draft_probs is None or draft_probs.shape != (tree.num_nodes, target.vocab_size):
-            got = None if draft_probs is None else tuple(draft_probs.shape)
-            raise DraftError(f"rule {rule!r} needs draft_probs of shape ({tree.num_nodes}, {target.vocab_size}), got {got}")
-        if draft_probs.device != target.device:
-            raise DeviceMismatchError(f"draft_probs live on {draft_probs.device}, the model on {target.device}")
-
-    n = tree.num_nodes
-    visible = np.zeros((n + 1, prefix_len + n), dtype=bool)
-    visible[:, :prefix_len] = True
-    visible[1:, prefix_len:] = tree.ancestors()
-    positions = np.concatenate([[prefix_len - 1], tree.depths + prefix_len])
-    input_ids = torch.cat([ids[-1:], node_tokens])[None]
-    logits, hidden = target.forward(
-        input_ids, torch.from_numpy(positions).to(target.device)[None], visible, past_key_values
-    )
+    _check_rule_inputs(rule, tree, draft_probs, target)
+    out = _tree_forward(target, past_key_values, ids, tree)
+    logits = out.logits
 
     if rule == "greedy":
         path = greedy_accept(tree, logits.argmax(dim=-1).tolist())
@@ -308,17 +375,16 @@ def verify(
     else:
         p = target_probs(logits, temperature, top_p)
         verifier = token_verify if rule == "token" else block_verify
-        tau, bonus = verifier(p, draft_probs, node_tokens, generator)
+        tau, bonus = verifier(p, draft_probs, out.node_tokens, generator)
         path = AcceptedPath(list(range(tau)), bonus)
 
-    commit_accepted(past_key_values, prefix_len, n, path.nodes)
-    last_row = path.nodes[-1] + 1 if path.nodes else 0
-    accepted_drafts = tree.drafts_through(path.nodes[-1]) if path.nodes else np.arange(tree.num_drafts)
+    commit_accepted(past_key_values, ids.shape[0], tree.num_nodes, path.nodes)
+    last = path.nodes[-1] if path.nodes else ROOT
     return VerifyResult(
-        accepted_tokens=node_tokens[path.nodes],
+        accepted_tokens=out.node_tokens[path.nodes],
         bonus_token=path.bonus_token,
         accepted_nodes=path.nodes,
-        accepted_drafts=accepted_drafts,
-        logits=logits[last_row],
-        hidden_state=hidden[last_row],
+        accepted_drafts=tree.drafts_through(last),
+        logits=logits[last + 1],
+        hidden_state=out.hidden_states[last + 1],
     )
