@@ -2,5 +2,8 @@
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+
+# The test models are tiny: one intra-op thread is fastest, and immune to a busy machine.
+torch.set_num_threads(1)
