@@ -35,7 +35,16 @@ from latticekit.torch.cache import KVCache, cache_device, cache_length, commit_a
 from latticekit.torch.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError
 from latticekit.torch.tree import ROOT, DraftTree, mask_from_visibility
 
-__all__ = ["AcceptanceRule", "VerifyResult", "TreeOutputs", "verify", "tree_forward", "prefill", "new_cache"]
+__all__ = [
+    "AcceptanceRule",
+    "VerifyResult",
+    "TreeOutputs",
+    "verify",
+    "tree_forward",
+    "tree_pass_inputs",
+    "prefill",
+    "new_cache",
+]
 
 #: ``"greedy"``: arg-max path through the tree. ``"sampling"``: sample at each node, descend
 #: while the sample is a child (deterministic drafts, any tree). ``"token"`` / ``"block"``:
@@ -132,16 +141,23 @@ class _Target:
         if device is not None and device != self.device:
             raise DeviceMismatchError(f"the KV cache lives on {device}, the model on {self.device}")
 
+    @property
+    def mask_dtype(self) -> torch.dtype:
+        """Boolean masks for protocol modules; additive masks in the model's dtype for HF models,
+        which both eager and sdpa attention understand."""
+        return self.dtype if self.is_hf else torch.bool
+
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, visible: np.ndarray, cache: Any
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Runs `(1, n)` tokens over the cache; returns logits `(n, vocab)` and hidden `(n, hidden)`."""
+        """Runs `(1, n)` tokens over the cache with a `(1, 1, n, cached + n)` mask of ``mask_dtype``.
+
+        Returns:
+            Logits `(n, vocab)` and final hidden states `(n, hidden)`.
+        """
         if not self.is_hf:
-            mask = mask_from_visibility(visible, torch.bool, self.device)
             logits, hidden = self.model(input_ids, position_ids, mask, cache)
             return logits[0], hidden[0]
-        # An additive mask in the model's dtype is understood by both eager and sdpa attention.
-        mask = mask_from_visibility(visible, self.dtype, self.device)
         captured: list[torch.Tensor] = []
         hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
         try:
@@ -208,17 +224,16 @@ def prefill(model: Any, prefix_ids: Union[torch.Tensor, Sequence[int]], past_key
     if held < todo:
         n = todo - held
         visible = np.concatenate([np.ones((n, held), dtype=bool), np.tri(n, dtype=bool)], axis=1)
+        mask = mask_from_visibility(visible, target.mask_dtype, target.device)
         positions = torch.arange(held, todo, device=target.device)[None]
-        target.forward(ids[None, held:todo], positions, visible, cache)
+        target.forward(ids[None, held:todo], positions, mask, cache)
     return cache
 
 
 def _check_vocab(ids: torch.Tensor, vocab_size: int, what: str) -> None:
-    if ids.numel() == 0:
-        return
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_size:
-        bad = low if low < 0 else high
+    outside = (ids < 0) | (ids >= vocab_size)
+    if bool(outside.any()):  # one device sync; the offending id is looked up only on failure
+        bad = int(ids[outside][0])
         raise VocabularyError(f"{what} holds id {bad}, outside the model's vocabulary 0..{vocab_size - 1}")
 
 
@@ -258,10 +273,41 @@ def _check_rule_inputs(
         raise DeviceMismatchError(f"draft_probs live on {draft_probs.device}, the model on {target.device}")
 
 
+def tree_pass_inputs(
+    tree: DraftTree, prefix_ids: torch.Tensor, node_tokens: torch.Tensor, mask_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inputs of one tree pass: the root ``prefix_ids[-1]`` followed by every node.
+
+    Args:
+        tree: the drafts.
+        prefix_ids (`torch.LongTensor` of shape `(L,)`): the sequence; the cache holds all but
+            its last token.
+        node_tokens (`torch.LongTensor` of shape `(num_nodes,)`): ``tree.tokens`` on the device.
+        mask_dtype: ``torch.bool`` or a floating dtype (additive mask).
+
+    Returns:
+        ``input_ids`` and ``position_ids`` of shape `(1, num_nodes + 1)`, and the attention mask
+        of shape `(1, 1, num_nodes + 1, L + num_nodes)`: the root sees the cache and itself,
+        node i the cache, the root, its ancestors and itself.
+    """
+    prefix_len, n, device = prefix_ids.shape[0], tree.num_nodes, node_tokens.device
+    visible = np.zeros((n + 1, prefix_len + n), dtype=bool)
+    visible[:, :prefix_len] = True
+    visible[1:, prefix_len:] = tree.ancestors()
+    positions = np.concatenate([[prefix_len - 1], tree.depths + prefix_len])
+    input_ids = torch.cat([prefix_ids[-1:], node_tokens])[None]
+    position_ids = torch.from_numpy(positions).to(device)[None]
+    return input_ids, position_ids, mask_from_visibility(visible, mask_dtype, device)
+
+
 def _tree_forward(target: _Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree) -> TreeOutputs:
     """Validated inputs -> one pass of root + nodes; the cache gains ``num_nodes + 1`` positions."""
+    if int(tree.tokens.max()) >= target.vocab_size:  # ids are >= 0 by construction
+        raise VocabularyError(
+            f"the drafts hold id {int(tree.tokens.max())}, outside the model's vocabulary "
+            f"0..{target.vocab_size - 1}"
+        )
     node_tokens = torch.from_numpy(tree.tokens).to(target.device)
-    _check_vocab(node_tokens, target.vocab_size, "the drafts")
     target.check_cache(past_key_values)
     prefix_len = ids.shape[0]
     held = cache_length(past_key_values)
@@ -271,15 +317,8 @@ def _tree_forward(target: _Target, past_key_values: Any, ids: torch.Tensor, tree
             f"the cache holds {held} positions but a prefix of {prefix_len} tokens needs exactly "
             f"{prefix_len - 1} (all but the last token); {hint}"
         )
-    n = tree.num_nodes
-    visible = np.zeros((n + 1, prefix_len + n), dtype=bool)
-    visible[:, :prefix_len] = True
-    visible[1:, prefix_len:] = tree.ancestors()
-    positions = np.concatenate([[prefix_len - 1], tree.depths + prefix_len])
-    input_ids = torch.cat([ids[-1:], node_tokens])[None]
-    logits, hidden = target.forward(
-        input_ids, torch.from_numpy(positions).to(target.device)[None], visible, past_key_values
-    )
+    input_ids, position_ids, mask = tree_pass_inputs(tree, ids, node_tokens, target.mask_dtype)
+    logits, hidden = target.forward(input_ids, position_ids, mask, past_key_values)
     return TreeOutputs(logits, hidden, node_tokens)
 
 
