@@ -97,35 +97,59 @@ class DraftTree:
             tokens (`np.ndarray` of shape `(num_nodes,)`): token id per node.
             parents (`np.ndarray` of shape `(num_nodes,)`): parent per node, -1 for root's children;
                 every parent must precede its child.
-            draft_nodes (`np.ndarray` of shape `(num_drafts, max_draft_len)`): node per draft token.
+            draft_nodes (`np.ndarray` of shape `(num_drafts, max_draft_len)`): node per draft token,
+                -1 past a draft's end; each draft must follow parent links from the root.
             draft_lengths (`np.ndarray` of shape `(num_drafts,)`): length per draft.
 
         Raises:
-            DraftError: the arrays disagree in size, or a parent does not precede its child.
+            DraftError: the arrays disagree, a parent does not precede its child, two siblings
+                hold one token, a draft does not follow parent links, or a node is on no draft.
         """
-        self.tokens = np.asarray(tokens, dtype=np.int64)
-        self.parents = np.asarray(parents, dtype=np.int64)
-        self.draft_nodes = np.asarray(draft_nodes, dtype=np.int64)
-        self.draft_lengths = np.asarray(draft_lengths, dtype=np.int64)
-        n = self.tokens.shape[0]
-        if n == 0:
-            raise DraftError("a draft tree needs at least one node")
-        if self.parents.shape != (n,):
-            raise DraftError(f"parents has shape {self.parents.shape}, expected ({n},)")
-        if np.any(self.parents >= np.arange(n)) or np.any(self.parents < ROOT):
+        tokens = np.asarray(tokens, dtype=np.int64)
+        parents = np.asarray(parents, dtype=np.int64)
+        draft_nodes = np.asarray(draft_nodes, dtype=np.int64)
+        draft_lengths = np.asarray(draft_lengths, dtype=np.int64)
+        n = tokens.shape[0]
+        if n == 0 or tokens.ndim != 1 or parents.shape != (n,):
+            raise DraftError(f"need 1-D tokens and parents of one non-zero length, got {tokens.shape}, {parents.shape}")
+        if np.any(parents >= np.arange(n)) or np.any(parents < ROOT):
             raise DraftError("every node's parent must precede it (or be ROOT)")
+        if draft_nodes.ndim != 2 or draft_lengths.shape != (draft_nodes.shape[0],) or draft_nodes.shape[0] == 0:
+            raise DraftError(f"draft_nodes {draft_nodes.shape} and draft_lengths {draft_lengths.shape} disagree")
         depths = np.zeros(n, dtype=np.int64)
-        children: list[dict[int, int]] = [{} for _ in range(n + 1)]  # slot 0 is the root
+        child: dict[tuple[int, int], int] = {}
         for i in range(n):
-            parent = int(self.parents[i])
+            parent, tok = int(parents[i]), int(tokens[i])
             depths[i] = 0 if parent == ROOT else depths[parent] + 1
-            siblings = children[parent + 1]
-            tok = int(self.tokens[i])
-            if tok in siblings:
-                raise DraftError(f"nodes {siblings[tok]} and {i} are siblings with one token {tok}")
-            siblings[tok] = i
+            if (parent, tok) in child:
+                raise DraftError(f"nodes {child[parent, tok]} and {i} are siblings with one token {tok}")
+            child[parent, tok] = i
+        columns = np.arange(draft_nodes.shape[1])
+        inside = columns < draft_lengths[:, None]
+        if np.any((draft_nodes >= 0) != inside) or np.any(draft_nodes >= n):
+            raise DraftError("draft_nodes must hold node ids exactly up to each draft's length")
+        expected_parents = np.concatenate([np.full((draft_nodes.shape[0], 1), ROOT), draft_nodes[:, :-1]], axis=1)
+        if np.any(parents[draft_nodes[inside]] != expected_parents[inside]):
+            raise DraftError("a draft's nodes do not follow parent links from the root")
+        if np.unique(draft_nodes[inside]).shape[0] != n:
+            raise DraftError("every node must lie on some draft")
+        self._set(tokens, parents, depths, draft_nodes, draft_lengths, child)
+
+    def _set(
+        self,
+        tokens: np.ndarray,
+        parents: np.ndarray,
+        depths: np.ndarray,
+        draft_nodes: np.ndarray,
+        draft_lengths: np.ndarray,
+        child: dict[tuple[int, int], int],
+    ) -> None:
+        self.tokens = tokens
+        self.parents = parents
         self.depths = depths
-        self._children = children
+        self.draft_nodes = draft_nodes
+        self.draft_lengths = draft_lengths
+        self._child = child
         self._ancestors: Optional[np.ndarray] = None
 
     @classmethod
@@ -145,25 +169,33 @@ class DraftTree:
             DraftError: no drafts, an empty draft, non-integer or negative ids, wrong rank.
         """
         rows = _draft_rows(drafts, lengths)
-        children: dict[tuple[int, int], int] = {}
+        child: dict[tuple[int, int], int] = {}
         tokens: list[int] = []
         parents: list[int] = []
+        depths: list[int] = []
         max_len = max(len(row) for row in rows)
         draft_nodes = np.full((len(rows), max_len), -1, dtype=np.int64)
         for d, row in enumerate(rows):
             node = ROOT
             for j, tok in enumerate(row):
-                key = (node, tok)
-                child = children.get(key)
-                if child is None:
-                    child = len(tokens)
-                    children[key] = child
+                nxt = child.get((node, tok))
+                if nxt is None:
+                    nxt = child[node, tok] = len(tokens)
                     tokens.append(tok)
                     parents.append(node)
-                node = child
+                    depths.append(j)
+                node = nxt
                 draft_nodes[d, j] = node
-        lengths_arr = np.array([len(row) for row in rows], dtype=np.int64)
-        return cls(np.array(tokens), np.array(parents), draft_nodes, lengths_arr)
+        tree = cls.__new__(cls)
+        tree._set(
+            np.array(tokens, dtype=np.int64),
+            np.array(parents, dtype=np.int64),
+            np.array(depths, dtype=np.int64),
+            draft_nodes,
+            np.array([len(row) for row in rows], dtype=np.int64),
+            child,
+        )
+        return tree
 
     @property
     def num_nodes(self) -> int:
@@ -187,11 +219,11 @@ class DraftTree:
 
     def child(self, node: int, token: int) -> Optional[int]:
         """The child of ``node`` (``ROOT`` for the root) holding ``token``, or None."""
-        return self._children[node + 1].get(token)
+        return self._child.get((node, token))
 
     def children(self, node: int) -> dict[int, int]:
         """Map token -> child node for the children of ``node`` (``ROOT`` for the root)."""
-        return dict(self._children[node + 1])
+        return {tok: c for (parent, tok), c in self._child.items() if parent == node}
 
     def path(self, node: int) -> np.ndarray:
         """Node indices from the root's child down to ``node`` (empty for ``ROOT``).
@@ -220,13 +252,13 @@ class DraftTree:
             ``j`` lies on the path from the root to node ``i`` (``i`` included).
         """
         if self._ancestors is None:
-            n = self.num_nodes
-            anc = np.eye(n, dtype=bool)
-            # Parents precede children, so one pass in index order sees every parent finished.
-            # Vectorised per depth level: at most max_depth numpy calls.
-            for depth in range(1, self.max_depth):
-                level = np.flatnonzero(self.depths == depth)
-                anc[level] |= anc[self.parents[level]]
+            # Every node lies on a draft, and along a draft node j's ancestors are nodes 0..j:
+            # one scatter over all (draft, j, i <= j) triples.
+            later, earlier = np.tril_indices(self.draft_nodes.shape[1])
+            rows, cols = self.draft_nodes[:, later], self.draft_nodes[:, earlier]
+            valid = rows >= 0
+            anc = np.zeros((self.num_nodes, self.num_nodes), dtype=bool)
+            anc[rows[valid], cols[valid]] = True
             self._ancestors = anc
         return self._ancestors
 

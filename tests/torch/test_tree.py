@@ -117,3 +117,29 @@ def test_bad_lengths_and_prefix() -> None:
     with pytest.raises(DraftError, match="dtype"):
         tree.attention_mask(2, dtype=torch.int64)
     assert isinstance(DraftError("x"), ValueError)
+
+
+@settings(max_examples=40, deadline=None)
+@given(drafts=drafts_strategy)
+def test_constructor_round_trip(drafts: list[list[int]]) -> None:
+    tree = DraftTree.from_drafts(drafts)
+    again = DraftTree(tree.tokens, tree.parents, tree.draft_nodes, tree.draft_lengths)
+    np.testing.assert_array_equal(again.depths, tree.depths)
+    np.testing.assert_array_equal(again.ancestors(), tree.ancestors())
+    for i in range(tree.num_nodes):
+        assert again.children(i) == tree.children(i)
+
+
+def test_constructor_rejects_inconsistent_arrays() -> None:
+    tree = DraftTree.from_drafts([[1, 2], [1, 3]])  # nodes 1, 2, 3
+    t, p, dn, dl = tree.tokens, tree.parents, tree.draft_nodes, tree.draft_lengths
+    with pytest.raises(DraftError, match="precede"):
+        DraftTree(t, np.array([-1, 2, 0]), dn, dl)
+    with pytest.raises(DraftError, match="siblings"):
+        DraftTree(np.array([1, 2, 2]), p, dn, dl)
+    with pytest.raises(DraftError, match="parent links"):
+        DraftTree(t, p, np.array([[0, 1], [1, 2]]), dl)
+    with pytest.raises(DraftError, match="some draft"):
+        DraftTree(t, p, dn[:1], dl[:1])
+    with pytest.raises(DraftError, match="length"):
+        DraftTree(t, p, dn, np.array([2, 1]))
