@@ -259,6 +259,23 @@ def block_verification_plan(p: torch.Tensor, q: torch.Tensor, draft: torch.Tenso
     return VerificationPlan(accept, residuals)
 
 
+def _follow_plan(plan: VerificationPlan, sequential: bool, generator: Optional[torch.Generator]) -> tuple[int, int]:
+    """Draws (tau, y) from a plan: tau = accepted count, y ~ residuals[tau].
+
+    ``sequential``: token verification (stop at the first rejection); otherwise block
+    verification (each sub-block decided independently, tau = the largest accepted).
+    """
+    accept = plan.accept_probs.cpu()
+    u = torch.rand(accept.shape, dtype=torch.float64, generator=generator)
+    if sequential:
+        rejected = torch.nonzero(u >= accept)
+        tau = int(rejected[0]) if rejected.numel() else accept.shape[0]
+    else:
+        accepted = torch.nonzero(u < accept)
+        tau = int(accepted[-1]) + 1 if accepted.numel() else 0
+    return tau, _draw(plan.residuals[tau], generator)
+
+
 def token_verify(
     p: torch.Tensor,
     q: torch.Tensor,
@@ -279,12 +296,7 @@ def token_verify(
     Raises:
         DraftError: shapes disagree, or q_i(x_i) == 0.
     """
-    plan = token_verification_plan(p, q, draft)
-    accept = plan.accept_probs.cpu()
-    u = torch.rand(accept.shape, dtype=torch.float64, generator=generator)
-    rejected = torch.nonzero(u >= accept)
-    tau = int(rejected[0]) if rejected.numel() else accept.shape[0]
-    return tau, _draw(plan.residuals[tau], generator)
+    return _follow_plan(token_verification_plan(p, q, draft), True, generator)
 
 
 def block_verify(
@@ -307,9 +319,4 @@ def block_verify(
     Raises:
         DraftError: shapes disagree, or q_i(x_i) == 0.
     """
-    plan = block_verification_plan(p, q, draft)
-    accept = plan.accept_probs.cpu()
-    u = torch.rand(accept.shape, dtype=torch.float64, generator=generator)
-    accepted = torch.nonzero(u < accept)
-    tau = int(accepted[-1]) + 1 if accepted.numel() else 0
-    return tau, _draw(plan.residuals[tau], generator)
+    return _follow_plan(block_verification_plan(p, q, draft), False, generator)

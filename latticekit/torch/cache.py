@@ -16,7 +16,7 @@ import torch
 
 from latticekit.torch.errors import CacheError
 
-__all__ = ["KVCache", "cache_length", "cache_device", "commit_accepted"]
+__all__ = ["KVCache", "cache_length", "cache_device", "check_committable", "commit_accepted"]
 
 
 class KVCache:
@@ -88,6 +88,15 @@ def _hf_layers(cache: Any) -> list[Any]:
                 "DynamicCache layers can be committed"
             )
     return list(layers)
+
+
+def check_committable(cache: Any) -> None:
+    """Raises CacheError unless :func:`commit_accepted` can commit ``cache``.
+
+    Called before a tree pass, so an unsupported cache fails before it is written to.
+    """
+    if not isinstance(cache, KVCache):
+        _hf_layers(cache)
 
 
 def cache_length(cache: Any) -> int:

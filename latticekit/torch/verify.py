@@ -31,7 +31,7 @@ from latticekit.torch.acceptance import (
     token_verify,
     tree_sampling_accept,
 )
-from latticekit.torch.cache import KVCache, cache_device, cache_length, commit_accepted
+from latticekit.torch.cache import KVCache, cache_device, cache_length, check_committable, commit_accepted
 from latticekit.torch.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError
 from latticekit.torch.tree import ROOT, DraftTree, mask_from_visibility
 
@@ -137,6 +137,7 @@ class _Target:
                 raise CacheError(f"an HF model needs a transformers Cache, got {type(cache).__name__}")
         elif not isinstance(cache, KVCache):
             raise CacheError(f"a plain module needs a latticekit.torch.KVCache, got {type(cache).__name__}")
+        check_committable(cache)
         device = cache_device(cache)
         if device is not None and device != self.device:
             raise DeviceMismatchError(f"the KV cache lives on {device}, the model on {self.device}")
@@ -300,6 +301,18 @@ def tree_pass_inputs(
     return input_ids, position_ids, mask_from_visibility(visible, mask_dtype, device)
 
 
+def _prepare(
+    model: Any, prefix_ids: Union[torch.Tensor, Sequence[int]], tree: DraftTree
+) -> tuple[_Target, torch.Tensor]:
+    """Validates the model, the prefix and the tree's type; returns the target and the prefix."""
+    if not isinstance(tree, DraftTree):
+        raise DraftError(f"tree must be a DraftTree (see DraftTree.from_drafts), got {type(tree).__name__}")
+    target = _Target(model)
+    ids = _as_prefix(prefix_ids, target)
+    _check_vocab(ids, target.vocab_size, "prefix_ids")
+    return target, ids
+
+
 def _tree_forward(target: _Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree) -> TreeOutputs:
     """Validated inputs -> one pass of root + nodes; the cache gains ``num_nodes + 1`` positions."""
     if int(tree.tokens.max()) >= target.vocab_size:  # ids are >= 0 by construction
@@ -348,11 +361,7 @@ def tree_forward(
         UnsupportedModelError, CacheError, DeviceMismatchError, VocabularyError, DraftError:
             as for :func:`verify`.
     """
-    if not isinstance(tree, DraftTree):
-        raise DraftError(f"tree must be a DraftTree (see DraftTree.from_drafts), got {type(tree).__name__}")
-    target = _Target(model)
-    ids = _as_prefix(prefix_ids, target)
-    _check_vocab(ids, target.vocab_size, "prefix_ids")
+    target, ids = _prepare(model, prefix_ids, tree)
     return _tree_forward(target, past_key_values, ids, tree)
 
 
@@ -398,11 +407,7 @@ def verify(
         DraftError: bad ``prefix_ids``, an unknown rule, or ``"token"``/``"block"`` with more
             than one distinct draft or without matching ``draft_probs``.
     """
-    if not isinstance(tree, DraftTree):
-        raise DraftError(f"tree must be a DraftTree (see DraftTree.from_drafts), got {type(tree).__name__}")
-    target = _Target(model)
-    ids = _as_prefix(prefix_ids, target)
-    _check_vocab(ids, target.vocab_size, "prefix_ids")
+    target, ids = _prepare(model, prefix_ids, tree)
     _check_rule_inputs(rule, tree, draft_probs, target)
     out = _tree_forward(target, past_key_values, ids, tree)
     logits = out.logits

@@ -146,3 +146,15 @@ def test_import_latticekit_does_not_import_torch() -> None:
 
     code = "import sys, latticekit, latticekit.errors; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_uncommittable_cache_fails_before_the_pass(llama: Any, cache: Any) -> None:
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    sliding = DynamicSlidingWindowLayer(sliding_window=4)
+    sliding.lazy_initialization(cache.layers[1].keys, cache.layers[1].values)
+    sliding.keys, sliding.values = cache.layers[1].keys, cache.layers[1].values
+    cache.layers[1] = sliding
+    with pytest.raises(CacheError, match="DynamicSlidingWindowLayer"):
+        verify(llama, cache, torch.tensor(PROMPT), DraftTree.from_drafts([[1, 2]]))
+    assert cache.layers[0].keys.shape[-2] == len(PROMPT) - 1  # nothing was written

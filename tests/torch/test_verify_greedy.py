@@ -96,9 +96,14 @@ def speculative_greedy(model: Any, kind: str, p: int, ref: list[int], ref_logits
     return ids.tolist(), accepted, cache
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-@pytest.mark.parametrize("p", [1, 4, 16])
-@pytest.mark.parametrize("kind", ["random", "perfect", "pbest"])
+def greedy_grid(test: Callable[..., None]) -> Callable[..., None]:
+    """Both HF architectures x p in {1, 4, 16} x random / perfect / p-best drafts."""
+    test = pytest.mark.parametrize("kind", ["random", "perfect", "pbest"])(test)
+    test = pytest.mark.parametrize("p", [1, 4, 16])(test)
+    return pytest.mark.parametrize("arch", ["llama", "gpt2"])(test)
+
+
+@greedy_grid
 def test_greedy_lossless_float32(arch: str, p: int, kind: str) -> None:
     model, ref, ref_logits = model_and_reference(arch, torch.float32)
     ids, accepted, _ = speculative_greedy(model, kind, p, ref, ref_logits)
@@ -110,9 +115,7 @@ def test_greedy_lossless_float32(arch: str, p: int, kind: str) -> None:
         assert sum(map(abs, accepted)) > 0
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-@pytest.mark.parametrize("p", [1, 4, 16])
-@pytest.mark.parametrize("kind", ["random", "perfect", "pbest"])
+@greedy_grid
 def test_greedy_lossless_bfloat16_with_tie_policy(arch: str, p: int, kind: str) -> None:
     model, ref, ref_logits = model_and_reference(arch, torch.bfloat16)
     ids, _, _ = speculative_greedy(model, kind, p, ref, ref_logits)
