@@ -143,3 +143,20 @@ def test_constructor_rejects_inconsistent_arrays() -> None:
         DraftTree(t, p, dn[:1], dl[:1])
     with pytest.raises(DraftError, match="length"):
         DraftTree(t, p, dn, np.array([2, 1]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(drafts=drafts_strategy, prefix_len=st.integers(1, 5))
+def test_tree_pass_inputs_prepend_the_root(drafts: list[list[int]], prefix_len: int) -> None:
+    """The pass's inputs: root row sees prefix only; node rows are the tree mask with the root visible."""
+    from latticekit.torch.verify import tree_pass_inputs
+
+    tree = DraftTree.from_drafts(drafts)
+    prefix = torch.arange(10, 10 + prefix_len)
+    input_ids, position_ids, mask = tree_pass_inputs(tree, prefix, torch.from_numpy(tree.tokens), torch.bool)
+    n = tree.num_nodes
+    assert input_ids[0].tolist() == [10 + prefix_len - 1] + tree.tokens.tolist()
+    assert position_ids[0].tolist() == [prefix_len - 1] + tree.position_ids(prefix_len)[0].tolist()
+    assert mask.shape == (1, 1, n + 1, prefix_len + n)
+    assert mask[0, 0, 0].tolist() == [True] * prefix_len + [False] * n
+    assert torch.equal(mask[0, 0, 1:], tree.attention_mask(prefix_len)[0, 0])
