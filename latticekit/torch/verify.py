@@ -256,11 +256,22 @@ class TreeOutputs:
 
 
 def _check_rule_inputs(
-    rule: str, tree: DraftTree, draft_probs: Optional[torch.Tensor], target: _Target
+    rule: str,
+    tree: DraftTree,
+    draft_probs: Optional[torch.Tensor],
+    target: _Target,
+    temperature: float,
+    top_p: float,
 ) -> None:
+    """Everything the rule needs is checked before the pass, so a bad argument never leaves
+    uncommitted tree nodes in the cache."""
     if rule not in _RULES:
         raise DraftError(f"unknown acceptance rule {rule!r}; expected one of {_RULES}")
-    if rule not in ("token", "block"):
+    if rule == "greedy":
+        return
+    if not temperature > 0 or not 0 < top_p <= 1:
+        raise ValueError(f"sampling needs temperature > 0 and top_p in (0, 1], got {temperature}, {top_p}")
+    if rule == "sampling":
         return
     if not tree.is_chain:
         raise DraftError(
@@ -406,9 +417,10 @@ def verify(
         VocabularyError: a prefix or draft id is outside the model's vocabulary.
         DraftError: bad ``prefix_ids``, an unknown rule, or ``"token"``/``"block"`` with more
             than one distinct draft or without matching ``draft_probs``.
+        ValueError: a sampling rule with temperature <= 0 or top_p outside (0, 1].
     """
     target, ids = _prepare(model, prefix_ids, tree)
-    _check_rule_inputs(rule, tree, draft_probs, target)
+    _check_rule_inputs(rule, tree, draft_probs, target, temperature, top_p)
     out = _tree_forward(target, past_key_values, ids, tree)
     logits = out.logits
 

@@ -123,6 +123,8 @@ def test_unsupported_models_and_rules(llama: Any, cache: Any) -> None:
                draft_probs=torch.full((3, VOCAB), 1 / VOCAB))
     with pytest.raises(DraftError, match="draft_probs of shape"):
         verify(llama, cache, torch.tensor(PROMPT), DraftTree.from_drafts([[1, 2]]), "block")
+    with pytest.raises(ValueError, match="temperature"):
+        verify(llama, cache, torch.tensor(PROMPT), tree, "sampling", temperature=0.0)
     with pytest.raises(DraftError, match="DraftTree"):
         verify(llama, cache, torch.tensor(PROMPT), [[1, 2]])  # type: ignore[arg-type]
     with pytest.raises(DraftError, match="non-empty"):
