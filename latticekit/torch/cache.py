@@ -1,0 +1,160 @@
+"""KV caches the adapter can commit: HF ``DynamicCache`` and latticekit's own :class:`KVCache`.
+
+After a tree pass the cache holds the prefix followed by one entry per tree node, in node
+order. Committing keeps the prefix and the accepted nodes' entries (which need not be
+contiguous: they are gathered to the front of the tree segment) and drops the rest, so
+rejected nodes never leak into later steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from latticekit.torch.errors import CacheError
+
+__all__ = ["KVCache", "cache_length", "cache_device", "check_committable", "commit_accepted"]
+
+
+class KVCache:
+    """A minimal per-layer key/value cache for plain ``nn.Module`` targets (see ``protocol``).
+
+    Keys and values of layer ``l`` are `torch.Tensor` of shape `(batch, kv_heads, seq, head_dim)`.
+
+    Attributes:
+        keys: one tensor per layer that has been updated.
+        values: one tensor per layer that has been updated.
+    """
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def update(
+        self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Appends a layer's new keys and values and returns everything that layer has cached.
+
+        Args:
+            layer_idx: the layer; layers must be updated in order 0, 1, ... the first time.
+            keys (`torch.Tensor` of shape `(batch, kv_heads, new, head_dim)`): new keys.
+            values (`torch.Tensor` of shape `(batch, kv_heads, new, head_dim)`): new values.
+
+        Returns:
+            The layer's keys and values, `(batch, kv_heads, seq + new, head_dim)` each.
+
+        Raises:
+            CacheError: a layer is skipped.
+        """
+        if layer_idx == len(self.keys):
+            self.keys.append(keys)
+            self.values.append(values)
+        elif layer_idx < len(self.keys):
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], keys], dim=-2)
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], values], dim=-2)
+        else:
+            raise CacheError(f"layer {layer_idx} updated before layer {len(self.keys)}")
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self) -> int:
+        """Number of positions cached (0 when empty)."""
+        return int(self.keys[0].shape[-2]) if self.keys else 0
+
+    def __repr__(self) -> str:
+        return f"KVCache(layers={len(self.keys)}, seq_length={self.get_seq_length()})"
+
+
+def _hf_layers(cache: Any) -> list[Any]:
+    """The layers of an HF cache whose entries can be gathered, or a CacheError."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError as exc:  # pragma: no cover - only reached with an HF cache object
+        raise CacheError(f"cannot commit a {type(cache).__name__} without transformers") from exc
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise CacheError(
+            f"unsupported cache {type(cache).__name__}: expected transformers.DynamicCache "
+            "or latticekit.torch.KVCache"
+        )
+    for layer in layers:
+        # Subclasses (sliding window, quantised, indexed) keep extra state that a gather
+        # would silently corrupt, so only the plain full-attention layer is accepted.
+        if type(layer) is not DynamicLayer:
+            raise CacheError(
+                f"unsupported cache layer {type(layer).__name__}: only full-attention "
+                "DynamicCache layers can be committed"
+            )
+    return list(layers)
+
+
+def check_committable(cache: Any) -> None:
+    """Raises CacheError unless :func:`commit_accepted` can commit ``cache``.
+
+    Called before a tree pass, so an unsupported cache fails before it is written to.
+    """
+    if not isinstance(cache, KVCache):
+        _hf_layers(cache)
+
+
+def cache_length(cache: Any) -> int:
+    """Positions held by a :class:`KVCache` or an HF cache."""
+    if isinstance(cache, KVCache):
+        return cache.get_seq_length()
+    get = getattr(cache, "get_seq_length", None)
+    if get is None:
+        raise CacheError(f"unsupported cache {type(cache).__name__}")
+    return int(get())
+
+
+def cache_device(cache: Any) -> Optional[torch.device]:
+    """Device of the cached tensors, or None when nothing is cached yet."""
+    if isinstance(cache, KVCache):
+        return cache.keys[0].device if cache.keys else None
+    for layer in getattr(cache, "layers", []):
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, torch.Tensor) and keys.numel():
+            return keys.device
+    return None
+
+
+def _keep(tensor: torch.Tensor, prefix_len: int, src: Optional[torch.Tensor], kept: int) -> torch.Tensor:
+    """Moves rows ``src`` (absolute positions) to ``prefix_len..`` in place and truncates."""
+    if src is not None:
+        tensor[..., prefix_len:kept, :] = tensor[..., src, :]
+    return tensor[..., :kept, :]
+
+
+def commit_accepted(cache: Any, prefix_len: int, num_nodes: int, accepted_nodes: Sequence[int]) -> None:
+    """Keeps the prefix and the accepted nodes' entries; drops every other tree node, in place.
+
+    Args:
+        cache: a :class:`KVCache` or an HF ``DynamicCache`` holding ``prefix_len + num_nodes``
+            positions: the prefix, then one per tree node in node order.
+        prefix_len: positions before the tree.
+        num_nodes: tree nodes in the cache.
+        accepted_nodes: accepted node indices, root's child first.
+
+    Raises:
+        CacheError: the cache kind is unsupported or does not hold ``prefix_len + num_nodes``.
+    """
+    held = cache_length(cache)
+    if held != prefix_len + num_nodes:
+        raise CacheError(f"cache holds {held} positions, expected prefix {prefix_len} + tree {num_nodes}")
+    nodes = np.asarray(accepted_nodes, dtype=np.int64)
+    kept = prefix_len + nodes.shape[0]
+    src: Optional[torch.Tensor] = None
+    if not np.array_equal(nodes, np.arange(nodes.shape[0])):
+        # Accepted entries are not already in place: gather them (one indexing op per tensor).
+        src = torch.from_numpy(nodes + prefix_len).to(cache_device(cache))
+    if isinstance(cache, KVCache):
+        for store in (cache.keys, cache.values):
+            for i, tensor in enumerate(store):
+                store[i] = _keep(tensor, prefix_len, src, kept)
+        return
+    for layer in _hf_layers(cache):
+        if layer.is_initialized:
+            layer.keys = _keep(layer.keys, prefix_len, src, kept)
+            layer.values = _keep(layer.values, prefix_len, src, kept)

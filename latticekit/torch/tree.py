@@ -1,0 +1,331 @@
+"""A token tree (trie) of drafts, with the attention mask and positions to verify it in one pass.
+
+p drafts from a p-best search share long prefixes. :class:`DraftTree` merges them into a trie
+whose nodes are draft tokens; the root is implicit (it stands for the last prefix token). Node
+indices follow first insertion, so a node's parent always has a smaller index and the first
+draft occupies nodes ``0 .. len(drafts[0]) - 1`` in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional, Union
+
+import numpy as np
+import torch
+
+from latticekit.torch.errors import DraftError
+
+__all__ = ["DraftTree", "ROOT"]
+
+#: Parent index of the nodes that hang directly under the (implicit) root.
+ROOT = -1
+
+DraftsLike = Union[torch.Tensor, np.ndarray, Sequence[Sequence[int]]]
+
+
+def _draft_rows(drafts: DraftsLike, lengths: Optional[Sequence[int]]) -> list[list[int]]:
+    """Reads drafts of any accepted kind into plain Python lists of ids, validating them."""
+    if isinstance(drafts, torch.Tensor):
+        if drafts.is_floating_point() or drafts.is_complex() or drafts.dtype == torch.bool:
+            raise DraftError(f"drafts must hold integer token ids, got dtype {drafts.dtype}")
+        if drafts.dim() != 2:
+            raise DraftError(f"drafts must be 2-D (p, h), got shape {tuple(drafts.shape)}")
+        if drafts.device.type == "meta":
+            raise DraftError("drafts live on the meta device and hold no ids")
+        rows: list[list[int]] = drafts.tolist()
+    elif isinstance(drafts, np.ndarray):
+        if drafts.dtype.kind not in "iu":
+            raise DraftError(f"drafts must hold integer token ids, got dtype {drafts.dtype}")
+        if drafts.ndim != 2:
+            raise DraftError(f"drafts must be 2-D (p, h), got shape {drafts.shape}")
+        rows = drafts.tolist()
+    else:
+        try:
+            rows = [list(row) for row in drafts]
+        except TypeError as exc:
+            raise DraftError("drafts must be a 2-D tensor/array or a sequence of id sequences") from exc
+        for row in rows:
+            for tok in row:
+                if isinstance(tok, (bool, np.bool_)) or not isinstance(tok, (int, np.integer)):
+                    raise DraftError(f"draft tokens must be integer ids, got {tok!r}")
+        rows = [[int(tok) for tok in row] for row in rows]
+
+    if lengths is not None:
+        lengths = list(lengths)
+        if len(lengths) != len(rows):
+            raise DraftError(f"got {len(lengths)} lengths for {len(rows)} drafts")
+        for i, n in enumerate(lengths):
+            if not 0 <= n <= len(rows[i]):
+                raise DraftError(f"length {n} of draft {i} is outside 0..{len(rows[i])}")
+        rows = [row[:n] for row, n in zip(rows, lengths)]
+
+    if not rows:
+        raise DraftError("no drafts: need at least one draft of at least one token")
+    for i, row in enumerate(rows):
+        if not row:
+            raise DraftError(f"draft {i} is empty: every draft needs at least one token")
+        if min(row) < 0:
+            raise DraftError(f"draft {i} holds a negative token id {min(row)}")
+    return rows
+
+
+class DraftTree:
+    """p drafts merged into a trie of draft tokens, shared prefixes and duplicates merged.
+
+    Attributes:
+        tokens (`np.ndarray` of shape `(num_nodes,)`): the token id at each node.
+        parents (`np.ndarray` of shape `(num_nodes,)`): index of each node's parent, ``ROOT``
+            (-1) for nodes right under the root. ``parents[i] < i``.
+        depths (`np.ndarray` of shape `(num_nodes,)`): 0 for the first draft token, 1 for the
+            second, ... (the number of draft tokens before the node on its path).
+        draft_nodes (`np.ndarray` of shape `(num_drafts, max_draft_len)`): ``draft_nodes[d, j]``
+            is the node holding token ``j`` of draft ``d``; -1 past the end of a shorter draft.
+        draft_lengths (`np.ndarray` of shape `(num_drafts,)`): length of each draft.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        parents: np.ndarray,
+        draft_nodes: np.ndarray,
+        draft_lengths: np.ndarray,
+    ) -> None:
+        """Builds a tree from its arrays; use :meth:`from_drafts` unless you hold them already.
+
+        Args:
+            tokens (`np.ndarray` of shape `(num_nodes,)`): token id per node.
+            parents (`np.ndarray` of shape `(num_nodes,)`): parent per node, -1 for root's children;
+                every parent must precede its child.
+            draft_nodes (`np.ndarray` of shape `(num_drafts, max_draft_len)`): node per draft token,
+                -1 past a draft's end; each draft must follow parent links from the root.
+            draft_lengths (`np.ndarray` of shape `(num_drafts,)`): length per draft.
+
+        Raises:
+            DraftError: the arrays disagree, a parent does not precede its child, two siblings
+                hold one token, a draft does not follow parent links, or a node is on no draft.
+        """
+        tokens = np.asarray(tokens, dtype=np.int64)
+        parents = np.asarray(parents, dtype=np.int64)
+        draft_nodes = np.asarray(draft_nodes, dtype=np.int64)
+        draft_lengths = np.asarray(draft_lengths, dtype=np.int64)
+        n = tokens.shape[0]
+        if n == 0 or tokens.ndim != 1 or parents.shape != (n,):
+            raise DraftError(f"need 1-D tokens and parents of one non-zero length, got {tokens.shape}, {parents.shape}")
+        if np.any(parents >= np.arange(n)) or np.any(parents < ROOT):
+            raise DraftError("every node's parent must precede it (or be ROOT)")
+        if draft_nodes.ndim != 2 or draft_lengths.shape != (draft_nodes.shape[0],) or draft_nodes.shape[0] == 0:
+            raise DraftError(f"draft_nodes {draft_nodes.shape} and draft_lengths {draft_lengths.shape} disagree")
+        depths = np.zeros(n, dtype=np.int64)
+        child: dict[tuple[int, int], int] = {}
+        for i in range(n):
+            parent, tok = int(parents[i]), int(tokens[i])
+            depths[i] = 0 if parent == ROOT else depths[parent] + 1
+            if (parent, tok) in child:
+                raise DraftError(f"nodes {child[parent, tok]} and {i} are siblings with one token {tok}")
+            child[parent, tok] = i
+        columns = np.arange(draft_nodes.shape[1])
+        inside = columns < draft_lengths[:, None]
+        if np.any((draft_nodes >= 0) != inside) or np.any(draft_nodes >= n):
+            raise DraftError("draft_nodes must hold node ids exactly up to each draft's length")
+        expected_parents = np.concatenate([np.full((draft_nodes.shape[0], 1), ROOT), draft_nodes[:, :-1]], axis=1)
+        if np.any(parents[draft_nodes[inside]] != expected_parents[inside]):
+            raise DraftError("a draft's nodes do not follow parent links from the root")
+        if np.unique(draft_nodes[inside]).shape[0] != n:
+            raise DraftError("every node must lie on some draft")
+        self._set(tokens, parents, depths, draft_nodes, draft_lengths, child)
+
+    def _set(
+        self,
+        tokens: np.ndarray,
+        parents: np.ndarray,
+        depths: np.ndarray,
+        draft_nodes: np.ndarray,
+        draft_lengths: np.ndarray,
+        child: dict[tuple[int, int], int],
+    ) -> None:
+        self.tokens = tokens
+        self.parents = parents
+        self.depths = depths
+        self.draft_nodes = draft_nodes
+        self.draft_lengths = draft_lengths
+        self._child = child
+        self._ancestors: Optional[np.ndarray] = None
+
+    @classmethod
+    def from_drafts(cls, drafts: DraftsLike, lengths: Optional[Sequence[int]] = None) -> "DraftTree":
+        """Merges p drafts into a trie.
+
+        Args:
+            drafts: `torch.Tensor` or `np.ndarray` of shape `(p, h)` with integer ids, or a
+                sequence of p id sequences of any lengths (ragged drafts).
+            lengths: optional length of each row of a padded `(p, h)` input; tokens past a
+                row's length are ignored.
+
+        Returns:
+            The trie. Identical drafts and shared prefixes become shared nodes.
+
+        Raises:
+            DraftError: no drafts, an empty draft, non-integer or negative ids, wrong rank.
+        """
+        rows = _draft_rows(drafts, lengths)
+        child: dict[tuple[int, int], int] = {}
+        tokens: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        max_len = max(len(row) for row in rows)
+        draft_nodes = np.full((len(rows), max_len), -1, dtype=np.int64)
+        for d, row in enumerate(rows):
+            node = ROOT
+            for j, tok in enumerate(row):
+                nxt = child.get((node, tok))
+                if nxt is None:
+                    nxt = child[node, tok] = len(tokens)
+                    tokens.append(tok)
+                    parents.append(node)
+                    depths.append(j)
+                node = nxt
+                draft_nodes[d, j] = node
+        tree = cls.__new__(cls)
+        tree._set(
+            np.array(tokens, dtype=np.int64),
+            np.array(parents, dtype=np.int64),
+            np.array(depths, dtype=np.int64),
+            draft_nodes,
+            np.array([len(row) for row in rows], dtype=np.int64),
+            child,
+        )
+        return tree
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes after merging (not counting the implicit root)."""
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_drafts(self) -> int:
+        """Number of drafts the tree was built from (p), duplicates included."""
+        return int(self.draft_lengths.shape[0])
+
+    @property
+    def max_depth(self) -> int:
+        """Length of the longest draft."""
+        return int(self.depths.max()) + 1
+
+    @property
+    def is_chain(self) -> bool:
+        """True when the tree is a single path (one draft, or p identical drafts)."""
+        return bool(np.all(self.parents == np.arange(self.num_nodes) - 1))
+
+    def child(self, node: int, token: int) -> Optional[int]:
+        """The child of ``node`` (``ROOT`` for the root) holding ``token``, or None."""
+        return self._child.get((node, token))
+
+    def children(self, node: int) -> dict[int, int]:
+        """Map token -> child node for the children of ``node`` (``ROOT`` for the root)."""
+        return {tok: c for (parent, tok), c in self._child.items() if parent == node}
+
+    def path(self, node: int) -> np.ndarray:
+        """Node indices from the root's child down to ``node`` (empty for ``ROOT``).
+
+        Returns:
+            `np.ndarray` of shape `(depth + 1,)`.
+        """
+        out: list[int] = []
+        while node != ROOT:
+            out.append(node)
+            node = int(self.parents[node])
+        return np.array(out[::-1], dtype=np.int64)
+
+    def drafts_through(self, node: int) -> np.ndarray:
+        """Indices of the drafts whose path passes through ``node`` (all drafts for ``ROOT``)."""
+        if node == ROOT:
+            return np.arange(self.num_drafts)
+        depth = int(self.depths[node])
+        return np.flatnonzero(self.draft_nodes[:, depth] == node)
+
+    def ancestors(self) -> np.ndarray:
+        """Ancestor-or-self relation of the nodes.
+
+        Returns:
+            `np.ndarray` of bool, shape `(num_nodes, num_nodes)`: ``[i, j]`` is True when node
+            ``j`` lies on the path from the root to node ``i`` (``i`` included).
+        """
+        if self._ancestors is None:
+            # Every node lies on a draft, and along a draft node j's ancestors are nodes 0..j:
+            # one scatter over all (draft, j, i <= j) triples.
+            later, earlier = np.tril_indices(self.draft_nodes.shape[1])
+            rows, cols = self.draft_nodes[:, later], self.draft_nodes[:, earlier]
+            valid = rows >= 0
+            anc = np.zeros((self.num_nodes, self.num_nodes), dtype=bool)
+            anc[rows[valid], cols[valid]] = True
+            self._ancestors = anc
+        return self._ancestors
+
+    def attention_mask(
+        self,
+        prefix_len: int,
+        dtype: torch.dtype = torch.bool,
+        device: Union[str, torch.device, None] = None,
+    ) -> torch.Tensor:
+        """The 4-D mask that lets each node see the prefix, its ancestors and itself.
+
+        Args:
+            prefix_len: number of tokens before the first draft token (all visible to all nodes).
+            dtype: ``torch.bool`` for a boolean mask (True = may attend), or a floating dtype for
+                an additive mask (0 where visible, the dtype's most negative finite value elsewhere).
+            device: device of the result.
+
+        Returns:
+            `torch.Tensor` of shape `(1, 1, num_nodes, prefix_len + num_nodes)`.
+
+        Raises:
+            DraftError: ``prefix_len`` is negative or ``dtype`` is neither bool nor floating.
+        """
+        if prefix_len < 0:
+            raise DraftError(f"prefix_len must be >= 0, got {prefix_len}")
+        visible = np.concatenate(
+            [np.ones((self.num_nodes, prefix_len), dtype=bool), self.ancestors()], axis=1
+        )
+        return mask_from_visibility(visible, dtype, device)
+
+    def position_ids(self, prefix_len: int, device: Union[str, torch.device, None] = None) -> torch.Tensor:
+        """Positions of the nodes: ``prefix_len + depth``.
+
+        Returns:
+            `torch.LongTensor` of shape `(1, num_nodes)`.
+        """
+        if prefix_len < 0:
+            raise DraftError(f"prefix_len must be >= 0, got {prefix_len}")
+        return torch.from_numpy(self.depths + prefix_len).to(device).unsqueeze(0)
+
+    def __repr__(self) -> str:
+        return (
+            f"DraftTree(num_drafts={self.num_drafts}, num_nodes={self.num_nodes}, "
+            f"max_depth={self.max_depth})"
+        )
+
+
+def mask_from_visibility(
+    visible: np.ndarray, dtype: torch.dtype, device: Union[str, torch.device, None]
+) -> torch.Tensor:
+    """Turns a 2-D visibility matrix into a 4-D boolean or additive attention mask.
+
+    Args:
+        visible (`np.ndarray` of bool, shape `(queries, keys)`): True where a query may attend.
+        dtype: ``torch.bool`` or a floating dtype (additive mask).
+        device: device of the result.
+
+    Returns:
+        `torch.Tensor` of shape `(1, 1, queries, keys)`.
+
+    Raises:
+        DraftError: ``dtype`` is neither bool nor floating.
+    """
+    mask = torch.from_numpy(visible).to(device)[None, None]
+    if dtype == torch.bool:
+        return mask
+    if not dtype.is_floating_point:
+        raise DraftError(f"mask dtype must be torch.bool or floating, got {dtype}")
+    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return additive.masked_fill_(~mask, torch.finfo(dtype).min)

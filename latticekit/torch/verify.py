@@ -1,0 +1,446 @@
+"""Verify a tree of drafts with one forward pass of the target model, then commit its KV cache.
+
+The invariant between steps: for a sequence ``prefix_ids`` of length L, the cache holds the
+key/values of ``prefix_ids[:-1]``; the last token (the previous step's bonus token, or the
+last prompt token) is fed as the tree's root together with all draft nodes in one pass::
+
+    cache: x_0 .. x_{L-2}  |  input: x_{L-1} (root), node_0, ..., node_{N-1}
+    positions:               L-1, L + depth(node_i)
+    mask: root sees the cache and itself; node i sees the cache, the root, its ancestors, itself
+
+After acceptance the cache keeps ``x_0 .. x_{L-1}`` and the accepted nodes, so the new
+sequence ``prefix_ids + accepted + [bonus]`` satisfies the invariant again.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Union
+
+import numpy as np
+import torch
+
+from latticekit.errors import VocabularyError
+from latticekit.torch.acceptance import (
+    AcceptedPath,
+    block_verify,
+    greedy_accept,
+    target_probs,
+    token_verify,
+    tree_sampling_accept,
+)
+from latticekit.torch.cache import KVCache, cache_device, cache_length, check_committable, commit_accepted
+from latticekit.torch.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError
+from latticekit.torch.tree import ROOT, DraftTree, mask_from_visibility
+
+__all__ = [
+    "AcceptanceRule",
+    "VerifyResult",
+    "TreeOutputs",
+    "verify",
+    "tree_forward",
+    "tree_pass_inputs",
+    "prefill",
+    "new_cache",
+]
+
+#: ``"greedy"``: arg-max path through the tree. ``"sampling"``: sample at each node, descend
+#: while the sample is a child (deterministic drafts, any tree). ``"token"`` / ``"block"``:
+#: token / block verification of one draft sampled from ``draft_probs``.
+AcceptanceRule = Literal["greedy", "sampling", "token", "block"]
+
+_RULES = ("greedy", "sampling", "token", "block")
+_MASKABLE_ATTENTION = ("eager", "sdpa")
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of one verification step.
+
+    Attributes:
+        accepted_tokens (`torch.LongTensor` of shape `(num_accepted,)`): accepted draft tokens.
+        bonus_token: the token the target adds after them (always emitted).
+        accepted_nodes: tree nodes of the accepted tokens, root's child first.
+        accepted_drafts (`np.ndarray` of shape `(k,)`): drafts that contain the accepted path.
+        logits (`torch.Tensor` of shape `(vocab,)`): the target's raw logits at the last
+            accepted node (at the root when nothing was accepted): the distribution the bonus
+            token came from.
+        hidden_state (`torch.Tensor` of shape `(hidden,)`): the target's final hidden state at
+            that node, for draft heads to propose the next lattice from the same pass.
+    """
+
+    accepted_tokens: torch.Tensor
+    bonus_token: int
+    accepted_nodes: list[int]
+    accepted_drafts: np.ndarray
+    logits: torch.Tensor
+    hidden_state: torch.Tensor
+
+    @property
+    def num_accepted(self) -> int:
+        """Number of accepted draft tokens (the bonus token not counted)."""
+        return len(self.accepted_nodes)
+
+    @property
+    def emitted_tokens(self) -> torch.Tensor:
+        """Accepted tokens followed by the bonus token, `(num_accepted + 1,)`."""
+        bonus = torch.tensor([self.bonus_token], dtype=torch.long, device=self.accepted_tokens.device)
+        return torch.cat([self.accepted_tokens, bonus])
+
+
+class _Target:
+    """Uniform access to an HF causal LM or a plain module following the protocol."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        transformers = sys.modules.get("transformers")
+        self.is_hf = transformers is not None and isinstance(model, transformers.PreTrainedModel)
+        if self.is_hf:
+            attn = getattr(model.config, "_attn_implementation", None)
+            if attn not in _MASKABLE_ATTENTION:
+                raise UnsupportedModelError(
+                    f"attention implementation {attn!r} cannot take a custom 4-D tree mask; "
+                    f"load the model with attn_implementation in {_MASKABLE_ATTENTION}"
+                )
+            head = model.get_output_embeddings()
+            if head is None:
+                raise UnsupportedModelError(f"{type(model).__name__} has no output embeddings (not a causal LM?)")
+            self.head = head
+            self.vocab_size = int(model.config.vocab_size)
+        elif isinstance(model, torch.nn.Module) and isinstance(getattr(model, "vocab_size", None), int):
+            self.vocab_size = int(model.vocab_size)
+        else:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} is neither a transformers PreTrainedModel nor a "
+                "torch.nn.Module with an int vocab_size following latticekit.torch.protocol"
+            )
+        param = next(model.parameters(), None)
+        if param is None:
+            raise UnsupportedModelError(f"{type(model).__name__} has no parameters")
+        self.device = param.device
+        self.dtype = param.dtype
+
+    def new_cache(self) -> Any:
+        if self.is_hf:
+            from transformers import DynamicCache
+
+            return DynamicCache(config=self.model.config)
+        return KVCache()
+
+    def check_cache(self, cache: Any) -> None:
+        if self.is_hf:
+            from transformers import Cache
+
+            if not isinstance(cache, Cache):
+                raise CacheError(f"an HF model needs a transformers Cache, got {type(cache).__name__}")
+        elif not isinstance(cache, KVCache):
+            raise CacheError(f"a plain module needs a latticekit.torch.KVCache, got {type(cache).__name__}")
+        check_committable(cache)
+        device = cache_device(cache)
+        if device is not None and device != self.device:
+            raise DeviceMismatchError(f"the KV cache lives on {device}, the model on {self.device}")
+
+    @property
+    def mask_dtype(self) -> torch.dtype:
+        """Boolean masks for protocol modules; additive masks in the model's dtype for HF models,
+        which both eager and sdpa attention understand."""
+        return self.dtype if self.is_hf else torch.bool
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Runs `(1, n)` tokens over the cache with a `(1, 1, n, cached + n)` mask of ``mask_dtype``.
+
+        Returns:
+            Logits `(n, vocab)` and final hidden states `(n, hidden)`.
+        """
+        if not self.is_hf:
+            logits, hidden = self.model(input_ids, position_ids, mask, cache)
+            return logits[0], hidden[0]
+        captured: list[torch.Tensor] = []
+        hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        finally:
+            hook.remove()
+        return out.logits[0], captured[-1][0]
+
+
+def _as_prefix(prefix_ids: Union[torch.Tensor, Sequence[int]], target: _Target) -> torch.Tensor:
+    if not isinstance(prefix_ids, torch.Tensor):
+        prefix_ids = torch.tensor(list(prefix_ids), dtype=torch.long, device=target.device)
+    if prefix_ids.dim() == 2 and prefix_ids.shape[0] == 1:
+        prefix_ids = prefix_ids[0]
+    if prefix_ids.dim() != 1 or prefix_ids.shape[0] == 0:
+        raise DraftError(f"prefix_ids must be a non-empty 1-D id tensor, got shape {tuple(prefix_ids.shape)}")
+    if prefix_ids.is_floating_point() or prefix_ids.dtype == torch.bool:
+        raise DraftError(f"prefix_ids must hold integer ids, got {prefix_ids.dtype}")
+    if prefix_ids.device != target.device:
+        raise DeviceMismatchError(f"prefix_ids live on {prefix_ids.device}, the model on {target.device}")
+    return prefix_ids.long()
+
+
+def new_cache(model: Any) -> Any:
+    """An empty cache of the kind ``model`` needs (``DynamicCache`` or :class:`KVCache`).
+
+    Raises:
+        UnsupportedModelError: the model is neither an HF causal LM nor a protocol module.
+    """
+    return _Target(model).new_cache()
+
+
+@torch.no_grad()
+def prefill(model: Any, prefix_ids: Union[torch.Tensor, Sequence[int]], past_key_values: Any = None) -> Any:
+    """Brings a cache up to the verify invariant: it holds all of ``prefix_ids`` but the last.
+
+    Args:
+        model: HF causal LM or a module following ``latticekit.torch.protocol``.
+        prefix_ids (`torch.LongTensor` of shape `(L,)`): the prompt.
+        past_key_values: a cache already holding a prefix of ``prefix_ids[:-1]``; a new one
+            when None.
+
+    Returns:
+        The cache, holding ``L - 1`` positions.
+
+    Raises:
+        CacheError: the given cache already holds more than ``L - 1`` positions.
+        DeviceMismatchError / VocabularyError / DraftError: bad ``prefix_ids``.
+    """
+    target = _Target(model)
+    ids = _as_prefix(prefix_ids, target)
+    _check_vocab(ids, target.vocab_size, "prefix_ids")
+    cache = target.new_cache() if past_key_values is None else past_key_values
+    target.check_cache(cache)
+    held, todo = cache_length(cache), ids.shape[0] - 1
+    if held > todo:
+        raise CacheError(f"the cache holds {held} positions, more than the {todo} to prefill")
+    if held < todo:
+        n = todo - held
+        visible = np.concatenate([np.ones((n, held), dtype=bool), np.tri(n, dtype=bool)], axis=1)
+        mask = mask_from_visibility(visible, target.mask_dtype, target.device)
+        positions = torch.arange(held, todo, device=target.device)[None]
+        target.forward(ids[None, held:todo], positions, mask, cache)
+    return cache
+
+
+def _check_vocab(ids: torch.Tensor, vocab_size: int, what: str) -> None:
+    outside = (ids < 0) | (ids >= vocab_size)
+    if bool(outside.any()):  # one device sync; the offending id is looked up only on failure
+        bad = int(ids[outside][0])
+        raise VocabularyError(f"{what} holds id {bad}, outside the model's vocabulary 0..{vocab_size - 1}")
+
+
+@dataclass
+class TreeOutputs:
+    """The target's outputs for one tree pass; row 0 is the root, row ``i + 1`` is node ``i``.
+
+    Attributes:
+        logits (`torch.Tensor` of shape `(num_nodes + 1, vocab)`): raw logits per row.
+        hidden_states (`torch.Tensor` of shape `(num_nodes + 1, hidden)`): final hidden state
+            per row (the input of the output projection).
+        node_tokens (`torch.LongTensor` of shape `(num_nodes,)`): the tree's tokens on the
+            model's device.
+    """
+
+    logits: torch.Tensor
+    hidden_states: torch.Tensor
+    node_tokens: torch.Tensor
+
+
+def _check_rule_inputs(
+    rule: str,
+    tree: DraftTree,
+    draft_probs: Optional[torch.Tensor],
+    target: _Target,
+    temperature: float,
+    top_p: float,
+) -> None:
+    """Everything the rule needs is checked before the pass, so a bad argument never leaves
+    uncommitted tree nodes in the cache."""
+    if rule not in _RULES:
+        raise DraftError(f"unknown acceptance rule {rule!r}; expected one of {_RULES}")
+    if rule == "greedy":
+        return
+    if not temperature > 0 or not 0 < top_p <= 1:
+        raise ValueError(f"sampling needs temperature > 0 and top_p in (0, 1], got {temperature}, {top_p}")
+    if rule == "sampling":
+        return
+    if not tree.is_chain:
+        raise DraftError(
+            f"rule {rule!r} verifies a single draft; the tree branches ({tree.num_nodes} nodes)"
+        )
+    expected = (tree.num_nodes, target.vocab_size)
+    if draft_probs is None or tuple(draft_probs.shape) != expected:
+        got = None if draft_probs is None else tuple(draft_probs.shape)
+        raise DraftError(f"rule {rule!r} needs draft_probs of shape {expected}, got {got}")
+    if draft_probs.device != target.device:
+        raise DeviceMismatchError(f"draft_probs live on {draft_probs.device}, the model on {target.device}")
+
+
+def tree_pass_inputs(
+    tree: DraftTree, prefix_ids: torch.Tensor, node_tokens: torch.Tensor, mask_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inputs of one tree pass: the root ``prefix_ids[-1]`` followed by every node.
+
+    Args:
+        tree: the drafts.
+        prefix_ids (`torch.LongTensor` of shape `(L,)`): the sequence; the cache holds all but
+            its last token.
+        node_tokens (`torch.LongTensor` of shape `(num_nodes,)`): ``tree.tokens`` on the device.
+        mask_dtype: ``torch.bool`` or a floating dtype (additive mask).
+
+    Returns:
+        ``input_ids`` and ``position_ids`` of shape `(1, num_nodes + 1)`, and the attention mask
+        of shape `(1, 1, num_nodes + 1, L + num_nodes)`: the root sees the cache and itself,
+        node i the cache, the root, its ancestors and itself.
+    """
+    prefix_len, n, device = prefix_ids.shape[0], tree.num_nodes, node_tokens.device
+    visible = np.zeros((n + 1, prefix_len + n), dtype=bool)
+    visible[:, :prefix_len] = True
+    visible[1:, prefix_len:] = tree.ancestors()
+    positions = np.concatenate([[prefix_len - 1], tree.depths + prefix_len])
+    input_ids = torch.cat([prefix_ids[-1:], node_tokens])[None]
+    position_ids = torch.from_numpy(positions).to(device)[None]
+    return input_ids, position_ids, mask_from_visibility(visible, mask_dtype, device)
+
+
+def _prepare(
+    model: Any, prefix_ids: Union[torch.Tensor, Sequence[int]], tree: DraftTree
+) -> tuple[_Target, torch.Tensor]:
+    """Validates the model, the prefix and the tree's type; returns the target and the prefix."""
+    if not isinstance(tree, DraftTree):
+        raise DraftError(f"tree must be a DraftTree (see DraftTree.from_drafts), got {type(tree).__name__}")
+    target = _Target(model)
+    ids = _as_prefix(prefix_ids, target)
+    _check_vocab(ids, target.vocab_size, "prefix_ids")
+    return target, ids
+
+
+def _tree_forward(target: _Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree) -> TreeOutputs:
+    """Validated inputs -> one pass of root + nodes; the cache gains ``num_nodes + 1`` positions."""
+    if int(tree.tokens.max()) >= target.vocab_size:  # ids are >= 0 by construction
+        raise VocabularyError(
+            f"the drafts hold id {int(tree.tokens.max())}, outside the model's vocabulary "
+            f"0..{target.vocab_size - 1}"
+        )
+    node_tokens = torch.from_numpy(tree.tokens).to(target.device)
+    target.check_cache(past_key_values)
+    prefix_len = ids.shape[0]
+    held = cache_length(past_key_values)
+    if held != prefix_len - 1:
+        hint = "run prefill() first" if held < prefix_len - 1 else "it holds tokens beyond the prefix"
+        raise CacheError(
+            f"the cache holds {held} positions but a prefix of {prefix_len} tokens needs exactly "
+            f"{prefix_len - 1} (all but the last token); {hint}"
+        )
+    input_ids, position_ids, mask = tree_pass_inputs(tree, ids, node_tokens, target.mask_dtype)
+    logits, hidden = target.forward(input_ids, position_ids, mask, past_key_values)
+    return TreeOutputs(logits, hidden, node_tokens)
+
+
+@torch.no_grad()
+def tree_forward(
+    model: Any,
+    past_key_values: Any,
+    prefix_ids: Union[torch.Tensor, Sequence[int]],
+    tree: DraftTree,
+) -> TreeOutputs:
+    """Runs the target once on the root (``prefix_ids[-1]``) and every node of ``tree``.
+
+    This is the pass :func:`verify` makes, without acceptance or commit: afterwards the cache
+    holds ``prefix_ids`` followed by one position per node, in node order (commit it with
+    :func:`latticekit.torch.commit_accepted`).
+
+    Args:
+        model: HF causal LM (eager or sdpa attention) or a module following the protocol.
+        past_key_values: cache holding ``prefix_ids[:-1]``.
+        prefix_ids (`torch.LongTensor` of shape `(L,)`): every token so far.
+        tree: drafts continuing ``prefix_ids``.
+
+    Returns:
+        Logits and hidden states for the root and every node.
+
+    Raises:
+        UnsupportedModelError, CacheError, DeviceMismatchError, VocabularyError, DraftError:
+            as for :func:`verify`.
+    """
+    target, ids = _prepare(model, prefix_ids, tree)
+    return _tree_forward(target, past_key_values, ids, tree)
+
+
+@torch.no_grad()
+def verify(
+    model: Any,
+    past_key_values: Any,
+    prefix_ids: Union[torch.Tensor, Sequence[int]],
+    tree: DraftTree,
+    rule: AcceptanceRule = "greedy",
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    draft_probs: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+) -> VerifyResult:
+    """Verifies all drafts of ``tree`` in one forward pass and commits the accepted path.
+
+    Args:
+        model: an HF transformers causal LM (eager or sdpa attention) or a ``torch.nn.Module``
+            following ``latticekit.torch.protocol``. Put it in eval mode: dropout makes any
+            verification lossy.
+        past_key_values: ``transformers.DynamicCache`` (HF) or :class:`KVCache` (plain module)
+            holding ``prefix_ids[:-1]``; see :func:`prefill`. Updated in place: afterwards it
+            holds ``prefix_ids`` and the accepted tokens.
+        prefix_ids (`torch.LongTensor` of shape `(L,)`): every token so far, on the model's device.
+        tree: the drafts to verify, continuing ``prefix_ids``.
+        rule: the acceptance rule, see :data:`AcceptanceRule`.
+        temperature: sampling rules only: the target's temperature.
+        top_p: sampling rules only: the target's nucleus mass.
+        draft_probs (`torch.Tensor` of shape `(g, vocab)`): rules ``"token"``/``"block"`` only:
+            the distributions q_1..q_g the single draft was sampled from.
+        generator: sampling rules only: CPU random generator.
+
+    Returns:
+        The accepted tokens, the bonus token and the target's outputs at the last accepted node.
+
+    Raises:
+        UnsupportedModelError: the model is neither kind, or uses flash attention.
+        CacheError: the cache is not of the model's kind or does not hold exactly L - 1 positions.
+        DeviceMismatchError: ``prefix_ids``, the cache or ``draft_probs`` is not on the model's device.
+        VocabularyError: a prefix or draft id is outside the model's vocabulary.
+        DraftError: bad ``prefix_ids``, an unknown rule, or ``"token"``/``"block"`` with more
+            than one distinct draft or without matching ``draft_probs``.
+        ValueError: a sampling rule with temperature <= 0 or top_p outside (0, 1].
+    """
+    target, ids = _prepare(model, prefix_ids, tree)
+    _check_rule_inputs(rule, tree, draft_probs, target, temperature, top_p)
+    out = _tree_forward(target, past_key_values, ids, tree)
+    logits = out.logits
+
+    if rule == "greedy":
+        path = greedy_accept(tree, logits.argmax(dim=-1).tolist())
+    elif rule == "sampling":
+        path = tree_sampling_accept(tree, lambda row: target_probs(logits[row], temperature, top_p), generator)
+    else:
+        p = target_probs(logits, temperature, top_p)
+        verifier = token_verify if rule == "token" else block_verify
+        tau, bonus = verifier(p, draft_probs, out.node_tokens, generator)
+        path = AcceptedPath(list(range(tau)), bonus)
+
+    commit_accepted(past_key_values, ids.shape[0], tree.num_nodes, path.nodes)
+    last = path.nodes[-1] if path.nodes else ROOT
+    return VerifyResult(
+        accepted_tokens=out.node_tokens[path.nodes],
+        bonus_token=path.bonus_token,
+        accepted_nodes=path.nodes,
+        accepted_drafts=tree.drafts_through(last),
+        logits=logits[last + 1],
+        hidden_state=out.hidden_states[last + 1],
+    )

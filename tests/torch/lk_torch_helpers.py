@@ -1,0 +1,195 @@
+"""Shared pieces of the torch adapter tests: tiny models, plain decoding, p-best-like drafts.
+
+Everything is seeded; models are built from configs (no download).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from latticekit.torch import KVCache
+
+VOCAB = 64
+#: Spread of the random weights: wide enough that top-2 logit gaps are rarely below 1e-3.
+INIT_RANGE = 0.2
+
+
+def tiny_llama(dtype: torch.dtype = torch.float32, attn: str = "sdpa", seed: int = 0) -> LlamaForCausalLM:
+    """2-layer Llama with grouped-query attention and rotary positions."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=INIT_RANGE, bos_token_id=0, eos_token_id=1, attn_implementation=attn,
+    )
+    return LlamaForCausalLM(cfg).eval().to(dtype)
+
+
+def tiny_gpt2(dtype: torch.dtype = torch.float32, attn: str = "sdpa", seed: int = 0) -> GPT2LMHeadModel:
+    """2-layer GPT-2 with learned absolute position embeddings."""
+    torch.manual_seed(seed)
+    cfg = GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=256,
+        initializer_range=INIT_RANGE, bos_token_id=0, eos_token_id=1, attn_implementation=attn,
+    )
+    return GPT2LMHeadModel(cfg).eval().to(dtype)
+
+
+class TinyProtocolLM(nn.Module):
+    """A plain module following ``latticekit.torch.protocol``: learned absolute positions,
+    pre-norm attention + MLP blocks, a tied output head."""
+
+    def __init__(self, vocab_size: int = VOCAB, hidden: int = 32, heads: int = 4, layers: int = 2,
+                 max_positions: int = 256, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.vocab_size = vocab_size
+        self.heads = heads
+        self.embed = nn.Embedding(vocab_size, hidden)
+        self.pos = nn.Embedding(max_positions, hidden)
+        self.norms1 = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
+        self.qkv = nn.ModuleList(nn.Linear(hidden, 3 * hidden) for _ in range(layers))
+        self.out = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(layers))
+        self.norms2 = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
+        self.mlp = nn.ModuleList(
+            nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.GELU(), nn.Linear(2 * hidden, hidden))
+            for _ in range(layers)
+        )
+        self.final_norm = nn.LayerNorm(hidden)
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.3)
+        self.eval()
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                past_key_values: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.embed(input_ids) + self.pos(position_ids)
+        b, n, d = x.shape
+        for layer in range(len(self.qkv)):
+            q, k, v = self.qkv[layer](self.norms1[layer](x)).split(d, dim=-1)
+            q, k, v = (t.view(b, n, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+            k, v = past_key_values.update(layer, k, v)
+            att = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask)
+            x = x + self.out[layer](att.transpose(1, 2).reshape(b, n, d))
+            x = x + self.mlp[layer](self.norms2[layer](x))
+        hidden = self.final_norm(x)
+        return hidden @ self.embed.weight.T, hidden
+
+
+class PlainDecoder:
+    """Feeds tokens one at a time through a model with an ordinary causal cache: the reference."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.is_plain = isinstance(model, TinyProtocolLM)
+        self.cache: Any = KVCache() if self.is_plain else DynamicCache(config=model.config)
+        self.length = 0
+
+    @torch.no_grad()
+    def feed(self, tokens: list[int]) -> torch.Tensor:
+        """Feeds tokens causally; returns the logits after each, `(len(tokens), vocab)`."""
+        n = len(tokens)
+        ids = torch.tensor([tokens])
+        positions = torch.arange(self.length, self.length + n)[None]
+        if self.is_plain:
+            mask = torch.ones(n, self.length + n, dtype=torch.bool)
+            mask[:, self.length:] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+            logits, _ = self.model(ids, positions, mask[None, None], self.cache)
+        else:
+            logits = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
+                                use_cache=True).logits
+        self.length += n
+        return logits[0]
+
+
+def plain_greedy(model: Any, prompt: list[int], new_tokens: int) -> tuple[list[int], torch.Tensor]:
+    """Plain greedy decoding, one token per pass.
+
+    Returns:
+        The prompt plus ``new_tokens`` tokens, and the logits that chose each new token,
+        `(new_tokens, vocab)` in float32.
+    """
+    dec = PlainDecoder(model)
+    logits = dec.feed(prompt)[-1]
+    ids, steps = list(prompt), []
+    for _ in range(new_tokens):
+        steps.append(logits.float())
+        ids.append(int(logits.argmax()))
+        logits = dec.feed([ids[-1]])[-1]
+    return ids, torch.stack(steps)
+
+
+def teacher_forced_logits(model: Any, ids: list[int], start: int) -> torch.Tensor:
+    """Plain incremental logits predicting ``ids[start:]``, `(len(ids) - start, vocab)` float32."""
+    dec = PlainDecoder(model)
+    first = dec.feed(ids[:start])[-1:]
+    rest = [dec.feed([t])[-1:] for t in ids[start:-1]]
+    return torch.cat([first] + rest).float()
+
+
+def pbest_drafts(step_logits: torch.Tensor, p: int, k: int, noise: float,
+                 generator: np.random.Generator) -> list[list[int]]:
+    """The p best paths of a top-k sausage lattice built from (noisy) target log-probabilities.
+
+    Stands in for ``latticekit.pbest`` (not in this branch): brute-force enumeration of all
+    k**h paths, best total score first. The paths overlap heavily, like real p-best output.
+
+    Args:
+        step_logits (`torch.Tensor` of shape `(h, vocab)`): the target's logits at h positions.
+        p: number of paths (at most k**h).
+        k: arcs per lattice slot.
+        noise: std of Gaussian noise added to the log-probabilities (imperfect draft heads).
+        generator: numpy random generator.
+    """
+    logp = torch.log_softmax(step_logits.double(), dim=-1).numpy()
+    logp = logp + noise * generator.standard_normal(logp.shape)
+    top = np.argsort(-logp, axis=-1)[:, :k]
+    scores = np.take_along_axis(logp, top, axis=-1)
+    combos = np.array(list(itertools.product(range(k), repeat=top.shape[0])))
+    totals = scores[np.arange(top.shape[0]), combos].sum(axis=1)
+    best = np.argsort(-totals, kind="stable")[:p]
+    return [[int(top[j, combos[c, j]]) for j in range(top.shape[0])] for c in best]
+
+
+def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
+    """Pearson chi-square goodness-of-fit p-value; bins with expected count < min_expected are pooled."""
+    impossible = probs <= 0
+    if np.any(counts[impossible] > 0):
+        raise AssertionError(f"tokens {np.flatnonzero(impossible & (counts > 0))} have probability 0 but were drawn")
+    total = counts.sum()
+    expected = probs * total
+    order = [i for i in np.argsort(-expected) if not impossible[i]]
+    big = [i for i in order if expected[i] >= min_expected]
+    small = [i for i in order if expected[i] < min_expected]
+    obs = [counts[i] for i in big]
+    exp = [expected[i] for i in big]
+    if small:
+        obs.append(counts[small].sum())
+        exp.append(expected[small].sum())
+    obs_a, exp_a = np.array(obs, dtype=float), np.array(exp, dtype=float)
+    stat = float(((obs_a - exp_a) ** 2 / exp_a).sum())
+    dof = len(obs_a) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def bf16_tie_tolerance(top_logit: float) -> float:
+    """Logit gap under which two bf16 candidates count as tied (the documented bf16 policy).
+
+    A tree pass and a plain pass add the same terms in different orders and block shapes;
+    in bf16 (8 significant bits, eps = 2**-7) their logits can differ by a few units in the
+    last place of the largest logit. Eight such units is the tie band.
+    """
+    eps = 2.0 ** -7
+    return 8 * eps * 2.0 ** math.floor(math.log2(max(1.0, abs(top_logit))))
+
+
+def first_mismatch(a: list[int], b: list[int]) -> Optional[int]:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
