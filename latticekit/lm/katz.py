@@ -216,25 +216,17 @@ def estimate_katz(
     # Back-off weights, recomputed so that every state normalises.
     log10_backoff = [np.full(counts.total(k), np.nan) for k in range(1, N + 1)]
     for j in range(1, N):
-        child_hist = np.asarray(counts.prefix[j])
-        lower = counts.suffix_rows(j + 1)
-        n_states = counts.total(j)
-        hi_neglog = _state_neglog_sums(child_hist, neglog_prob[j], n_states)
-        lo_neglog = _state_neglog_sums(child_hist, neglog_prob[j - 1][lower], n_states)
-        is_state = np.bincount(child_hist, minlength=n_states) > 0
+        child_hist, _, hi_neglog, lo_neglog = state_mass_sums(counts, neglog_prob, j)
+        is_state = np.bincount(child_hist, minlength=counts.total(j)) > 0
         alpha = _backoff_cost(hi_neglog, lo_neglog)
         alpha[has_all[j - 1]] = INF_BACKOFF
         alpha = _f32(alpha)
         bo = -alpha / LN10
         bo[~is_state] = np.nan
-        if j == 1:
-            # A unigram that opens no state still has one in OpenGrm when it is not </s>
-            # (count tables from min-count pruning): back-off cost 0 there.
-            w = np.asarray(counts.word[0])
-            bo[(~is_state) & (w != EOS)] = -0.0
-        else:
-            w = np.asarray(counts.word[j - 1])
-            bo[(~is_state) & (w != EOS)] = -0.0
+        # An n-gram that opens no state still has one in OpenGrm when it does not end in
+        # </s> (count tables from min-count pruning): back-off cost 0 there.
+        w = np.asarray(counts.word[j - 1])
+        bo[(~is_state) & (w != EOS)] = -0.0
         log10_backoff[j - 1] = bo
     model.log10_prob = [-p / LN10 for p in neglog_prob]
     model.log10_prob[0][is_bos] = -99.0
@@ -257,6 +249,27 @@ def _neglog_add(a: np.ndarray, b: np.ndarray, kahan: np.ndarray) -> np.ndarray:
     out = np.where(np.isinf(a), b, np.where(np.isinf(b), a, val))
     kahan[finite] = ((val - lo) - delta)[finite]
     return out
+
+
+def state_mass_sums(trie, neglog, j: int):
+    """Per history state of order ``j``: the -ln summed probability of its own (j+1)-grams
+    and of the same words one order lower.
+
+    Args:
+        trie: the n-gram trie (counts or model).
+        neglog: ``neglog[k-1]`` (float64 `[n_k]`) -ln probability of each k-gram.
+        j: the order of the history states, ``1 <= j < order``.
+
+    Returns:
+        ``(hist, lower, hi, lo)``: each (j+1)-gram's history row, the row of its back-off
+        (lower-order) n-gram, and the two sums (float64 `[n_j]`).
+    """
+    hist = np.asarray(trie.prefix[j])
+    lower = trie.suffix_rows(j + 1)
+    n_states = trie.total(j)
+    hi = _state_neglog_sums(hist, neglog[j], n_states)
+    lo = _state_neglog_sums(hist, neglog[j - 1][lower], n_states)
+    return hist, lower, hi, lo
 
 
 def _state_neglog_sums(state: np.ndarray, neglog: np.ndarray, n_states: int) -> np.ndarray:

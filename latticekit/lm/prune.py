@@ -20,7 +20,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from latticekit.lm.katz import INF_BACKOFF, _backoff_cost, _round_f32, _state_neglog_sums
+from latticekit.lm.katz import INF_BACKOFF, _backoff_cost, _round_f32, state_mass_sums
 from latticekit.lm.model import LN10, BackoffModel
 from latticekit.lm.trie import BOS, EOS
 
@@ -53,13 +53,9 @@ def relative_entropy_scores(model: BackoffModel) -> List[np.ndarray]:
         log_state.append(log_state[k - 2][prefix] - neglog[k - 1])
     own: List[np.ndarray] = [np.zeros(model.total(1))]
     for k in range(2, N + 1):
-        hist = np.asarray(model.prefix[k - 1])
-        lower = model.suffix_rows(k)
-        n_states = model.total(k - 1)
+        hist, lower, hi, lo = state_mass_sums(model, neglog, k - 1)
         lp = -neglog[k - 1]
         lbp = -neglog[k - 2][lower]
-        hi = _state_neglog_sums(hist, neglog[k - 1], n_states)
-        lo = _state_neglog_sums(hist, neglog[k - 2][lower], n_states)
         num, den = _backoff_factors(hi, lo)
         num_h, den_h = num[hist], den[hist]
         # new back-off if this n-gram alone is removed: ln((1-sum_hi+p) / (1-sum_lo+p_lo))
@@ -206,12 +202,8 @@ def recompute_backoffs(model: BackoffModel) -> None:
     neglog = [_neglog(model, k) for k in range(1, N + 1)]
     unigram_events = int(np.count_nonzero(np.asarray(model.word[0]) != BOS))
     for j in range(1, N):
-        hist = np.asarray(model.prefix[j])
-        lower = model.suffix_rows(j + 1)
-        n_states = model.total(j)
-        hi = _state_neglog_sums(hist, neglog[j], n_states)
-        lo = _state_neglog_sums(hist, neglog[j - 1][lower], n_states)
-        fanout = np.bincount(hist, minlength=n_states)
+        hist, _, hi, lo = state_mass_sums(model, neglog, j)
+        fanout = np.bincount(hist, minlength=model.total(j))
         alpha = _backoff_cost(hi, lo)
         alpha[fanout == unigram_events] = INF_BACKOFF
         bo = -_round_f32(alpha) / LN10
