@@ -120,24 +120,6 @@ cdef class CoreModel:
         cdef Model* m = self.model.get()
         return [m.WordText(w).decode("utf-8", "surrogateescape") for w in range(m.num_words())]
 
-    def token_words(self, const int32_t[::1] tokens):
-        """Internal word id of each token id (0 = <unk>)."""
-        out = np.empty(tokens.shape[0], dtype=np.int64)
-        cdef int64_t[::1] o = out
-        cdef Py_ssize_t i
-        for i in range(tokens.shape[0]):
-            o[i] = self.model.get().TokenToWord(tokens[i])
-        return out
-
-    def word_upper_bounds(self):
-        cdef Model* m = self.model.get()
-        out = np.empty(m.num_words(), dtype=np.float32)
-        cdef float[::1] o = out
-        cdef uint64_t w
-        for w in range(m.num_words()):
-            o[w] = m.WordUpperBound(w)
-        return out
-
     def token_log10probs(self, const int32_t[::1] tokens, const int32_t[::1] context, bint bos):
         """Per-token log10 probabilities of tokens after context."""
         out = np.empty(tokens.shape[0], dtype=np.float64)

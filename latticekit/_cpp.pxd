@@ -71,7 +71,6 @@ cdef extern from "latticekit/model.h" namespace "latticekit" nogil:
         double Score(StateId start, const int32_t* tokens, size_t n, double* per_token,
                      StateId* end)
         StateId ContextState(const int32_t* context, size_t n, bool bos)
-        float WordUpperBound(WordId w)
         string WordText(WordId w)
         void NGrams(int n, int32_t* ids, float* log10_prob, float* log10_backoff)
 

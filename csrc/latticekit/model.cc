@@ -26,7 +26,6 @@ enum Section {
   kBackoffState,   // uint32 [num_states]
   kArcWord,        // uint16 or uint32 [num_arcs]
   kArcProb,        // float [num_arcs]
-  kWordUpperBound, // float [num_words]
   kTokenToWord,    // uint32 [num_tokens]
   kTextBegin,      // uint64 [num_words + 1]
   kText,           // char [text_bytes]
@@ -56,7 +55,7 @@ uint64_t Layout(const FileHeader &h, uint64_t *offsets) {
   const uint64_t word_bytes = (h.flags & kFlagWideWords) ? 4 : 2;
   const uint64_t sizes[kNumSections] = {
       8 * (uint64_t(h.order) + 1), 4 * (h.num_states + 1), 4 * h.num_states, 4 * h.num_states,
-      word_bytes * h.num_arcs,     4 * h.num_arcs,         4 * h.num_words,  4 * h.num_tokens,
+      word_bytes * h.num_arcs,     4 * h.num_arcs,         4 * h.num_tokens,
       8 * (h.num_words + 1),       h.text_bytes};
   uint64_t at = kHeaderSize;
   for (int i = 0; i < kNumSections; ++i) {
@@ -155,7 +154,6 @@ class ModelBuilder {
     PlaceArcs();
     LinkBackoffStates();
     FillPrefixProbabilities();
-    ComputeUpperBounds();
     FillTokensAndText();
     FileHeader *h = reinterpret_cast<FileHeader *>(model_->storage_->mutable_data());
     h->checksum = Checksum64(model_->storage_->data() + kHeaderSize, h->file_size - kHeaderSize);
@@ -463,28 +461,6 @@ class ModelBuilder {
     }
   }
 
-  void ComputeUpperBounds() {
-    Model &m = *model_;
-    std::vector<double> gain(num_states_, 0.0);  // best back-off sum reaching each state
-    for (uint64_t s = num_states_ - 1; s >= 1; --s) {
-      StateId b = m.backoff_state_[s];
-      gain[b] = std::max(gain[b], gain[s] + m.backoff_weight_[s]);
-    }
-    std::vector<double> best(num_words_, -std::numeric_limits<double>::infinity());
-    for (uint64_t s = 0; s < num_states_; ++s) {
-      for (uint32_t a = m.arc_begin_[s]; a < m.arc_begin_[s + 1]; ++a) {
-        WordId w = m.wide_words_ ? m.arc_word32_[a] : m.arc_word16_[a];
-        best[w] = std::max(best[w], gain[s] + m.arc_prob_[a]);
-      }
-    }
-    float *bound = Mutable(m.word_upper_bound_);
-    for (uint64_t w = 0; w < num_words_; ++w) {
-      float f = static_cast<float>(best[w]);
-      if (static_cast<double>(f) < best[w]) f = std::nextafter(f, std::numeric_limits<float>::infinity());
-      bound[w] = f;
-    }
-  }
-
   void FillTokensAndText() {
     Model &m = *model_;
     uint32_t *token_to_word = Mutable(m.token_to_word_);
@@ -560,7 +536,6 @@ void Model::BindViews() {
   arc_word16_ = wide_words_ ? nullptr : reinterpret_cast<const uint16_t *>(base + off[kArcWord]);
   arc_word32_ = wide_words_ ? reinterpret_cast<const uint32_t *>(base + off[kArcWord]) : nullptr;
   arc_prob_ = reinterpret_cast<const float *>(base + off[kArcProb]);
-  word_upper_bound_ = reinterpret_cast<const float *>(base + off[kWordUpperBound]);
   token_to_word_ = reinterpret_cast<const uint32_t *>(base + off[kTokenToWord]);
   text_begin_ = reinterpret_cast<const uint64_t *>(base + off[kTextBegin]);
   text_ = base + off[kText];

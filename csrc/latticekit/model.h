@@ -75,8 +75,6 @@ class Model {
   // State after feeding the last order-1 tokens of context from StartState(bos).
   StateId ContextState(const int32_t *context, size_t n, bool bos) const;
 
-  // Upper bound of log10 p(w | h) over every history h.
-  float WordUpperBound(WordId w) const { return word_upper_bound_[w]; }
 
   // Raw structure, for the search. Arc a of state s lies in [ArcBegin(s), ArcEnd(s)).
   uint32_t FindArc(StateId s, WordId w) const;  // arc index of (s, w), or kNoArc
@@ -115,7 +113,6 @@ class Model {
   const uint16_t *arc_word16_ = nullptr;     // [num_arcs] when !wide_words_
   const uint32_t *arc_word32_ = nullptr;     // [num_arcs] when wide_words_
   const float *arc_prob_ = nullptr;          // [num_arcs] log10
-  const float *word_upper_bound_ = nullptr;  // [num_words] log10
   const uint32_t *token_to_word_ = nullptr;  // [num_tokens]
   const uint64_t *text_begin_ = nullptr;     // [num_words + 1]
   const char *text_ = nullptr;
