@@ -173,16 +173,18 @@ class NGramLM:
         Raises:
             VocabularyError: negative or out-of-range token ids.
         """
-        log10 = self._core.token_log10probs(token_array(tokens), token_array(context, "context"), bool(bos))
-        return log10 * LN10
+        return self._token_log10probs(tokens, context, bos) * LN10
 
     def score(self, tokens: Any, context: Any = (), bos: bool = False) -> float:
         """Natural-log probability of ``tokens`` after ``context`` (see :meth:`token_logprobs`).
 
         Equals KenLM's sum of ``BaseScore`` over the tokens, times ln 10.
         """
-        log10 = self._core.token_log10probs(token_array(tokens), token_array(context, "context"), bool(bos))
-        return float(log10.sum()) * LN10
+        # Summed in log10 and scaled once, as the search computes Path.lm_score.
+        return float(self._token_log10probs(tokens, context, bos).sum()) * LN10
+
+    def _token_log10probs(self, tokens: Any, context: Any, bos: bool) -> np.ndarray:
+        return self._core.token_log10probs(token_array(tokens), token_array(context, "context"), bool(bos))
 
     def ngrams(self, order: int) -> NGramTable:
         """The n-grams of one order, in lexicographic order of word ids.

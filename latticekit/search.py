@@ -112,21 +112,19 @@ def pbest(
         raise LatticeError(f"lattice must be a SausageLattice, got {type(lattice).__name__}")
     if lattice.is_batch:
         raise LatticeError("pbest takes one lattice; use pbest_batch for a batch")
-    return pbest_batch(lattice.tokens[None], lm, p, alpha, contexts=[context], bos=bos, threads=1,
-                       _scores=lattice.scores[None], _widths=lattice.widths[None])[0]
+    _check_search_args(lm, p, alpha)
+    return _search(lattice.tokens[None], lattice.scores[None], lattice.widths[None], lm, p, alpha,
+                   [context], bos, threads=1)[0]
 
 
 def pbest_batch(
-    lattices: Union[SausageLattice, Sequence[SausageLattice], np.ndarray],
+    lattices: Union[SausageLattice, Sequence[SausageLattice]],
     lm: NGramLM,
     p: int,
     alpha: float = 1.0,
     contexts: Optional[Sequence[Any]] = None,
     bos: bool = False,
     threads: Optional[int] = None,
-    *,
-    _scores: Optional[np.ndarray] = None,
-    _widths: Optional[np.ndarray] = None,
 ) -> PBestResult:
     """:func:`pbest` for a batch of lattices in one call, without the GIL, over threads.
 
@@ -145,10 +143,14 @@ def pbest_batch(
         LatticeError: mismatched shapes or bad arguments.
     """
     _check_search_args(lm, p, alpha)
-    if _scores is not None:
-        tokens, scores, widths = lattices, _scores, _widths
-    else:
-        tokens, scores, widths = _stack(lattices)
+    tokens, scores, widths = _stack(lattices)
+    if threads is None:
+        threads = os.cpu_count() or 1
+    return _search(tokens, scores, widths, lm, p, alpha, contexts, bos, threads)
+
+
+def _search(tokens, scores, widths, lm, p, alpha, contexts, bos, threads) -> PBestResult:
+    """The validated arrays of a batch, (batch, h, k), through the core search."""
     batch = tokens.shape[0]
     if contexts is None:
         flat = offsets = None
@@ -163,8 +165,6 @@ def pbest_batch(
         offsets[1:] = np.cumsum([len(c) for c in parts])
         flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
         flat = np.ascontiguousarray(flat, dtype=np.int32)
-    if threads is None:
-        threads = os.cpu_count() or 1
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise LatticeError(f"threads must be an integer >= 1, got {threads!r}")
     out = lm._core.pbest_batch(tokens, scores, widths, flat, offsets, bool(bos), int(p),

@@ -140,6 +140,8 @@ struct PBestSearch::Impl {
   std::vector<StateId> order;         // collapse work queue (max-heap of state ids)
   StampedTable<uint8_t> column_words; // words of the current column
   std::vector<int32_t> seq_a, seq_b;  // scratch for tie-breaking
+  std::vector<Entry> moved, merged;   // scratch for collapsing lists
+  std::vector<Entry> final_entries;
   SearchStats *stats = nullptr;
 
   void Sequence(int32_t node, int depth, std::vector<int32_t> *out) const {
@@ -269,7 +271,8 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
       // Shift by the back-off weight and merge into the back-off state's list.
       const StateId lower = model.BackoffState(state);
       const double bo = model.BackoffWeight(state);
-      std::vector<Entry> moved;
+      std::vector<Entry> &moved = s.moved;
+      moved.clear();
       moved.swap(s.lists[at].entries);
       for (Entry &e : moved) {
         e.log10_lm += bo;
@@ -283,8 +286,8 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
         std::push_heap(s.order.begin(), s.order.end());
       } else {
         std::vector<Entry> &dest = s.lists[*slot].entries;
-        std::vector<Entry> merged;
-        merged.reserve(std::min<size_t>(p, dest.size() + moved.size()));
+        std::vector<Entry> &merged = s.merged;
+        merged.clear();
         size_t a = 0, b = 0;
         while (merged.size() < static_cast<size_t>(p) && (a < dest.size() || b < moved.size())) {
           if (b == moved.size() || (a < dest.size() && s.BetterEntry(dest[a], moved[b], column)))
@@ -333,7 +336,8 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   }
 
   // 3. The p best complete paths over all final states.
-  std::vector<Entry> final_entries;
+  std::vector<Entry> &final_entries = s.final_entries;
+  final_entries.clear();
   for (const StateList &list : s.lists)
     final_entries.insert(final_entries.end(), list.entries.begin(), list.entries.end());
   const size_t found = std::min<size_t>(p, final_entries.size());
@@ -341,20 +345,16 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
                     [&](const Entry &x, const Entry &y) { return s.BetterEntry(x, y, h); });
   for (size_t r = 0; r < found; ++r) {
     const Entry &e = final_entries[r];
+    // Draft scores are summed in position order, so that score == draft_score + alpha *
+    // lm_score exactly as a reader recomputes it.
     int32_t *tokens = out.tokens + r * h;
-    double draft = 0.0;
-    int32_t node = e.node;
-    for (int d = h; d > 0; --d) {
-      tokens[d - 1] = lattice.tokens[static_cast<size_t>(d - 1) * k + s.nodes[node].arc];
-      node = s.nodes[node].parent;
-    }
-    node = e.node;
     std::vector<int32_t> &arcs = s.seq_a;
-    arcs.assign(h, 0);
-    for (int d = h; d > 0; --d) {
+    arcs.resize(h);
+    for (int32_t node = e.node, d = h; d > 0; node = s.nodes[node].parent, --d) {
       arcs[d - 1] = s.nodes[node].arc;
-      node = s.nodes[node].parent;
+      tokens[d - 1] = lattice.tokens[static_cast<size_t>(d - 1) * k + arcs[d - 1]];
     }
+    double draft = 0.0;
     for (int d = 0; d < h; ++d) draft += lattice.scores[static_cast<size_t>(d) * k + arcs[d]];
     const double lm = e.log10_lm * kLn10;
     out.score[r] = alpha == 0 ? draft : draft + alpha * lm;
