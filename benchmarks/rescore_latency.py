@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import latticekit as lk
+from latticekit.demo import realistic_lattice
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT.parent / "shared" / "golden" / "stdlib-tokenids"
@@ -60,21 +61,7 @@ def make_lattices(lm, stream, n, h, k, seed):
     out = []
     for _ in range(n):
         pos = int(rng.integers(16, len(stream) - h - 1))
-        tokens = np.zeros((h, k), np.int32)
-        for i in range(h):
-            row = [int(stream[pos + i])]
-            while len(row) < k:
-                for c in rng.choice(len(prob), size=2 * k, p=prob):
-                    t = int(token_of_word[c])
-                    if t not in row and len(row) < k:
-                        row.append(t)
-            tokens[i] = row
-        logits = rng.normal(0.0, 2.0, (h, k))
-        logits[:, 0] += 2.0
-        scores = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-        perm = np.argsort(-scores, axis=1, kind="stable")
-        lattice = lk.SausageLattice(np.take_along_axis(tokens, perm, 1),
-                                    np.take_along_axis(scores, perm, 1).astype(np.float32))
+        lattice = realistic_lattice(stream[pos:pos + h], k, token_of_word, prob, rng)
         out.append((lattice, stream[pos - 16:pos]))
     return out
 

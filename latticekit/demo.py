@@ -14,7 +14,7 @@ import json
 import statistics
 import time
 from importlib import resources
-from typing import List, Optional
+from typing import List, Sequence
 
 import numpy as np
 
@@ -41,16 +41,18 @@ def heldout_sentences(min_words: int = 4) -> List[List[str]]:
     return [line.split() for line in text.splitlines() if len(line.split()) >= min_words]
 
 
-def realistic_lattice(truth: List[int], k: int, unigram_p: np.ndarray, rng: np.random.Generator,
-                      true_bonus: float = 2.0, sigma: float = 2.0) -> SausageLattice:
+def realistic_lattice(truth: Sequence[int], k: int, candidates: np.ndarray, probs: np.ndarray,
+                      rng: np.random.Generator, true_bonus: float = 2.0, sigma: float = 2.0) -> SausageLattice:
     """The benchmark's lattice recipe: per position the true token and k - 1 distinct
-    unigram draws, scored by log-softmax of N(0, sigma) logits with +true_bonus on the truth."""
+    distractors drawn from ``candidates`` with probabilities ``probs`` (the unigram
+    distribution), scored by the log-softmax of N(0, sigma) logits with +true_bonus on the
+    truth. Arcs are sorted best first."""
     h = len(truth)
     tokens = np.zeros((h, k), dtype=np.int32)
     for i, t in enumerate(truth):
         row = [int(t)]
         while len(row) < k:
-            for c in rng.choice(len(unigram_p), size=2 * k, p=unigram_p):
+            for c in candidates[rng.choice(len(probs), size=2 * k, p=probs)]:
                 if int(c) not in row and len(row) < k:
                     row.append(int(c))
         tokens[i] = row
@@ -92,7 +94,7 @@ def run_demo(lattices: int = 200, h: int = 8, k: int = 8, p: int = 4, alpha: flo
         start = int(rng.integers(1, len(sent) - h + 1))
         truth = sent[start:start + h]
         context = sent[:start]
-        lattice = realistic_lattice(truth, k, unigram, rng)
+        lattice = realistic_lattice(truth, k, np.arange(len(unigram)), unigram, rng)
         t0 = time.perf_counter()
         paths = pbest(lattice, lm, p, alpha, context=context, bos=True)
         times.append(time.perf_counter() - t0)
