@@ -70,7 +70,8 @@ class ReferenceLM:
 
 
 def brute_force_pbest(tokens, scores, widths, lm: ReferenceLM, p, alpha, context=(), bos=False):
-    """Every path of the lattice, scored, sorted by (score desc, tokens asc); the first p."""
+    """Every path of the lattice, scored, sorted by (score desc, tokens asc); the first p
+    (all of them when p is None)."""
     h = len(tokens)
     paths = []
     for arcs in itertools.product(*[range(int(widths[i])) for i in range(h)]):
@@ -80,4 +81,4 @@ def brute_force_pbest(tokens, scores, widths, lm: ReferenceLM, p, alpha, context
         total = draft if alpha == 0 else draft + alpha * lm_score
         paths.append((total, toks, draft, lm_score))
     paths.sort(key=lambda x: (-x[0], x[1]))
-    return paths[:p]
+    return paths if p is None else paths[:p]

@@ -88,6 +88,30 @@ class Model {
   float BackoffWeight(StateId s) const { return backoff_weight_[s]; }
   // Replaces a state without arcs and without back-off weight by its back-off state.
   StateId Normalize(StateId s) const;
+  // Number of words in the history of s (0 for the root). States are numbered by it:
+  // a state's back-off state always has a shorter history and a smaller id.
+  int HistoryLength(StateId s) const {
+    int n = 0;
+    while (n + 1 < order_ && s >= state_begin_[n + 1]) ++n;
+    return n;
+  }
+  // Cache hints for the search, which knows its next memory accesses a little ahead.
+  void PrefetchState(StateId s) const {
+    __builtin_prefetch(arc_begin_ + s);
+    __builtin_prefetch(backoff_weight_ + s);
+    __builtin_prefetch(backoff_state_ + s);
+  }
+  void PrefetchArcWords(uint32_t a) const {
+    if (wide_words_)
+      __builtin_prefetch(arc_word32_ + a);
+    else
+      __builtin_prefetch(arc_word16_ + a);
+  }
+  void PrefetchArcProb(uint32_t a) const { __builtin_prefetch(arc_prob_ + a); }
+  // The arc word array, for tight loops: uint32 words when WideWords(), else uint16.
+  bool WideWords() const { return wide_words_; }
+  const uint16_t *ArcWords16() const { return arc_word16_; }
+  const uint32_t *ArcWords32() const { return arc_word32_; }
 
   // Introspection.
   std::string WordText(WordId w) const;

@@ -14,12 +14,14 @@ namespace latticekit {
 namespace {
 
 constexpr double kLn10 = 2.302585092994045684;
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr int32_t kNotConsumer = -1;  // the node has no arc for this column arc: back off
+constexpr int32_t kUnreached = -2;    // the node has the arc, but no hypothesis gets there
 
-// Open-addressing map from a 64-bit key to V, cleared in O(1) by bumping a stamp.
-template <typename V>
-class StampedTable {
+// Open-addressing map from a 32-bit key to a 32-bit value, cleared in O(1) by bumping a stamp.
+class StampedMap {
  public:
-  StampedTable() { Resize(256); }
+  StampedMap() { Resize(256); }
 
   void Clear() {
     if (++stamp_ == 0) {  // wrapped: really clear
@@ -30,7 +32,7 @@ class StampedTable {
   }
 
   // The value for key, or null.
-  const V *Find(uint64_t key) const {
+  const uint32_t *Find(uint32_t key) const {
     for (size_t i = Hash(key);; i = (i + 1) & mask_) {
       const Slot &s = slots_[i];
       if (s.stamp != stamp_) return nullptr;
@@ -38,37 +40,35 @@ class StampedTable {
     }
   }
 
-  // Returns the value for key, inserting a default one (and setting *inserted) if absent.
-  V *FindOrInsert(uint64_t key, bool *inserted) {
+  // Returns the value for key; inserts value (and sets *inserted) if absent.
+  uint32_t FindOrInsert(uint32_t key, uint32_t value, bool *inserted) {
     if (2 * (used_ + 1) > slots_.size()) Grow();
-    size_t i = Hash(key);
-    while (true) {
+    for (size_t i = Hash(key);; i = (i + 1) & mask_) {
       Slot &s = slots_[i];
       if (s.stamp != stamp_) {
         s.stamp = stamp_;
         s.key = key;
-        s.value = V();
+        s.value = value;
         ++used_;
         *inserted = true;
-        return &s.value;
+        return value;
       }
       if (s.key == key) {
         *inserted = false;
-        return &s.value;
+        return s.value;
       }
-      i = (i + 1) & mask_;
     }
   }
 
  private:
   struct Slot {
-    uint64_t key = 0;
+    uint32_t key = 0;
     uint32_t stamp = 0;
-    V value;
+    uint32_t value = 0;
   };
 
-  size_t Hash(uint64_t key) const {
-    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_);
+  size_t Hash(uint32_t key) const {
+    return static_cast<size_t>((uint64_t(key) * 0x9E3779B97F4A7C15ULL) >> shift_);
   }
 
   void Resize(size_t n) {
@@ -85,11 +85,9 @@ class StampedTable {
     old.swap(slots_);
     const uint32_t old_stamp = stamp_;
     Resize(old.size() * 2);
-    for (const Slot &s : old) {
-      if (s.stamp != old_stamp) continue;
-      bool inserted;
-      *FindOrInsert(s.key, &inserted) = s.value;
-    }
+    bool inserted;
+    for (const Slot &s : old)
+      if (s.stamp == old_stamp) FindOrInsert(s.key, s.value, &inserted);
   }
 
   std::vector<Slot> slots_;
@@ -99,15 +97,25 @@ class StampedTable {
   size_t used_ = 0;
 };
 
-struct Transition {
-  double log10_prob = 0;
-  StateId next = 0;
+// A model state in the back-off tree of one column: an active state (one that some
+// prefix reaches) or a back-off ancestor of one.
+struct TreeNode {
+  StateId state;
+  int32_t parent;  // node index of the back-off state; -1 for the root
+  int32_t slot;    // the active state's slot, or -1 for an ancestor only
+  float log10_bo;  // back-off weight to the parent
+  uint32_t arc_begin, arc_end;
 };
 
-// A partial path: its token sequence is the chain of nodes ending at node.
+struct Column {
+  uint32_t node_begin = 0, node_end = 0;  // its tree nodes, parents before children
+  size_t cell_begin = 0;  // cells of node i, arc j: cell_begin + (i - node_begin) * width + j
+  int width = 0;
+};
+
+// Pass 3: a partial path, its token sequence being the chain of path nodes ending at node.
 struct Entry {
-  double g;         // draft + alpha * ln p so far
-  double log10_lm;  // n-gram log10 probability so far
+  double g;
   int32_t node;
 };
 
@@ -116,102 +124,499 @@ struct PathNode {
   int32_t arc;     // arc index within its column
 };
 
-// The hypotheses that sit in one model state, at most p, best first after Finish().
-struct StateList {
-  StateId state;
-  std::vector<Entry> entries;
-};
-
 }  // namespace
 
+// The search runs in up to three passes over the lattice's columns.
+//
+// Pass 1 (forward, best path per state). For each column it builds the back-off tree of the
+// states the prefixes reach (the "active" states) and resolves every (tree node, column arc)
+// against the model once: either the node has an explicit n-gram for the arc's word (the
+// node "consumes" the arc) or the arc backs off to the parent. A prefix in active state d
+// takes arc j exactly at the nearest node on d's back-off chain that consumes j, after
+// paying the back-off weights on the way. So the best prefix per (node, arc) flows bottom-up
+// through the tree (a max per cell), and only consuming cells create successor states: the
+// per-arc work is a few array operations instead of a back-off chain walk per prefix.
+//
+// For p = 1 that is the answer. For p > 1, pass 2 runs the same cells backwards to get, for
+// every state, the best completion score W, and from the best path through each (state,
+// arc) a lower bound tau on the p-th best path score (those paths are distinct). Pass 3 is
+// the p-best dynamic programme of the old search, restricted to prefixes g with
+// g + W >= tau: it touches little more than the p best paths themselves.
 struct PBestSearch::Impl {
   explicit Impl(const Model &m) : model(m) {}
 
   const Model &model;
   const LatticeView *lattice = nullptr;
-  int p = 1;
-  double alpha = 0, alpha_log10 = 0;
-
-  std::vector<WordId> words;          // [h, k]
-  std::vector<PathNode> nodes;
-  StampedTable<Transition> memo;      // (state, word) -> transition, at every back-off level
-  StampedTable<uint32_t> index;       // state -> position in lists (current column)
-  std::vector<StateList> lists, next_lists;
-  std::vector<StateId> order;         // collapse work queue (max-heap of state ids)
-  StampedTable<uint8_t> column_words; // words of the current column
-  std::vector<int32_t> seq_a, seq_b;  // scratch for tie-breaking
-  std::vector<Entry> moved, merged;   // scratch for collapsing lists
-  std::vector<Entry> final_entries;
+  int h = 0, k = 0, p = 1;
+  double al = 0;  // alpha * ln 10: a log10 model weight -> its share of g
   SearchStats *stats = nullptr;
 
-  void Sequence(int32_t node, int depth, std::vector<int32_t> *out) const {
-    out->assign(depth, 0);
-    for (int d = depth; d > 0; --d) {
-      (*out)[d - 1] = lattice->tokens[static_cast<size_t>(d - 1) * lattice->k + nodes[node].arc];
-      node = nodes[node].parent;
+  std::vector<WordId> words;   // [h, k]
+  std::vector<double> draft;   // [h, k]
+  std::vector<int> widths;     // [h]
+
+  // Slots: the active states after t tokens, t = 0..h; slots of t in [slot_begin[t], slot_begin[t + 1]).
+  std::vector<uint32_t> slot_begin;
+  std::vector<StateId> slot_state;
+  std::vector<int32_t> slot_node;    // its tree node in column t (t < h)
+  std::vector<double> best;          // pass 1: best prefix score V
+  std::vector<int32_t> back_slot;    // pass 1: the best prefix's previous slot and arc
+  std::vector<int32_t> back_arc;
+  std::vector<double> completion;    // pass 2: best completion score W
+
+  std::vector<Column> columns;
+  std::vector<TreeNode> nodes;
+  std::vector<int32_t> cell_slot;  // consuming cell: successor slot (or kUnreached); else kNotConsumer
+  std::vector<double> cell_add;    // consuming cell: draft + al * log10 p(word | node)
+
+  // Scratch, per column.
+  StampedMap node_of_state, slot_of_state;
+  struct Pending {
+    StateId state;
+    int32_t slot;
+    int order;
+  };
+  std::vector<Pending> pending;
+  std::vector<uint32_t> rank;
+  std::vector<uint32_t> order_count;
+  std::vector<uint32_t> cell_arc;
+  std::vector<double> flow;
+  std::vector<int32_t> flow_src;
+  std::vector<StateId> cell_next;
+  StampedMap column_word;               // word -> first arc j with it
+  std::vector<uint64_t> word_bits;      // the words of the current column, as a bit set
+  std::vector<int32_t> same_word_next;  // next arc j with the same word, or -1
+  std::vector<std::pair<WordId, int32_t>> sorted_words;
+  std::vector<int32_t> seq_a, seq_b;
+  std::vector<double> bound, top;
+
+  // Pass 3.
+  std::vector<PathNode> path_nodes;
+  std::vector<std::vector<Entry>> lists;
+  std::vector<Entry> final_entries;
+
+  size_t Cell(const Column &c, uint32_t node, int j) const {
+    return c.cell_begin + static_cast<size_t>(node - c.node_begin) * c.width + j;
+  }
+  int32_t Token(int t, int j) const { return lattice->tokens[static_cast<size_t>(t) * k + j]; }
+
+  // ---- Ties: partial paths of equal score order by token sequence, then arc sequence.
+
+  // The arcs of pass 1's best prefix in slot s after t tokens.
+  void PrefixArcs(int t, int32_t s, std::vector<int32_t> *out) const {
+    out->resize(t);
+    for (int d = t; d > 0; --d) {
+      (*out)[d - 1] = back_arc[s];
+      s = back_slot[s];
     }
   }
+  bool ArcsLess(const std::vector<int32_t> &a, const std::vector<int32_t> &b) const {
+    for (size_t d = 0; d < a.size(); ++d) {
+      const int32_t ta = Token(static_cast<int>(d), a[d]), tb = Token(static_cast<int>(d), b[d]);
+      if (ta != tb) return ta < tb;
+    }
+    return a < b;
+  }
+  // Whether best prefix (t, s1) extended by arc j1 orders before (t, s2) extended by j2.
+  bool PrefixLess(int t, int32_t s1, int32_t j1, int32_t s2, int32_t j2) {
+    PrefixArcs(t, s1, &seq_a);
+    PrefixArcs(t, s2, &seq_b);
+    if (j1 >= 0) {
+      seq_a.push_back(j1);
+      seq_b.push_back(j2);
+    }
+    return ArcsLess(seq_a, seq_b);
+  }
 
-  // Strict order of partial paths of equal length: higher g first, then tokens ascending.
-  // A candidate not yet in nodes is (parent node, arc at column depth - 1).
+  void PathArcs(int32_t node, int depth, std::vector<int32_t> *out) const {
+    out->resize(depth);
+    for (int d = depth; d > 0; --d) {
+      (*out)[d - 1] = path_nodes[node].arc;
+      node = path_nodes[node].parent;
+    }
+  }
+  // Pass 3's strict order of partial paths of equal length: higher g first, then sequence.
+  // A candidate not yet in path_nodes is (parent node, arc at column depth - 1).
   bool Better(double ga, int32_t parent_a, int32_t arc_a, double gb, int32_t parent_b,
               int32_t arc_b, int depth) {
     if (ga != gb) return ga > gb;
-    Sequence(parent_a, depth - 1, &seq_a);
-    Sequence(parent_b, depth - 1, &seq_b);
-    const size_t row = static_cast<size_t>(depth - 1) * lattice->k;
-    seq_a.push_back(lattice->tokens[row + arc_a]);
-    seq_b.push_back(lattice->tokens[row + arc_b]);
-    return seq_a < seq_b;
+    PathArcs(parent_a, depth - 1, &seq_a);
+    PathArcs(parent_b, depth - 1, &seq_b);
+    seq_a.push_back(arc_a);
+    seq_b.push_back(arc_b);
+    return ArcsLess(seq_a, seq_b);
   }
   bool BetterEntry(const Entry &a, const Entry &b, int depth) {
     if (a.g != b.g) return a.g > b.g;
-    return Better(a.g, nodes[a.node].parent, nodes[a.node].arc, b.g, nodes[b.node].parent,
-                  nodes[b.node].arc, depth);
+    return Better(a.g, path_nodes[a.node].parent, path_nodes[a.node].arc, b.g,
+                  path_nodes[b.node].parent, path_nodes[b.node].arc, depth);
   }
 
-  // log10 p(w | s) and the next state, memoised at every back-off level so that states
-  // sharing a back-off state share the work.
-  Transition Step(StateId s, WordId w) {
+  // ---- Pass 1.
+
+  int32_t NextSlot(int t, StateId state) {
     bool inserted;
-    Transition *t = memo.FindOrInsert((uint64_t(s) << 32) | w, &inserted);
-    if (!inserted) return *t;
-    ++stats->transitions;
-    Transition result;
-    const uint32_t a = model.FindArc(s, w);
-    if (a != kNoArc) {
-      result.log10_prob = model.ArcLog10Prob(a);
-      if (model.order() == 1) {
-        result.next = kRootState;
-      } else if (model.IsTopArc(a)) {
-        result.next = Step(model.BackoffState(s), w).next;
-      } else {
-        result.next = model.Normalize(a + 1);
-      }
-    } else {
-      const Transition lower = Step(model.BackoffState(s), w);
-      result.log10_prob = model.BackoffWeight(s) + lower.log10_prob;
-      result.next = lower.next;
+    const uint32_t s = slot_of_state.FindOrInsert(state, static_cast<uint32_t>(slot_state.size()), &inserted);
+    if (inserted) {
+      slot_state.push_back(state);
+      best.push_back(kNegInf);
+      back_slot.push_back(-1);
+      back_arc.push_back(-1);
     }
-    // Step may have grown the table: look the slot up again.
-    *memo.FindOrInsert((uint64_t(s) << 32) | w, &inserted) = result;
-    return result;
+    (void)t;
+    return static_cast<int32_t>(s);
   }
 
-  // Whether some arc of s carries a word of the current column.
-  bool MatchesColumn(StateId s, int column, int width) {
-    if (s == kRootState) return true;
-    const uint32_t begin = model.ArcBegin(s), end = model.ArcEnd(s);
-    if (begin == end) return false;
-    const size_t row = static_cast<size_t>(column) * lattice->k;
-    if (end - begin <= static_cast<uint32_t>(4 * width)) {
-      for (uint32_t a = begin; a < end; ++a)
-        if (column_words.Find(model.ArcWord(a)) != nullptr) return true;
-      return false;
+  // The tree of column t: active slots plus their back-off ancestors, parents first.
+  void BuildTree(int t) {
+    Column &col = columns[t];
+    col.width = widths[t];
+    node_of_state.Clear();
+    pending.clear();
+    bool inserted;
+    for (uint32_t s = slot_begin[t]; s < slot_begin[t + 1]; ++s) {
+      node_of_state.FindOrInsert(slot_state[s], static_cast<uint32_t>(pending.size()), &inserted);
+      pending.push_back(Pending{slot_state[s], static_cast<int32_t>(s), 0});
     }
-    for (int j = 0; j < width; ++j)
-      if (model.FindArc(s, words[row + j]) != kNoArc) return true;
-    return false;
+    const int order = model.order();
+    order_count.assign(order, 0);
+    for (const Pending &q : pending) model.PrefetchState(q.state);
+    for (size_t i = 0; i < pending.size(); ++i) {
+      const StateId state = pending[i].state;
+      pending[i].order = model.HistoryLength(state);
+      ++order_count[pending[i].order];
+      if (state == kRootState) continue;
+      const StateId lower = model.BackoffState(state);
+      node_of_state.FindOrInsert(lower, static_cast<uint32_t>(pending.size()), &inserted);
+      if (inserted) pending.push_back(Pending{lower, -1, 0});
+    }
+    // Counting sort by history length: a parent's history is shorter than its child's.
+    uint32_t at = 0;
+    for (int n = 0; n < order; ++n) {
+      const uint32_t c = order_count[n];
+      order_count[n] = at;
+      at += c;
+    }
+    rank.resize(pending.size());
+    for (size_t i = 0; i < pending.size(); ++i) rank[i] = order_count[pending[i].order]++;
+    col.node_begin = static_cast<uint32_t>(nodes.size());
+    col.node_end = col.node_begin + static_cast<uint32_t>(pending.size());
+    nodes.resize(col.node_end);
+    for (size_t i = 0; i < pending.size(); ++i) {
+      const Pending &q = pending[i];
+      TreeNode &node = nodes[col.node_begin + rank[i]];
+      node.state = q.state;
+      node.slot = q.slot;
+      node.arc_begin = model.ArcBegin(q.state);
+      node.arc_end = model.ArcEnd(q.state);
+      model.PrefetchArcWords(node.arc_begin);
+      if (q.state == kRootState) {
+        node.parent = -1;
+        node.log10_bo = 0.0f;
+      } else {
+        node.parent = static_cast<int32_t>(col.node_begin + rank[*node_of_state.Find(model.BackoffState(q.state))]);
+        node.log10_bo = model.BackoffWeight(q.state);
+      }
+      if (q.slot >= 0) slot_node[q.slot] = static_cast<int32_t>(col.node_begin + rank[i]);
+    }
+    col.cell_begin = cell_slot.size();
+    const size_t cells = pending.size() * static_cast<size_t>(col.width);
+    cell_slot.resize(col.cell_begin + cells);
+    cell_add.resize(col.cell_begin + cells);
+  }
+
+  // A consuming arc's probability and successor state will be read soon.
+  void Prefetch(uint32_t a) const {
+    model.PrefetchArcProb(a);
+    if (!model.IsTopArc(a)) model.PrefetchState(a + 1);
+  }
+
+  // cell_arc[cell] = the arc of (node, word of arc j), or kNoArc.
+  template <typename Word>
+  void FindArcs(int t, const Word *arc_words) {
+    const Column &col = columns[t];
+    const int width = col.width;
+    const WordId *row = &words[static_cast<size_t>(t) * k];
+    column_word.Clear();
+    same_word_next.assign(width, -1);
+    sorted_words.clear();
+    bool inserted;
+    for (int j = width - 1; j >= 0; --j) {  // chains list arcs ascending
+      const uint32_t first = column_word.FindOrInsert(row[j], static_cast<uint32_t>(j), &inserted);
+      if (!inserted) {
+        same_word_next[j] = static_cast<int32_t>(first);
+      }
+    }
+    // Re-point each word at its lowest arc (the loop above kept the highest).
+    column_word.Clear();
+    for (int j = 0; j < width; ++j) {
+      column_word.FindOrInsert(row[j], static_cast<uint32_t>(j), &inserted);
+      if (inserted) sorted_words.emplace_back(row[j], j);
+    }
+    std::sort(sorted_words.begin(), sorted_words.end());
+    word_bits.resize((model.num_words() + 63) / 64, 0);
+    for (const auto &wj : sorted_words) word_bits[wj.first >> 6] |= uint64_t(1) << (wj.first & 63);
+    const size_t n_nodes = col.node_end - col.node_begin;
+    cell_arc.assign(n_nodes * width, kNoArc);
+    const uint32_t scan_limit = static_cast<uint32_t>(8 * sorted_words.size());
+    for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
+      uint32_t *arcs = &cell_arc[static_cast<size_t>(x - col.node_begin) * width];
+      const TreeNode &node = nodes[x];
+      if (node.state == kRootState) {
+        for (int j = 0; j < width; ++j) arcs[j] = row[j];
+        continue;
+      }
+      const uint32_t begin = node.arc_begin, end = node.arc_end;
+      if (begin == end) continue;
+      if (end - begin <= scan_limit) {
+        for (uint32_t a = begin; a < end; ++a) {
+          const WordId w = arc_words[a];
+          if (!((word_bits[w >> 6] >> (w & 63)) & 1)) continue;
+          const uint32_t *j = column_word.Find(w);
+          if (j == nullptr) continue;
+          for (int32_t i = static_cast<int32_t>(*j); i >= 0; i = same_word_next[i]) arcs[i] = a;
+          Prefetch(a);
+        }
+      } else {
+        uint32_t lo = begin;
+        for (const auto &wj : sorted_words) {
+          // First arc in [lo, end) whose word is >= wj.first.
+          uint32_t len = end - lo;
+          while (len > 0) {
+            const uint32_t half = len / 2;
+            if (arc_words[lo + half] < wj.first) {
+              lo += half + 1;
+              len -= half + 1;
+            } else {
+              len = half;
+            }
+          }
+          if (lo == end) break;
+          if (arc_words[lo] == wj.first) {
+            for (int32_t i = wj.second; i >= 0; i = same_word_next[i]) arcs[i] = lo;
+            Prefetch(lo);
+          }
+        }
+      }
+    }
+    for (const auto &wj : sorted_words) word_bits[wj.first >> 6] = 0;
+  }
+
+  // The state after the word of arc j from node x, which consumes it.
+  StateId NextState(const Column &col, uint32_t x, int j) {
+    const size_t cell = static_cast<size_t>(x - col.node_begin) * col.width + j;
+    if (cell_next[cell] != kNoArc) return cell_next[cell];
+    const uint32_t a = cell_arc[cell];
+    StateId next;
+    if (model.order() == 1) {
+      next = kRootState;
+    } else if (!model.IsTopArc(a)) {
+      next = model.Normalize(a + 1);
+    } else {
+      // Highest order: the longest suffix of (history, word) that is a state, which is
+      // where the nearest ancestor consuming the word leads.
+      uint32_t y = static_cast<uint32_t>(nodes[x].parent);
+      while (cell_arc[static_cast<size_t>(y - col.node_begin) * col.width + j] == kNoArc)
+        y = static_cast<uint32_t>(nodes[y].parent);
+      next = NextState(col, y, j);
+    }
+    cell_next[cell] = next;
+    return next;
+  }
+
+  void Forward(int t) {
+    BuildTree(t);
+    const Column &col = columns[t];
+    const int width = col.width;
+    if (model.WideWords())
+      FindArcs(t, model.ArcWords32());
+    else
+      FindArcs(t, model.ArcWords16());
+    const size_t n_nodes = col.node_end - col.node_begin;
+    const double *row_draft = &draft[static_cast<size_t>(t) * k];
+    // Best prefix per cell, bottom-up: a cell either consumes its arc or passes its best
+    // prefix (plus the back-off weight) to the parent's cell.
+    flow.resize(n_nodes * width);
+    flow_src.resize(n_nodes * width);
+    for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
+      const int32_t s = nodes[x].slot;
+      const double v = s >= 0 ? best[s] : kNegInf;
+      double *f = &flow[static_cast<size_t>(x - col.node_begin) * width];
+      int32_t *src = &flow_src[static_cast<size_t>(x - col.node_begin) * width];
+      for (int j = 0; j < width; ++j) {
+        f[j] = v;
+        src[j] = s;
+      }
+    }
+    for (uint32_t x = col.node_end; x-- > col.node_begin;) {
+      const TreeNode &node = nodes[x];
+      const size_t base = static_cast<size_t>(x - col.node_begin) * width;
+      if (node.parent < 0) break;  // the root (first node) consumes every arc
+      const size_t pbase = static_cast<size_t>(node.parent - col.node_begin) * width;
+      const double bo = al * node.log10_bo;
+      for (int j = 0; j < width; ++j) {
+        if (cell_arc[base + j] != kNoArc) continue;
+        const double f = flow[base + j];
+        if (f == kNegInf) continue;
+        const double v = f + bo;
+        double &pf = flow[pbase + j];
+        if (v > pf || (v == pf && PrefixLess(t, flow_src[base + j], -1, flow_src[pbase + j], -1))) {
+          pf = v;
+          flow_src[pbase + j] = flow_src[base + j];
+        }
+      }
+    }
+    // Consuming cells, parents first (top arcs need their ancestors' successor states).
+    slot_of_state.Clear();
+    cell_next.assign(n_nodes * width, kNoArc);
+    for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
+      const size_t base = static_cast<size_t>(x - col.node_begin) * width;
+      const size_t out = col.cell_begin + static_cast<size_t>(x - col.node_begin) * width;
+      for (int j = 0; j < width; ++j) {
+        const uint32_t a = cell_arc[base + j];
+        if (a == kNoArc) {
+          cell_slot[out + j] = kNotConsumer;
+          continue;
+        }
+        ++stats->transitions;
+        const double f = flow[base + j];
+        if (f == kNegInf) {
+          cell_slot[out + j] = kUnreached;
+          continue;
+        }
+        // A successor without arcs backs off whatever comes next: unless the lattice ends
+        // here, go to its back-off state now and pay the weight on arrival.
+        StateId state = NextState(col, x, j);
+        double add = row_draft[j] + al * model.ArcLog10Prob(a);
+        if (t + 1 < h && state != kRootState && model.ArcBegin(state) == model.ArcEnd(state)) {
+          double log10_bo = 0.0;
+          do {
+            log10_bo += model.BackoffWeight(state);
+            state = model.BackoffState(state);
+          } while (state != kRootState && model.ArcBegin(state) == model.ArcEnd(state));
+          add += al * log10_bo;
+        }
+        cell_add[out + j] = add;
+        const int32_t next = NextSlot(t + 1, state);
+        cell_slot[out + j] = next;
+        ++stats->pops;
+        const double v = f + add;
+        const int32_t src = flow_src[base + j];
+        if (v > best[next] || (v == best[next] && PrefixLess(t, src, j, back_slot[next], back_arc[next]))) {
+          best[next] = v;
+          back_slot[next] = src;
+          back_arc[next] = j;
+        }
+      }
+    }
+    slot_begin[t + 2] = static_cast<uint32_t>(slot_state.size());
+  }
+
+  // ---- Pass 2: best completion per slot, and tau.
+  double Backward() {
+    const uint32_t total = static_cast<uint32_t>(slot_state.size());
+    completion.assign(total, kNegInf);
+    for (uint32_t s = slot_begin[h]; s < slot_begin[h + 1]; ++s) completion[s] = 0.0;
+    double tau = kNegInf;
+    for (int t = h - 1; t >= 0; --t) {
+      const Column &col = columns[t];
+      const int width = col.width;
+      const size_t n_nodes = col.node_end - col.node_begin;
+      bound.resize(n_nodes * width);
+      top.clear();  // min-heap of the p best (state, arc) path scores of this column
+      for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
+        const TreeNode &node = nodes[x];
+        const size_t base = static_cast<size_t>(x - col.node_begin) * width;
+        const size_t cells = col.cell_begin + base;
+        const size_t pbase = node.parent >= 0 ? static_cast<size_t>(node.parent - col.node_begin) * width : 0;
+        const double bo = al * node.log10_bo;
+        double w = kNegInf;
+        for (int j = 0; j < width; ++j) {
+          const int32_t next = cell_slot[cells + j];
+          double b;
+          if (next >= 0)
+            b = cell_add[cells + j] + completion[next];
+          else if (next == kUnreached)
+            b = kNegInf;
+          else
+            b = bo + bound[pbase + j];
+          bound[base + j] = b;
+          w = std::max(w, b);
+        }
+        if (node.slot < 0) continue;
+        completion[node.slot] = w;
+        const double v0 = best[node.slot];
+        for (int j = 0; j < width; ++j) {
+          const double v = v0 + bound[base + j];
+          if (static_cast<int>(top.size()) < p) {
+            top.push_back(v);
+            std::push_heap(top.begin(), top.end(), std::greater<double>());
+          } else if (v > top.front()) {
+            std::pop_heap(top.begin(), top.end(), std::greater<double>());
+            top.back() = v;
+            std::push_heap(top.begin(), top.end(), std::greater<double>());
+          }
+        }
+      }
+      if (static_cast<int>(top.size()) == p) tau = std::max(tau, top.front());
+    }
+    return tau;
+  }
+
+  // ---- Pass 3: the p best prefixes per slot, for prefixes that can still make the top p.
+  void PBestForward(double threshold) {
+    const uint32_t total = static_cast<uint32_t>(slot_state.size());
+    if (lists.size() < total) lists.resize(total);
+    for (uint32_t s = 0; s < total; ++s) lists[s].clear();
+    path_nodes.clear();
+    path_nodes.push_back(PathNode{-1, -1});
+    lists[slot_begin[0]].push_back(Entry{0.0, 0});
+    double hops[64];
+    for (int t = 0; t < h; ++t) {
+      const Column &col = columns[t];
+      const int width = col.width;
+      for (uint32_t s = slot_begin[t]; s < slot_begin[t + 1]; ++s) {
+        std::vector<Entry> &list = lists[s];
+        if (list.empty() || list[0].g + completion[s] < threshold) continue;
+        const uint32_t x = static_cast<uint32_t>(slot_node[s]);
+        for (int j = 0; j < width; ++j) {
+          uint32_t y = x;
+          int n_hops = 0;
+          size_t cell = Cell(col, y, j);
+          while (cell_slot[cell] == kNotConsumer) {
+            hops[n_hops++] = al * nodes[y].log10_bo;
+            y = static_cast<uint32_t>(nodes[y].parent);
+            cell = Cell(col, y, j);
+          }
+          const int32_t next = cell_slot[cell];
+          const double add = cell_add[cell];
+          const double rest = completion[next];
+          std::vector<Entry> &heap = lists[next];  // worst on top once full
+          auto worse = [&](const Entry &a, const Entry &b) { return BetterEntry(a, b, t + 1); };
+          for (const Entry &e : list) {
+            double g = e.g;
+            for (int i = 0; i < n_hops; ++i) g += hops[i];
+            g += add;
+            if (g + rest < threshold) break;  // entries are best first
+            if (static_cast<int>(heap.size()) == p) {
+              const Entry &worst = heap.front();
+              if (!Better(g, e.node, j, worst.g, path_nodes[worst.node].parent, path_nodes[worst.node].arc, t + 1))
+                break;
+              std::pop_heap(heap.begin(), heap.end(), worse);
+              heap.pop_back();
+            }
+            path_nodes.push_back(PathNode{e.node, j});
+            heap.push_back(Entry{g, static_cast<int32_t>(path_nodes.size() - 1)});
+            std::push_heap(heap.begin(), heap.end(), worse);
+          }
+        }
+      }
+      for (uint32_t s = slot_begin[t + 1]; s < slot_begin[t + 2]; ++s) {
+        auto worse = [&](const Entry &a, const Entry &b) { return BetterEntry(a, b, t + 1); };
+        std::sort_heap(lists[s].begin(), lists[s].end(), worse);
+      }
+    }
+    stats->pops += path_nodes.size() - 1;
   }
 };
 
@@ -226,142 +631,87 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   if (p < 1) throw InvalidArgument("p must be at least 1");
   if (h < 1 || k < 1) throw InvalidArgument("a lattice needs at least one position and one arc");
   if (!(alpha >= 0) || std::isinf(alpha)) throw InvalidArgument("alpha must be finite and >= 0");
+  if (model.order() > 64) throw InvalidArgument("models of order above 64 are not supported");
   s.lattice = &lattice;
+  s.h = h;
+  s.k = k;
   s.p = p;
-  s.alpha = alpha;
-  s.alpha_log10 = alpha * kLn10;
+  s.al = alpha * kLn10;
   s.stats = &stats_;
   stats_ = SearchStats();
   s.words.resize(static_cast<size_t>(h) * k);
+  s.draft.resize(static_cast<size_t>(h) * k);
+  s.widths.resize(h);
   for (int i = 0; i < h; ++i) {
     const int width = lattice.widths ? lattice.widths[i] : k;
     if (width < 1 || width > k) throw InvalidArgument("lattice width out of range");
-    for (int j = 0; j < width; ++j)
-      s.words[static_cast<size_t>(i) * k + j] = model.TokenToWord(lattice.tokens[static_cast<size_t>(i) * k + j]);
+    s.widths[i] = width;
+    for (int j = 0; j < width; ++j) {
+      const size_t at = static_cast<size_t>(i) * k + j;
+      s.words[at] = model.TokenToWord(lattice.tokens[at]);
+      s.draft[at] = lattice.scores[at];
+    }
   }
-  s.memo.Clear();
+
+  // Pass 1.
+  s.slot_begin.assign(h + 2, 0);
+  s.slot_state.assign(1, start);
+  s.best.assign(1, 0.0);
+  s.back_slot.assign(1, -1);
+  s.back_arc.assign(1, -1);
+  s.slot_begin[1] = 1;
+  s.columns.resize(h);
   s.nodes.clear();
-  s.nodes.push_back(PathNode{-1, -1});
-  s.lists.clear();
-  s.lists.push_back(StateList{start, {Entry{0.0, 0.0, 0}}});
-
-  for (int column = 0; column < h; ++column) {
-    const int width = lattice.widths ? lattice.widths[column] : k;
-    const size_t row = static_cast<size_t>(column) * k;
-    // 1. Collapse: a state none of whose arcs carries a word of this column behaves, from
-    //    here on, exactly like its back-off state plus its back-off weight. Move its
-    //    hypotheses down, highest state ids (longest histories) first, merging lists.
-    s.column_words.Clear();
-    bool inserted;
-    for (int j = 0; j < width; ++j) *s.column_words.FindOrInsert(s.words[row + j], &inserted) = 1;
-    s.index.Clear();
-    s.order.clear();
-    for (uint32_t i = 0; i < s.lists.size(); ++i) {
-      *s.index.FindOrInsert(s.lists[i].state, &inserted) = i;
-      s.order.push_back(s.lists[i].state);
-    }
-    std::make_heap(s.order.begin(), s.order.end());
-    s.next_lists.clear();
-    while (!s.order.empty()) {
-      std::pop_heap(s.order.begin(), s.order.end());
-      const StateId state = s.order.back();
-      s.order.pop_back();
-      const uint32_t at = *s.index.FindOrInsert(state, &inserted);
-      if (s.MatchesColumn(state, column, width)) continue;
-      // Shift by the back-off weight and merge into the back-off state's list.
-      const StateId lower = model.BackoffState(state);
-      const double bo = model.BackoffWeight(state);
-      std::vector<Entry> &moved = s.moved;
-      moved.clear();
-      moved.swap(s.lists[at].entries);
-      for (Entry &e : moved) {
-        e.log10_lm += bo;
-        if (s.alpha_log10 != 0) e.g += s.alpha_log10 * bo;
-      }
-      uint32_t *slot = s.index.FindOrInsert(lower, &inserted);
-      if (inserted) {
-        *slot = static_cast<uint32_t>(s.lists.size());
-        s.lists.push_back(StateList{lower, std::move(moved)});
-        s.order.push_back(lower);
-        std::push_heap(s.order.begin(), s.order.end());
-      } else {
-        std::vector<Entry> &dest = s.lists[*slot].entries;
-        std::vector<Entry> &merged = s.merged;
-        merged.clear();
-        size_t a = 0, b = 0;
-        while (merged.size() < static_cast<size_t>(p) && (a < dest.size() || b < moved.size())) {
-          if (b == moved.size() || (a < dest.size() && s.BetterEntry(dest[a], moved[b], column)))
-            merged.push_back(dest[a++]);
-          else
-            merged.push_back(moved[b++]);
-        }
-        dest.swap(merged);
-      }
-    }
-    // 2. Expand the remaining states over the column's arcs; keep the p best per next state.
-    s.index.Clear();
-    for (const StateList &list : s.lists) {
-      if (list.entries.empty()) continue;
-      ++stats_.expansions;
-      for (int j = 0; j < width; ++j) {
-        const Transition t = s.Step(list.state, s.words[row + j]);
-        const double add = lattice.scores[row + j] + (s.alpha_log10 != 0 ? s.alpha_log10 * t.log10_prob : 0.0);
-        uint32_t *slot = s.index.FindOrInsert(t.next, &inserted);
-        if (inserted) {
-          *slot = static_cast<uint32_t>(s.next_lists.size());
-          s.next_lists.push_back(StateList{t.next, {}});
-        }
-        std::vector<Entry> &heap = s.next_lists[*slot].entries;  // worst on top once full
-        auto worse = [&](const Entry &x, const Entry &y) { return s.BetterEntry(x, y, column + 1); };
-        for (const Entry &e : list.entries) {
-          const double g = e.g + add;
-          if (static_cast<int>(heap.size()) == p) {
-            const Entry &worst = heap.front();
-            if (!s.Better(g, e.node, j, worst.g, s.nodes[worst.node].parent, s.nodes[worst.node].arc, column + 1))
-              break;  // entries are best first: the rest of this list cannot enter either
-            std::pop_heap(heap.begin(), heap.end(), worse);
-            heap.pop_back();
-          }
-          s.nodes.push_back(PathNode{e.node, j});
-          heap.push_back(Entry{g, e.log10_lm + t.log10_prob, static_cast<int32_t>(s.nodes.size() - 1)});
-          std::push_heap(heap.begin(), heap.end(), worse);
-        }
-      }
-    }
-    for (StateList &list : s.next_lists) {
-      auto worse = [&](const Entry &x, const Entry &y) { return s.BetterEntry(x, y, column + 1); };
-      std::sort_heap(list.entries.begin(), list.entries.end(), worse);
-    }
-    s.lists.swap(s.next_lists);
+  s.cell_slot.clear();
+  s.cell_add.clear();
+  for (int t = 0; t < h; ++t) {
+    s.slot_node.resize(s.slot_state.size());
+    s.Forward(t);
   }
+  stats_.expansions = s.nodes.size();
 
-  // 3. The p best complete paths over all final states.
-  std::vector<Entry> &final_entries = s.final_entries;
-  final_entries.clear();
-  for (const StateList &list : s.lists)
-    final_entries.insert(final_entries.end(), list.entries.begin(), list.entries.end());
-  const size_t found = std::min<size_t>(p, final_entries.size());
-  std::partial_sort(final_entries.begin(), final_entries.begin() + found, final_entries.end(),
-                    [&](const Entry &x, const Entry &y) { return s.BetterEntry(x, y, h); });
-  for (size_t r = 0; r < found; ++r) {
-    const Entry &e = final_entries[r];
-    // Draft scores are summed in position order, so that score == draft_score + alpha *
-    // lm_score exactly as a reader recomputes it.
-    int32_t *tokens = out.tokens + r * h;
-    std::vector<int32_t> &arcs = s.seq_a;
+  // The answer: the p = 1 path from pass 1, or pass 3's lists.
+  std::vector<int32_t> &arcs = s.seq_a;
+  auto write = [&](int r, int32_t final_slot, int32_t path_node) {
     arcs.resize(h);
-    for (int32_t node = e.node, d = h; d > 0; node = s.nodes[node].parent, --d) {
-      arcs[d - 1] = s.nodes[node].arc;
-      tokens[d - 1] = lattice.tokens[static_cast<size_t>(d - 1) * k + arcs[d - 1]];
+    if (path_node < 0) {
+      s.PrefixArcs(h, final_slot, &arcs);
+    } else {
+      s.PathArcs(path_node, h, &arcs);
     }
-    double draft = 0.0;
-    for (int d = 0; d < h; ++d) draft += lattice.scores[static_cast<size_t>(d) * k + arcs[d]];
-    const double lm = e.log10_lm * kLn10;
+    int32_t *tokens = out.tokens + static_cast<size_t>(r) * h;
+    double draft = 0.0;  // in position order, so that a reader recomputes it exactly
+    for (int d = 0; d < h; ++d) {
+      tokens[d] = lattice.tokens[static_cast<size_t>(d) * k + arcs[d]];
+      draft += lattice.scores[static_cast<size_t>(d) * k + arcs[d]];
+    }
+    const double lm = model.Score(start, tokens, h, nullptr, nullptr) * kLn10;
     out.score[r] = alpha == 0 ? draft : draft + alpha * lm;
     out.draft_score[r] = draft;
     out.lm_score[r] = lm;
+  };
+  if (p == 1) {
+    int32_t winner = -1;
+    for (uint32_t f = s.slot_begin[h]; f < s.slot_begin[h + 1]; ++f) {
+      if (s.best[f] == kNegInf) continue;
+      if (winner < 0 || s.best[f] > s.best[winner] ||
+          (s.best[f] == s.best[winner] && s.PrefixLess(h, f, -1, winner, -1)))
+        winner = static_cast<int32_t>(f);
+    }
+    write(0, winner, -1);
+    return 1;
   }
-  stats_.pops = s.nodes.size();
+
+  const double tau = s.Backward();
+  s.PBestForward(tau - 1e-9 * (1.0 + std::fabs(tau)));
+  std::vector<Entry> &final_entries = s.final_entries;
+  final_entries.clear();
+  for (uint32_t f = s.slot_begin[h]; f < s.slot_begin[h + 1]; ++f)
+    final_entries.insert(final_entries.end(), s.lists[f].begin(), s.lists[f].end());
+  const size_t found = std::min<size_t>(p, final_entries.size());
+  std::partial_sort(final_entries.begin(), final_entries.begin() + found, final_entries.end(),
+                    [&](const Entry &x, const Entry &y) { return s.BetterEntry(x, y, h); });
+  for (size_t r = 0; r < found; ++r) write(static_cast<int>(r), -1, final_entries[r].node);
   return static_cast<int>(found);
 }
 
