@@ -14,18 +14,15 @@ namespace latticekit {
 namespace {
 
 constexpr char kMagic[8] = {'L', 'T', 'K', 'N', 'G', 'R', 'A', 'M'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr uint64_t kEndianMark = 0x0102030405060708ULL;
 constexpr float kMissingUnkLog10 = -100.0f;  // what KenLM substitutes when <unk> is absent
 constexpr uint64_t kMaxTokens = uint64_t(1) << 26;
 
 enum Section {
   kStateBegin,     // uint64 [order + 1]
-  kArcBegin,       // uint32 [num_states + 1]
-  kBackoffWeight,  // float [num_states]
-  kBackoffState,   // uint32 [num_states]
-  kArcWord,        // uint16 or uint32 [num_arcs]
-  kArcProb,        // float [num_arcs]
+  kStates,         // StateRecord [num_states + 1]
+  kArcs,           // ArcRecords<uint16 or uint32> [num_arcs]
   kTokenToWord,    // uint32 [num_tokens]
   kTextBegin,      // uint64 [num_words + 1]
   kText,           // char [text_bytes]
@@ -54,9 +51,8 @@ uint64_t AlignUp(uint64_t x) { return (x + 63) & ~uint64_t(63); }
 uint64_t Layout(const FileHeader &h, uint64_t *offsets) {
   const uint64_t word_bytes = (h.flags & kFlagWideWords) ? 4 : 2;
   const uint64_t sizes[kNumSections] = {
-      8 * (uint64_t(h.order) + 1), 4 * (h.num_states + 1), 4 * h.num_states, 4 * h.num_states,
-      word_bytes * h.num_arcs,     4 * h.num_arcs,         4 * h.num_tokens,
-      8 * (h.num_words + 1),       h.text_bytes};
+      8 * (uint64_t(h.order) + 1), sizeof(StateRecord) * (h.num_states + 1),
+      (word_bytes + 4) * h.num_arcs, 4 * h.num_tokens, 8 * (h.num_words + 1), h.text_bytes};
   uint64_t at = kHeaderSize;
   for (int i = 0; i < kNumSections; ++i) {
     offsets[i] = at;
@@ -375,11 +371,9 @@ class ModelBuilder {
     state_begin[0] = 0;
     for (int n = 1; n <= order_; ++n) state_begin[n] = state_begin[n - 1] + (n == 1 ? 1 : counts_[n - 2]);
     // state_begin[n] = 1 + sum_{k<n} counts[k]; the arcs of order n start at state_begin[n] - 1.
-    uint32_t *arc_begin = Mutable(m.arc_begin_);
-    float *arc_prob = Mutable(m.arc_prob_);
-    float *backoff_weight = Mutable(m.backoff_weight_);
-    uint16_t *word16 = Mutable(m.arc_word16_);
-    uint32_t *word32 = Mutable(m.arc_word32_);
+    StateRecord *states = Mutable(m.states_);
+    unsigned char *arcs = Mutable(m.arcs_);
+    const size_t word_bytes = m.wide_words_ ? 4 : 2;
     std::vector<uint32_t> source(num_arcs_);
     for (int n = 1; n <= order_; ++n) {
       const BuildOrder &o = orders_[n - 1];
@@ -396,21 +390,26 @@ class ModelBuilder {
         }
         source[a] = static_cast<uint32_t>(src);
         const WordId w = o.ids[i * n + n - 1];
-        if (word16 != nullptr) word16[a] = static_cast<uint16_t>(w);
-        else word32[a] = w;
-        arc_prob[a] = o.prob[i];
-        if (n < order_) backoff_weight[a + 1] = o.backoff[i];
+        unsigned char *record = arcs + m.arc_stride_ * a;
+        if (word_bytes == 2) {
+          const uint16_t w16 = static_cast<uint16_t>(w);
+          std::memcpy(record, &w16, 2);
+        } else {
+          std::memcpy(record, &w, 4);
+        }
+        std::memcpy(record + word_bytes, &o.prob[i], 4);
+        if (n < order_) states[a + 1].backoff_weight = o.backoff[i];
       }
     }
-    for (uint64_t a = 0; a < num_arcs_; ++a) ++arc_begin[source[a] + 1];
-    for (uint64_t s = 0; s < num_states_; ++s) arc_begin[s + 1] += arc_begin[s];
+    for (uint64_t a = 0; a < num_arcs_; ++a) ++states[source[a] + 1].arc_begin;
+    for (uint64_t s = 0; s < num_states_; ++s) states[s + 1].arc_begin += states[s].arc_begin;
   }
 
   // The back-off state of a history is its longest proper suffix that is a state.
   void LinkBackoffStates() {
     Model &m = *model_;
-    uint32_t *backoff_state = Mutable(m.backoff_state_);
-    backoff_state[0] = 0;
+    StateRecord *states = Mutable(m.states_);
+    states[0].backoff_state = 0;
     for (int n = 1; n < order_; ++n) {
       const BuildOrder &o = orders_[n - 1];
       const uint64_t first = m.state_begin_[n];
@@ -433,7 +432,7 @@ class ModelBuilder {
             break;
           }
         }
-        backoff_state[first + i] = link;
+        states[first + i].backoff_state = link;
       }
     }
   }
@@ -441,7 +440,9 @@ class ModelBuilder {
   void FillPrefixProbabilities() {
     if (num_fillers_ == 0) return;
     Model &m = *model_;
-    float *arc_prob = Mutable(m.arc_prob_);
+    unsigned char *arcs = Mutable(m.arcs_);
+    const size_t word_bytes = m.wide_words_ ? 4 : 2;
+    const StateRecord *states = m.states_;
     for (int n = 2; n < order_; ++n) {
       const BuildOrder &o = orders_[n - 1];
       const uint64_t first_arc = m.state_begin_[n] - 1;
@@ -450,13 +451,15 @@ class ModelBuilder {
         const uint64_t a = first_arc + i;
         // The prefix state is the source of arc a; scoring from its back-off state gives
         // the probability the n-gram had before it was added.
-        StateId src = static_cast<StateId>(
-            std::upper_bound(m.arc_begin_, m.arc_begin_ + num_states_ + 1, uint32_t(a)) -
-            m.arc_begin_ - 1);
+        const StateId src = static_cast<StateId>(
+            std::upper_bound(states, states + num_states_ + 1, uint32_t(a),
+                             [](uint32_t v, const StateRecord &r) { return v < r.arc_begin; }) -
+            states - 1);
         StateId next;
-        double p = m.backoff_weight_[src] +
-                   m.Advance(m.backoff_state_[src], o.ids[i * n + n - 1], &next);
-        arc_prob[a] = static_cast<float>(p);
+        const double p = m.BackoffWeight(src) +
+                         m.Advance(m.BackoffState(src), o.ids[i * n + n - 1], &next);
+        const float p32 = static_cast<float>(p);
+        std::memcpy(arcs + m.arc_stride_ * a + word_bytes, &p32, 4);
       }
     }
   }
@@ -530,12 +533,9 @@ void Model::BindViews() {
   num_tokens_ = h.num_tokens;
   const uint64_t *off = h.section_offset;
   state_begin_ = reinterpret_cast<const uint64_t *>(base + off[kStateBegin]);
-  arc_begin_ = reinterpret_cast<const uint32_t *>(base + off[kArcBegin]);
-  backoff_weight_ = reinterpret_cast<const float *>(base + off[kBackoffWeight]);
-  backoff_state_ = reinterpret_cast<const uint32_t *>(base + off[kBackoffState]);
-  arc_word16_ = wide_words_ ? nullptr : reinterpret_cast<const uint16_t *>(base + off[kArcWord]);
-  arc_word32_ = wide_words_ ? reinterpret_cast<const uint32_t *>(base + off[kArcWord]) : nullptr;
-  arc_prob_ = reinterpret_cast<const float *>(base + off[kArcProb]);
+  states_ = reinterpret_cast<const StateRecord *>(base + off[kStates]);
+  arcs_ = reinterpret_cast<const unsigned char *>(base + off[kArcs]);
+  arc_stride_ = wide_words_ ? ArcRecords<uint32_t>::kStride : ArcRecords<uint16_t>::kStride;
   token_to_word_ = reinterpret_cast<const uint32_t *>(base + off[kTokenToWord]);
   text_begin_ = reinterpret_cast<const uint64_t *>(base + off[kTextBegin]);
   text_ = base + off[kText];
@@ -601,24 +601,23 @@ void Model::Validate() const {
   check(state_begin_[0] == 0 && state_begin_[1] == 1, "state table");
   for (int n = 1; n <= order_; ++n) check(state_begin_[n] >= state_begin_[n - 1] && state_begin_[n] <= num_states_, "state table");
   check(state_begin_[order_] == num_states_, "state table");
-  check(arc_begin_[0] == 0 && arc_begin_[1] == num_words_, "root arcs");
-  for (uint64_t s = 0; s < num_states_; ++s) check(arc_begin_[s] <= arc_begin_[s + 1], "arc table");
-  check(arc_begin_[num_states_] == num_arcs_, "arc table");
+  check(ArcBegin(0) == 0 && ArcEnd(0) == num_words_, "root arcs");
+  for (uint64_t s = 0; s < num_states_; ++s) check(ArcBegin(s) <= ArcEnd(s), "arc table");
+  check(states_[num_states_].arc_begin == num_arcs_, "arc table");
+  check(states_[num_states_].backoff_weight == 0.0f && states_[num_states_].backoff_state == 0,
+        "state table sentinel");
   for (int n = 1; n <= order_; ++n)
-    check(arc_begin_[state_begin_[n - 1]] == state_begin_[n] - 1, "arcs per order");
-  check(backoff_state_[0] == 0, "back-off links");
+    check(ArcBegin(state_begin_[n - 1]) == state_begin_[n] - 1, "arcs per order");
+  check(BackoffState(0) == 0 && BackoffWeight(0) == 0.0f, "back-off links");
   for (int n = 1; n < order_; ++n)
     for (uint64_t s = state_begin_[n]; s < state_begin_[n + 1]; ++s)
-      check(backoff_state_[s] < state_begin_[n], "back-off links");
+      check(BackoffState(s) < state_begin_[n], "back-off links");
   for (uint64_t s = 0; s < num_states_; ++s) {
-    for (uint64_t a = arc_begin_[s]; a < arc_begin_[s + 1]; ++a) {
-      uint64_t w = wide_words_ ? arc_word32_[a] : arc_word16_[a];
+    for (uint32_t a = ArcBegin(s); a < ArcEnd(s); ++a) {
+      const uint64_t w = ArcWord(a);
       check(w < num_words_, "arc word");
       if (s == 0) check(w == a, "root arcs");
-      if (a > arc_begin_[s]) {
-        uint64_t prev = wide_words_ ? arc_word32_[a - 1] : arc_word16_[a - 1];
-        check(prev < w, "arc order");
-      }
+      if (a > ArcBegin(s)) check(ArcWord(a - 1) < w, "arc order");
     }
   }
   for (uint64_t t = 0; t < num_tokens_; ++t) check(token_to_word_[t] < num_words_, "token table");
@@ -633,17 +632,18 @@ void Model::Validate() const {
 // Scoring
 
 namespace {
-template <typename W>
-uint32_t SearchArcs(const W *words, uint32_t begin, uint32_t end, WordId w) {
+template <typename Records>
+uint32_t SearchArcs(const Records &words, uint32_t begin, uint32_t end, WordId w) {
   // Short ranges: linear scan; long ones: binary search.
   while (end - begin > 8) {
     uint32_t mid = begin + (end - begin) / 2;
-    if (words[mid] <= w) begin = mid;
+    if (words.word(mid) <= w) begin = mid;
     else end = mid;
   }
   for (uint32_t a = begin; a < end; ++a) {
-    if (words[a] == w) return a;
-    if (words[a] > w) break;
+    const WordId v = words.word(a);
+    if (v == w) return a;
+    if (v > w) break;
   }
   return kNoArc;
 }
@@ -651,14 +651,13 @@ uint32_t SearchArcs(const W *words, uint32_t begin, uint32_t end, WordId w) {
 
 uint32_t Model::FindArc(StateId s, WordId w) const {
   if (s == kRootState) return w < num_words_ ? w : kNoArc;
-  const uint32_t begin = arc_begin_[s], end = arc_begin_[s + 1];
-  return wide_words_ ? SearchArcs(arc_word32_, begin, end, w)
-                     : SearchArcs(arc_word16_, begin, end, w);
+  const uint32_t begin = ArcBegin(s), end = ArcEnd(s);
+  return wide_words_ ? SearchArcs(Arcs32(), begin, end, w) : SearchArcs(Arcs16(), begin, end, w);
 }
 
 StateId Model::Normalize(StateId s) const {
-  while (s != kRootState && arc_begin_[s] == arc_begin_[s + 1] && backoff_weight_[s] == 0.0f)
-    s = backoff_state_[s];
+  while (s != kRootState && ArcBegin(s) == ArcEnd(s) && BackoffWeight(s) == 0.0f)
+    s = BackoffState(s);
   return s;
 }
 
@@ -674,15 +673,15 @@ double Model::Advance(StateId s, WordId w, StateId *next) const {
         *next = Normalize(a + 1);
       } else {
         // Highest order: the next history is the longest suffix of (t, w) that is a state.
-        StateId u = backoff_state_[t];
+        StateId u = BackoffState(t);
         uint32_t b;
-        while ((b = FindArc(u, w)) == kNoArc) u = backoff_state_[u];
+        while ((b = FindArc(u, w)) == kNoArc) u = BackoffState(u);
         *next = Normalize(b + 1);
       }
-      return total + arc_prob_[a];
+      return total + ArcLog10Prob(a);
     }
-    total += backoff_weight_[t];
-    t = backoff_state_[t];
+    total += BackoffWeight(t);
+    t = BackoffState(t);
   }
 }
 
@@ -726,13 +725,13 @@ void Model::NGrams(int n, int32_t *ids, float *log10_prob, float *log10_backoff)
     const uint64_t src_first = state_begin_[k - 1];
     const uint64_t src_last = k > 1 ? state_begin_[k] : 1;
     for (uint64_t s = src_first; s < src_last; ++s) {
-      for (uint32_t a = arc_begin_[s]; a < arc_begin_[s + 1]; ++a) {
+      for (uint32_t a = ArcBegin(s); a < ArcEnd(s); ++a) {
         const uint64_t i = a - first_arc;
         if (k > 1) std::copy_n(&prev[(s - src_first) * (k - 1)], k - 1, &rows[i * k]);
-        rows[i * k + k - 1] = static_cast<int32_t>(wide_words_ ? arc_word32_[a] : arc_word16_[a]);
+        rows[i * k + k - 1] = static_cast<int32_t>(ArcWord(a));
         if (k == n) {
-          log10_prob[i] = arc_prob_[a];
-          log10_backoff[i] = k < order_ ? backoff_weight_[a + 1] : 0.0f;
+          log10_prob[i] = ArcLog10Prob(a);
+          log10_backoff[i] = k < order_ ? BackoffWeight(a + 1) : 0.0f;
         }
       }
     }

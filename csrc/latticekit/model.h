@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,33 @@ constexpr uint32_t kNoArc = 0xFFFFFFFFu;
 
 // Owns (or maps) the bytes of a model image.
 class ModelStorage;
+
+// A state's record: its arcs are [arc_begin, the next record's arc_begin). One record, one
+// cache line (mostly) for everything the search reads about a state.
+struct StateRecord {
+  uint32_t arc_begin;
+  float backoff_weight;  // log10
+  uint32_t backoff_state;
+};
+static_assert(sizeof(StateRecord) == 12, "StateRecord must be packed");
+
+// Arcs are packed records of (word, log10 probability): 6 bytes with uint16 words, 8 with
+// uint32 words, so that a word and its probability share a cache line.
+template <typename Word>
+struct ArcRecords {
+  static constexpr size_t kStride = sizeof(Word) + sizeof(float);
+  const unsigned char *base;
+  Word word(uint32_t a) const {
+    Word w;
+    std::memcpy(&w, base + kStride * a, sizeof(Word));
+    return w;
+  }
+  float log10_prob(uint32_t a) const {
+    float p;
+    std::memcpy(&p, base + kStride * a + sizeof(Word), sizeof(float));
+    return p;
+  }
+};
 
 class Model {
  public:
@@ -78,14 +106,16 @@ class Model {
 
   // Raw structure, for the search. Arc a of state s lies in [ArcBegin(s), ArcEnd(s)).
   uint32_t FindArc(StateId s, WordId w) const;  // arc index of (s, w), or kNoArc
-  uint32_t ArcBegin(StateId s) const { return arc_begin_[s]; }
-  uint32_t ArcEnd(StateId s) const { return arc_begin_[s + 1]; }
-  WordId ArcWord(uint32_t a) const { return wide_words_ ? arc_word32_[a] : arc_word16_[a]; }
-  float ArcLog10Prob(uint32_t a) const { return arc_prob_[a]; }
+  uint32_t ArcBegin(StateId s) const { return states_[s].arc_begin; }
+  uint32_t ArcEnd(StateId s) const { return states_[s + 1].arc_begin; }
+  WordId ArcWord(uint32_t a) const { return wide_words_ ? Arcs32().word(a) : Arcs16().word(a); }
+  float ArcLog10Prob(uint32_t a) const {
+    return wide_words_ ? Arcs32().log10_prob(a) : Arcs16().log10_prob(a);
+  }
   // Arcs of the highest order lead to no state of their own.
   bool IsTopArc(uint32_t a) const { return a + 1 >= num_states_; }
-  StateId BackoffState(StateId s) const { return backoff_state_[s]; }
-  float BackoffWeight(StateId s) const { return backoff_weight_[s]; }
+  StateId BackoffState(StateId s) const { return states_[s].backoff_state; }
+  float BackoffWeight(StateId s) const { return states_[s].backoff_weight; }
   // Replaces a state without arcs and without back-off weight by its back-off state.
   StateId Normalize(StateId s) const;
   // Number of words in the history of s (0 for the root). States are numbered by it:
@@ -97,21 +127,14 @@ class Model {
   }
   // Cache hints for the search, which knows its next memory accesses a little ahead.
   void PrefetchState(StateId s) const {
-    __builtin_prefetch(arc_begin_ + s);
-    __builtin_prefetch(backoff_weight_ + s);
-    __builtin_prefetch(backoff_state_ + s);
+    __builtin_prefetch(states_ + s);
+    __builtin_prefetch(states_ + s + 1);
   }
-  void PrefetchArcWords(uint32_t a) const {
-    if (wide_words_)
-      __builtin_prefetch(arc_word32_ + a);
-    else
-      __builtin_prefetch(arc_word16_ + a);
-  }
-  void PrefetchArcProb(uint32_t a) const { __builtin_prefetch(arc_prob_ + a); }
-  // The arc word array, for tight loops: uint32 words when WideWords(), else uint16.
+  void PrefetchArc(uint32_t a) const { __builtin_prefetch(arcs_ + arc_stride_ * a); }
+  // The arc records, for tight loops: Arcs32() when WideWords(), else Arcs16().
   bool WideWords() const { return wide_words_; }
-  const uint16_t *ArcWords16() const { return arc_word16_; }
-  const uint32_t *ArcWords32() const { return arc_word32_; }
+  ArcRecords<uint16_t> Arcs16() const { return ArcRecords<uint16_t>{arcs_}; }
+  ArcRecords<uint32_t> Arcs32() const { return ArcRecords<uint32_t>{arcs_}; }
 
   // Introspection.
   std::string WordText(WordId w) const;
@@ -131,12 +154,9 @@ class Model {
   bool wide_words_ = false;  // arc words are uint32 (else uint16)
   uint64_t num_words_ = 0, num_states_ = 0, num_arcs_ = 0, num_tokens_ = 0;
   const uint64_t *state_begin_ = nullptr;  // [order + 1]: first state of each order, then total
-  const uint32_t *arc_begin_ = nullptr;    // [num_states + 1]
-  const float *backoff_weight_ = nullptr;  // [num_states] log10
-  const uint32_t *backoff_state_ = nullptr;  // [num_states]
-  const uint16_t *arc_word16_ = nullptr;     // [num_arcs] when !wide_words_
-  const uint32_t *arc_word32_ = nullptr;     // [num_arcs] when wide_words_
-  const float *arc_prob_ = nullptr;          // [num_arcs] log10
+  const StateRecord *states_ = nullptr;      // [num_states + 1], the last one a sentinel
+  const unsigned char *arcs_ = nullptr;      // [num_arcs] ArcRecords
+  size_t arc_stride_ = 6;
   const uint32_t *token_to_word_ = nullptr;  // [num_tokens]
   const uint64_t *text_begin_ = nullptr;     // [num_words + 1]
   const char *text_ = nullptr;

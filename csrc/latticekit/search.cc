@@ -309,7 +309,7 @@ struct PBestSearch::Impl {
       node.slot = q.slot;
       node.arc_begin = model.ArcBegin(q.state);
       node.arc_end = model.ArcEnd(q.state);
-      model.PrefetchArcWords(node.arc_begin);
+      model.PrefetchArc(node.arc_begin);
       if (q.state == kRootState) {
         node.parent = -1;
         node.log10_bo = 0.0f;
@@ -327,13 +327,12 @@ struct PBestSearch::Impl {
 
   // A consuming arc's probability and successor state will be read soon.
   void Prefetch(uint32_t a) const {
-    model.PrefetchArcProb(a);
     if (!model.IsTopArc(a)) model.PrefetchState(a + 1);
   }
 
   // cell_arc[cell] = the arc of (node, word of arc j), or kNoArc.
-  template <typename Word>
-  void FindArcs(int t, const Word *arc_words) {
+  template <typename Records>
+  void FindArcs(int t, const Records &arc_words) {
     const Column &col = columns[t];
     const int width = col.width;
     const WordId *row = &words[static_cast<size_t>(t) * k];
@@ -370,7 +369,7 @@ struct PBestSearch::Impl {
       if (begin == end) continue;
       if (end - begin <= scan_limit) {
         for (uint32_t a = begin; a < end; ++a) {
-          const WordId w = arc_words[a];
+          const WordId w = arc_words.word(a);
           if (!((word_bits[w >> 6] >> (w & 63)) & 1)) continue;
           const uint32_t *j = column_word.Find(w);
           if (j == nullptr) continue;
@@ -384,7 +383,7 @@ struct PBestSearch::Impl {
           uint32_t len = end - lo;
           while (len > 0) {
             const uint32_t half = len / 2;
-            if (arc_words[lo + half] < wj.first) {
+            if (arc_words.word(lo + half) < wj.first) {
               lo += half + 1;
               len -= half + 1;
             } else {
@@ -392,7 +391,7 @@ struct PBestSearch::Impl {
             }
           }
           if (lo == end) break;
-          if (arc_words[lo] == wj.first) {
+          if (arc_words.word(lo) == wj.first) {
             for (int32_t i = wj.second; i >= 0; i = same_word_next[i]) arcs[i] = lo;
             Prefetch(lo);
           }
@@ -429,9 +428,9 @@ struct PBestSearch::Impl {
     const Column &col = columns[t];
     const int width = col.width;
     if (model.WideWords())
-      FindArcs(t, model.ArcWords32());
+      FindArcs(t, model.Arcs32());
     else
-      FindArcs(t, model.ArcWords16());
+      FindArcs(t, model.Arcs16());
     const size_t n_nodes = col.node_end - col.node_begin;
     const double *row_draft = &draft[static_cast<size_t>(t) * k];
     // Best prefix per cell, bottom-up: a cell either consumes its arc or passes its best
