@@ -1,6 +1,7 @@
 #include "latticekit/model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -516,7 +517,10 @@ std::unique_ptr<Model> Model::Build(NGramTables tables, const std::vector<std::s
 // ---------------------------------------------------------------------------------------
 // Storage views, saving and loading
 
-Model::Model() = default;
+Model::Model() {
+  static std::atomic<uint64_t> next_serial(1);
+  serial_ = next_serial.fetch_add(1);
+}
 Model::~Model() = default;
 
 

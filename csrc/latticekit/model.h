@@ -86,6 +86,8 @@ class Model {
   uint64_t num_tokens() const { return num_tokens_; }
   uint64_t size_bytes() const;
   bool has_vocab() const { return has_vocab_; }
+  // Distinct for every Model object of the process, never reused.
+  uint64_t serial() const { return serial_; }
 
   // The word a token id stands for; ids the model lacks map to <unk>.
   WordId TokenToWord(int64_t token) const {
@@ -149,6 +151,7 @@ class Model {
   void Validate() const;
 
   std::unique_ptr<ModelStorage> storage_;
+  uint64_t serial_ = 0;
   int order_ = 0;
   bool has_vocab_ = false;
   bool wide_words_ = false;  // arc words are uint32 (else uint16)

@@ -726,7 +726,15 @@ void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,
   std::mutex error_mutex;
   auto work = [&]() {
     try {
-      PBestSearch search(model);
+      // A searcher's buffers grow to fit; a thread keeps its last one for the next call
+      // on the same model, so single-lattice calls do not start cold.
+      thread_local std::unique_ptr<PBestSearch> kept;
+      thread_local uint64_t kept_serial = 0;
+      if (!kept || kept_serial != model.serial()) {
+        kept.reset(new PBestSearch(model));
+        kept_serial = model.serial();
+      }
+      PBestSearch &search = *kept;
       while (true) {
         const int64_t b = next.fetch_add(1);
         if (b >= batch) break;
