@@ -378,7 +378,8 @@ def _plots(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
                 ax.annotate(r["decoder"], (1, r["block_efficiency"]), fontsize=7)
         ax.set_xscale("log", base=2)
         ax.set(title=domain, xlabel="p (drafts verified per step)", ylabel="block efficiency")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     if drew:
         fig.tight_layout()
         fig.savefig(out_dir / "block_efficiency_vs_p.png", dpi=120)
