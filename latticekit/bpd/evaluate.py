@@ -238,6 +238,7 @@ def run_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM], promp
         ref = greedy_decode(model, prompt.ids, max_new_tokens + h, eos_token_id)
         reference = prompt.ids + ref.tokens
         cut = min(max_new_tokens, len(ref.tokens))
+        # Report the first max_new_tokens greedy steps; its wall time pro rata (one token per step).
         per["greedy"].append(Decoding(ref.config, prompt.ids, ref.tokens[:cut], ref.steps[:cut],
                                       ref.wall_s * cut / max(1, len(ref.steps))))
         for config in configs:

@@ -246,3 +246,41 @@ def test_bad_decode_arguments(lm: lk.NGramLM) -> None:
     with pytest.raises(lk.VocabularyError):
         decode(model, heads, [3, VOCAB + 5], vanilla, max_new_tokens=4)
     assert isinstance(DecoderConfigError("x"), ValueError) and isinstance(HeadsError("x"), ValueError)
+
+
+# -- the drafts are the ones the method promises --------------------------------------------
+
+
+def _prefixes(out: Any) -> list[list[int]]:
+    """The sequence before each step (prompt + everything emitted earlier)."""
+    seq, prefixes = list(out.prompt), []
+    for record in out.steps:
+        prefixes.append(list(seq))
+        seq += list(record.emitted)
+    return prefixes
+
+
+@pytest.mark.parametrize("spec", ["ngram:k=4,p=1,alpha=1", "ngram:k=4,p=8,alpha=0.5"])
+def test_ngram_drafts_are_the_p_best_paths(spec: str, lm: lk.NGramLM) -> None:
+    model, reference, heads = setup("llama")
+    config = DecoderConfig.parse(spec)
+    out = decode(model, heads, PROMPT, config, max_new_tokens=30, lms=lm)
+    for prefix, record in list(zip(_prefixes(out), out.steps))[1:]:
+        assert record.root_token == prefix[-1]
+        widths = np.full(H, config.k, dtype=np.int32)
+        widths[0] = 1
+        lattice = lk.SausageLattice(record.lattice_tokens, record.lattice_scores, widths)
+        paths = lk.pbest(lattice, lm, config.p, config.alpha, context=prefix[:-1])
+        assert record.drafts == [p.tokens[1:] for p in paths]
+        assert record.vanilla_draft == tuple(record.lattice_tokens[1:, 0])
+
+
+def test_oracle_accepts_the_longest_lattice_prefix() -> None:
+    model, reference, heads = setup("gpt2")
+    out = decode(model, heads, PROMPT, DecoderConfig("oracle", k=2), max_new_tokens=30, reference=reference)
+    for prefix, record in list(zip(_prefixes(out), out.steps))[1:]:
+        truth = reference[len(prefix): len(prefix) + H - 1]
+        longest = 0
+        while longest < len(truth) and truth[longest] in record.lattice_tokens[longest + 1]:
+            longest += 1
+        assert record.num_accepted == longest
