@@ -10,7 +10,7 @@ report (markdown + JSON, PNG figures with matplotlib) gives per domain:
 * repetition of vanilla vs rescored drafts (Table 3);
 * per-head entropy and h_max (Figure 3);
 * wins / ties / losses of rescored vs vanilla drafts (Table 5);
-* block efficiency against p (Figure 7).
+* block efficiency against p (Figure 7) and one real lattice with its accepted path (Figure 4).
 
 The model, heads, n-gram models and prompts are arguments, so a tiny random model serves as a
 smoke test (``--model tiny-llama --heads untrained:4``).
@@ -407,14 +407,60 @@ def _plots(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     return written
 
 
+def _draw_lattice(results: Mapping[str, Mapping[str, list[Decoding]]], tokenizer: Tokenizer, path: Path) -> bool:
+    """One real lattice (Figure 4): the step of a greedy n-gram decoder with the most accepted
+    tokens among those whose best draft differs from vanilla's; arcs best first, the accepted
+    path filled green, the vanilla arg-max path outlined red."""
+    import matplotlib.pyplot as plt
+
+    best = None
+    for per in results.values():
+        for runs in per.values():
+            if runs[0].config.method != "ngram" or runs[0].config.temperature > 0:
+                continue
+            for run in runs:
+                for step in run.steps:
+                    if step.drafts and step.drafts[0] != step.vanilla_draft and \
+                            (best is None or step.num_accepted > best[0].num_accepted):
+                        best = (step, runs[0].config.label)
+    if best is None:
+        return False
+    step, label = best
+    tokens, scores = step.lattice_tokens, step.lattice_scores
+    h, k = tokens.shape
+    rows = min(k, 6)
+    accepted = (step.root_token,) + tuple(step.emitted[: step.num_accepted])
+    vanilla = (step.root_token,) + step.vanilla_draft
+    fig, ax = plt.subplots(figsize=(1.3 * h + 1, 0.55 * rows + 1.2))
+    for j in range(h):
+        for r in range(rows if j else 1):
+            tok = int(tokens[j, r])
+            on_path = j < len(accepted) and accepted[j] == tok
+            ax.add_patch(plt.Rectangle((j - 0.45, -r - 0.4), 0.9, 0.8, fill=on_path, color="#8fd18f",
+                                       ec="red" if vanilla[j] == tok else "gray", lw=1.5 if vanilla[j] == tok else 0.5))
+            text = tokenizer.decode([tok]).replace("\n", "\\n")[:10]
+            ax.text(j, -r, f"{text!r}\n{scores[j, r]:.2f}", ha="center", va="center", fontsize=7)
+    ax.set_xlim(-0.6, h - 0.4)
+    ax.set_ylim(-rows + 0.4, 0.6)
+    ax.set_xticks(range(h), [f"head {j + 1}" for j in range(h)], fontsize=7)
+    ax.set_yticks([])
+    ax.set_title(f"{label}: {step.num_accepted} accepted (green), vanilla path outlined red", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def write_report(results: Mapping[str, Mapping[str, list[Decoding]]], out_dir: Any, meta: Mapping[str, Any],
-                 records: bool = False) -> dict[str, Any]:
+                 records: bool = False, tokenizer: Optional[Tokenizer] = None) -> dict[str, Any]:
     """Writes ``eval.md``, ``eval.json`` (and ``records.json`` with every step when asked) and
-    the figures into ``out_dir``; returns the summary."""
+    the figures into ``out_dir``; returns the summary. ``tokenizer`` spells the lattice drawing."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(results)
     figures = _plots(summary, out)
+    if figures and _draw_lattice(results, tokenizer or Tokenizer(), out / "lattice.png"):
+        figures.append("lattice.png")
     meta = dict(meta, figures=", ".join(figures) or "none (matplotlib missing or nothing to draw)")
     (out / "eval.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1) + "\n")
     (out / "eval.md").write_text(_markdown(summary, meta))
@@ -469,7 +515,7 @@ def main(args: Any) -> int:
         "device": args.device, "torch_threads": torch.get_num_threads(), "machine": machine(),
         "seconds": round(time.perf_counter() - start, 1),
     }
-    summary = write_report(results, args.out, meta, records=args.records)
+    summary = write_report(results, args.out, meta, records=args.records, tokenizer=tokenizer)
     for domain, block in summary.items():
         print(f"{domain}:")
         for r in block["decoders"]:
