@@ -1,4 +1,4 @@
-"""The ``latticekit`` command line: ``demo`` and the ``lm`` model-building tools."""
+"""The ``latticekit`` command line: ``demo``, the ``lm`` model-building tools and ``eval``."""
 
 from __future__ import annotations
 
@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     from latticekit.lm.cli import add_subparsers
 
     add_subparsers(lm)
+
+    from latticekit.bpd.evaluate import add_parser as add_eval_parser
+
+    add_eval_parser(sub)
     return parser
 
 
@@ -46,6 +50,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             run_demo(lattices=args.lattices, h=args.h, k=args.k, p=args.p, alpha=args.alpha,
                      seed=args.seed, as_json=args.json)
             return 0
+        if args.command == "eval":
+            return int(args.eval_func(args) or 0)
         return int(args.lm_func(args) or 0)
     except (LatticeKitError, OSError) as exc:
         print(f"latticekit: error: {exc}", file=sys.stderr)
