@@ -53,6 +53,9 @@ def training_files(manifest: str):
         held = set(domain["heldout_files"])
         files = sorted(glob.glob(os.path.join(root, "**", domain["pattern"]), recursive=True))
         rel = [os.path.relpath(p, root) for p in files]
+        # The heads' file list: third-party packages are not part of the corpus (and some
+        # vendor copies of standard-library files that are held out).
+        rel = [r for r in rel if "site-packages" not in r.split(os.sep) and os.path.isfile(os.path.join(root, r))]
         yield name, [os.path.join(root, r) for r in rel if r not in held], len(held)
 
 
