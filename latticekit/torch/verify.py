@@ -303,13 +303,14 @@ def tree_pass_inputs(
         node i the cache, the root, its ancestors and itself.
     """
     prefix_len, n, device = prefix_ids.shape[0], tree.num_nodes, node_tokens.device
-    visible = np.zeros((n + 1, prefix_len + n), dtype=bool)
-    visible[:, :prefix_len] = True
-    visible[1:, prefix_len:] = tree.ancestors()
-    positions = np.concatenate([[prefix_len - 1], tree.depths + prefix_len])
+    block = tree.pass_mask_block(mask_dtype, device)  # cached per tree
+    _, offsets = tree.pass_arrays(device)
+    mask = torch.empty((1, 1, n + 1, prefix_len + n), dtype=mask_dtype, device=device)
+    mask[0, 0].narrow(1, 0, prefix_len).fill_(True if mask_dtype == torch.bool else 0)
+    mask[0, 0].narrow(1, prefix_len, n).copy_(block)
     input_ids = torch.cat([prefix_ids[-1:], node_tokens])[None]
-    position_ids = torch.from_numpy(positions).to(device)[None]
-    return input_ids, position_ids, mask_from_visibility(visible, mask_dtype, device)
+    position_ids = (offsets + prefix_len)[None]
+    return input_ids, position_ids, mask
 
 
 def _prepare(
@@ -331,7 +332,7 @@ def _tree_forward(target: _Target, past_key_values: Any, ids: torch.Tensor, tree
             f"the drafts hold id {int(tree.tokens.max())}, outside the model's vocabulary "
             f"0..{target.vocab_size - 1}"
         )
-    node_tokens = torch.from_numpy(tree.tokens).to(target.device)
+    node_tokens, _ = tree.pass_arrays(target.device)
     target.check_cache(past_key_values)
     prefix_len = ids.shape[0]
     held = cache_length(past_key_values)
