@@ -126,7 +126,12 @@ class _Target:
         if self.is_hf:
             from transformers import DynamicCache
 
-            return DynamicCache(config=self.model.config)
+            from latticekit.torch.slab import SlabCache
+
+            try:
+                return SlabCache(self.model.config)
+            except CacheError:  # sliding-window, linear or shared-KV layers
+                return DynamicCache(config=self.model.config)
         return KVCache()
 
     def check_cache(self, cache: Any) -> None:
