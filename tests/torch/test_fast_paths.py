@@ -188,3 +188,13 @@ def test_plain_decoder_reference_still_uses_dynamic_cache() -> None:
     # The losslessness tests compare against this: it must stay the ordinary HF cache.
     assert type(PlainDecoder(tiny_llama()).cache) is DynamicCache
     assert VOCAB == 64
+
+
+def test_lazy_row_argmax_equals_the_batched_argmax() -> None:
+    from latticekit.torch.verify import _argmax_rows
+
+    logits = torch.randn(20, 300, generator=torch.Generator().manual_seed(1))
+    logits[3, [7, 9]] = 50.0  # a tie: the first index wins in both
+    lazy = _argmax_rows(logits)
+    assert [lazy[i] for i in range(20)] == logits.argmax(dim=-1).tolist()
+    assert lazy[3] == 7
