@@ -130,11 +130,18 @@ def token_lm(tokenizer: Any, lm_path: Optional[str]) -> tuple[latticekit.NGramLM
             model = build_katz(arrays, 4, vocab_size=len(tokenizer))
             write_model_arpa(lm_path + ".tmp", model)
             os.replace(lm_path + ".tmp", lm_path)
-            print(f"built {lm_path}: {len(arrays)} files, {sum(map(len, arrays))} tokens, "
-                  f"{time.perf_counter() - start:.1f} s", flush=True)
+            built = {"files": len(arrays), "tokens": int(sum(map(len, arrays))),
+                     "build_s": round(time.perf_counter() - start, 1)}
+            with open(lm_path + ".json", "w") as f:
+                json.dump(built, f)
+            print(f"built {lm_path}: {built}", flush=True)
     start = time.perf_counter()
     lm = latticekit.NGramLM.from_arpa(lm_path)
-    return lm, {"path": lm_path, "counts": list(lm.counts), "load_s": time.perf_counter() - start}
+    info = {"path": lm_path, "counts": list(lm.counts), "load_s": time.perf_counter() - start}
+    if os.path.exists(lm_path + ".json"):
+        with open(lm_path + ".json") as f:
+            info["built"] = json.load(f)
+    return lm, info
 
 
 def prompts(tokenizer: Any, prefix_tokens: int) -> list[tuple[str, np.ndarray]]:

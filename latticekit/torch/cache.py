@@ -12,7 +12,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from latticekit.torch.errors import CacheError
