@@ -198,3 +198,14 @@ def test_lazy_row_argmax_equals_the_batched_argmax() -> None:
     lazy = _argmax_rows(logits)
     assert [lazy[i] for i in range(20)] == logits.argmax(dim=-1).tolist()
     assert lazy[3] == 7
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_hf_generate_with_a_slab_cache_equals_plain_generate(arch: str) -> None:
+    """prefill() hands out SlabCaches: HF's own greedy and beam search must work on them."""
+    model = tiny_llama() if arch == "llama" else tiny_gpt2()
+    ids = torch.tensor([[3, 17, 42, 8, 25]])
+    for kwargs in ({"max_new_tokens": 12}, {"max_new_tokens": 6, "num_beams": 3}):
+        mine = model.generate(ids, do_sample=False, past_key_values=SlabCache(model.config), pad_token_id=0, **kwargs)
+        plain = model.generate(ids, do_sample=False, pad_token_id=0, **kwargs)
+        assert mine.tolist() == plain.tolist()
