@@ -41,8 +41,9 @@ class _Slab:
         self.keys = keys.new_empty((self.num_layers, b, h, cap, dk))
         self.values = values.new_empty((self.num_layers, b, values.shape[1], cap, values.shape[-1]))
 
-    def grow(self, needed: int, used: int) -> None:
-        """Reallocates to hold ``needed`` positions (1.5x growth), keeping ``used`` of each layer."""
+    def grow(self, needed: int) -> None:
+        """Reallocates to hold ``needed`` positions (1.5x growth), keeping every layer's entries."""
+        used = max(self.lengths)
         cap = max(needed, self.capacity * 3 // 2)
         cap = -(-cap // _SLAB_ROUND) * _SLAB_ROUND
         for name in ("keys", "values"):
@@ -124,7 +125,7 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc, valid-type]
                 "layers differ in shape"
             )
         if end > slab.capacity:
-            slab.grow(end, start)
+            slab.grow(end)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         keys = slab.keys[self._index]
