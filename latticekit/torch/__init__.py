@@ -47,6 +47,7 @@ __all__ = [
     "VerifyResult",
     "AcceptanceRule",
     "KVCache",
+    "SlabCache",
     "commit_accepted",
     "TreeVerifiableModule",
     "target_probs",
@@ -59,3 +60,11 @@ __all__ = [
     "DeviceMismatchError",
     "UnsupportedModelError",
 ]
+
+
+def __getattr__(name: str):  # SlabCache imports transformers, so it loads on first use
+    if name == "SlabCache":
+        from latticekit.torch.slab import SlabCache
+
+        return SlabCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

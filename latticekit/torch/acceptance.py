@@ -125,7 +125,8 @@ def greedy_accept(tree: DraftTree, argmax_tokens: Sequence[int]) -> AcceptedPath
     Args:
         tree: the drafts.
         argmax_tokens: ``num_nodes + 1`` ids: the target's arg-max at the root (index 0) and at
-            each node (index ``i + 1`` for node ``i``).
+            each node (index ``i + 1`` for node ``i``); anything indexable works, and only the
+            rows on the accepted path and the bonus row are read.
 
     Returns:
         The accepted path and the arg-max at its last node (the bonus token).

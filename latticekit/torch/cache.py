@@ -8,15 +8,15 @@ rejected nodes never leak into later steps.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from latticekit.torch.errors import CacheError
 
-__all__ = ["KVCache", "cache_length", "cache_device", "check_committable", "commit_accepted"]
+__all__ = ["KVCache", "slab_cache_class", "cache_length", "cache_device", "check_committable", "commit_accepted"]
 
 
 class KVCache:
@@ -67,6 +67,28 @@ class KVCache:
         return f"KVCache(layers={len(self.keys)}, seq_length={self.get_seq_length()})"
 
 
+def slab_cache_class() -> Optional[type]:
+    """``latticekit.torch.slab.SlabCache`` if that module was imported (it imports transformers)."""
+    module = sys.modules.get("latticekit.torch.slab")
+    return None if module is None else module.SlabCache
+
+
+def _slab_of(cache: Any) -> Any:
+    """The slab of a :class:`SlabCache` whose layers are all its own, None for other caches."""
+    slab_cls = slab_cache_class()
+    if slab_cls is None or not isinstance(cache, slab_cls):
+        return None
+    if cache.layers != cache._own_layers:  # identity comparison, element by element
+        for layer in cache.layers:
+            if layer not in cache._own_layers:
+                raise CacheError(
+                    f"unsupported cache layer {type(layer).__name__} in a SlabCache: only its own "
+                    "SlabLayers can be committed"
+                )
+        raise CacheError("the layers of this SlabCache were reordered; it cannot be committed")
+    return cache._slab
+
+
 def _hf_layers(cache: Any) -> list[Any]:
     """The layers of an HF cache whose entries can be gathered, or a CacheError."""
     try:
@@ -76,8 +98,8 @@ def _hf_layers(cache: Any) -> list[Any]:
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise CacheError(
-            f"unsupported cache {type(cache).__name__}: expected transformers.DynamicCache "
-            "or latticekit.torch.KVCache"
+            f"unsupported cache {type(cache).__name__}: expected transformers.DynamicCache, "
+            "latticekit.torch.SlabCache or latticekit.torch.KVCache"
         )
     for layer in layers:
         # Subclasses (sliding window, quantised, indexed) keep extra state that a gather
@@ -87,7 +109,7 @@ def _hf_layers(cache: Any) -> list[Any]:
                 f"unsupported cache layer {type(layer).__name__}: only full-attention "
                 "DynamicCache layers can be committed"
             )
-    return list(layers)
+    return layers
 
 
 def check_committable(cache: Any) -> None:
@@ -95,7 +117,7 @@ def check_committable(cache: Any) -> None:
 
     Called before a tree pass, so an unsupported cache fails before it is written to.
     """
-    if not isinstance(cache, KVCache):
+    if not isinstance(cache, KVCache) and _slab_of(cache) is None:
         _hf_layers(cache)
 
 
@@ -120,22 +142,27 @@ def cache_device(cache: Any) -> Optional[torch.device]:
     return None
 
 
-def _keep(tensor: torch.Tensor, prefix_len: int, src: Optional[torch.Tensor], kept: int) -> torch.Tensor:
-    """Moves rows ``src`` (absolute positions) to ``prefix_len..`` in place and truncates."""
-    if src is not None:
-        tensor[..., prefix_len:kept, :] = tensor[..., src, :]
-    return tensor[..., :kept, :]
+def _move_rows(tensor: torch.Tensor, dst: int, src_start: int, count: int, src: Optional[torch.Tensor]) -> None:
+    """Copies ``count`` rows (dim -2) to ``dst..``, from ``src`` (an index) or ``src_start..``."""
+    rows = tensor.index_select(-2, src) if src is not None else tensor.narrow(-2, src_start, count)
+    tensor.narrow(-2, dst, count).copy_(rows)
 
 
 def commit_accepted(cache: Any, prefix_len: int, num_nodes: int, accepted_nodes: Sequence[int]) -> None:
     """Keeps the prefix and the accepted nodes' entries; drops every other tree node, in place.
 
+    Accepted nodes already in their final slots (a leading run ``0, 1, ..., j - 1``, e.g. any
+    prefix of draft 0, the best p-best path) are not touched; the rest are moved right after
+    them, and the cache is truncated. A :class:`SlabCache` moves the rows of all layers with
+    one copy per tensor (two in all) and truncates by setting lengths; other caches take one
+    or two indexing operations per layer tensor.
+
     Args:
-        cache: a :class:`KVCache` or an HF ``DynamicCache`` holding ``prefix_len + num_nodes``
-            positions: the prefix, then one per tree node in node order.
+        cache: a :class:`KVCache`, a :class:`SlabCache` or an HF ``DynamicCache`` holding
+            ``prefix_len + num_nodes`` positions: the prefix, then one per tree node in node order.
         prefix_len: positions before the tree.
         num_nodes: tree nodes in the cache.
-        accepted_nodes: accepted node indices, root's child first.
+        accepted_nodes: accepted node indices, root's child first (increasing, as on any path).
 
     Raises:
         CacheError: the cache kind is unsupported or does not hold ``prefix_len + num_nodes``.
@@ -143,18 +170,38 @@ def commit_accepted(cache: Any, prefix_len: int, num_nodes: int, accepted_nodes:
     held = cache_length(cache)
     if held != prefix_len + num_nodes:
         raise CacheError(f"cache holds {held} positions, expected prefix {prefix_len} + tree {num_nodes}")
-    nodes = np.asarray(accepted_nodes, dtype=np.int64)
-    kept = prefix_len + nodes.shape[0]
+    nodes = [int(n) for n in accepted_nodes]
+    count = len(nodes)
+    kept = prefix_len + count
+    in_place = 0
+    while in_place < count and nodes[in_place] == in_place:
+        in_place += 1
+    move = count - in_place
+    dst = prefix_len + in_place
+    src_start = prefix_len + nodes[in_place] if move else 0
     src: Optional[torch.Tensor] = None
-    if not np.array_equal(nodes, np.arange(nodes.shape[0])):
-        # Accepted entries are not already in place: gather them (one indexing op per tensor).
-        src = torch.from_numpy(nodes + prefix_len).to(cache_device(cache))
+    if move and (nodes[-1] - nodes[in_place] != move - 1 or src_start - dst < move):
+        # Not one run of rows clear of its destination: gather through an index.
+        src = torch.tensor(nodes[in_place:], dtype=torch.long).add_(prefix_len).to(cache_device(cache))
+
+    slab = _slab_of(cache)
+    if slab is not None:
+        if move:
+            for tensor in (slab.keys, slab.values):
+                _move_rows(tensor, dst, src_start, move, src)
+        cache._set_lengths(kept)
+        return
     if isinstance(cache, KVCache):
         for store in (cache.keys, cache.values):
             for i, tensor in enumerate(store):
-                store[i] = _keep(tensor, prefix_len, src, kept)
+                if move:
+                    _move_rows(tensor, dst, src_start, move, src)
+                store[i] = tensor.narrow(-2, 0, kept)
         return
     for layer in _hf_layers(cache):
         if layer.is_initialized:
-            layer.keys = _keep(layer.keys, prefix_len, src, kept)
-            layer.values = _keep(layer.values, prefix_len, src, kept)
+            if move:
+                _move_rows(layer.keys, dst, src_start, move, src)
+                _move_rows(layer.values, dst, src_start, move, src)
+            layer.keys = layer.keys.narrow(-2, 0, kept)
+            layer.values = layer.values.narrow(-2, 0, kept)

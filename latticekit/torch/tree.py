@@ -24,8 +24,12 @@ ROOT = -1
 DraftsLike = Union[torch.Tensor, np.ndarray, Sequence[Sequence[int]]]
 
 
-def _draft_rows(drafts: DraftsLike, lengths: Optional[Sequence[int]]) -> list[list[int]]:
-    """Reads drafts of any accepted kind into plain Python lists of ids, validating them."""
+def _draft_array(drafts: DraftsLike, lengths: Optional[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Reads drafts of any accepted kind into a padded int64 `(p, h)` array and their lengths.
+
+    Tensors and arrays are checked with a few vectorised operations; sequences (possibly
+    ragged) are checked token by token. Entries past a draft's length are -1.
+    """
     if isinstance(drafts, torch.Tensor):
         if drafts.is_floating_point() or drafts.is_complex() or drafts.dtype == torch.bool:
             raise DraftError(f"drafts must hold integer token ids, got dtype {drafts.dtype}")
@@ -33,13 +37,13 @@ def _draft_rows(drafts: DraftsLike, lengths: Optional[Sequence[int]]) -> list[li
             raise DraftError(f"drafts must be 2-D (p, h), got shape {tuple(drafts.shape)}")
         if drafts.device.type == "meta":
             raise DraftError("drafts live on the meta device and hold no ids")
-        rows: list[list[int]] = drafts.tolist()
+        array = drafts.detach().to("cpu", torch.int64).numpy()
     elif isinstance(drafts, np.ndarray):
         if drafts.dtype.kind not in "iu":
             raise DraftError(f"drafts must hold integer token ids, got dtype {drafts.dtype}")
         if drafts.ndim != 2:
             raise DraftError(f"drafts must be 2-D (p, h), got shape {drafts.shape}")
-        rows = drafts.tolist()
+        array = drafts.astype(np.int64, copy=False)
     else:
         try:
             rows = [list(row) for row in drafts]
@@ -49,25 +53,59 @@ def _draft_rows(drafts: DraftsLike, lengths: Optional[Sequence[int]]) -> list[li
             for tok in row:
                 if isinstance(tok, (bool, np.bool_)) or not isinstance(tok, (int, np.integer)):
                     raise DraftError(f"draft tokens must be integer ids, got {tok!r}")
-        rows = [[int(tok) for tok in row] for row in rows]
+        if not rows:
+            raise DraftError("no drafts: need at least one draft of at least one token")
+        row_lengths = [len(row) for row in rows]
+        array = np.full((len(rows), max(row_lengths)), -1, dtype=np.int64)
+        for i, row in enumerate(rows):
+            array[i, : len(row)] = row
+        if lengths is None:
+            lengths = row_lengths
+        else:
+            lengths = list(lengths)
+            if len(lengths) == len(rows):
+                for i, n in enumerate(lengths):
+                    if not 0 <= n <= row_lengths[i]:
+                        raise DraftError(f"length {n} of draft {i} is outside 0..{row_lengths[i]}")
 
-    if lengths is not None:
-        lengths = list(lengths)
-        if len(lengths) != len(rows):
-            raise DraftError(f"got {len(lengths)} lengths for {len(rows)} drafts")
-        for i, n in enumerate(lengths):
-            if not 0 <= n <= len(rows[i]):
-                raise DraftError(f"length {n} of draft {i} is outside 0..{len(rows[i])}")
-        rows = [row[:n] for row, n in zip(rows, lengths)]
-
-    if not rows:
+    if array.shape[0] == 0:
         raise DraftError("no drafts: need at least one draft of at least one token")
-    for i, row in enumerate(rows):
-        if not row:
-            raise DraftError(f"draft {i} is empty: every draft needs at least one token")
-        if min(row) < 0:
-            raise DraftError(f"draft {i} holds a negative token id {min(row)}")
-    return rows
+    p, h = array.shape
+    if lengths is None:
+        lens = np.full(p, h, dtype=np.int64)
+    else:
+        lens = np.asarray(list(lengths), dtype=np.int64).reshape(-1)
+        if lens.shape[0] != p:
+            raise DraftError(f"got {lens.shape[0]} lengths for {p} drafts")
+        bad = np.flatnonzero((lens < 0) | (lens > h))
+        if bad.size:
+            raise DraftError(f"length {int(lens[bad[0]])} of draft {int(bad[0])} is outside 0..{h}")
+    empty = np.flatnonzero(lens == 0)
+    if empty.size:
+        raise DraftError(f"draft {int(empty[0])} is empty: every draft needs at least one token")
+    inside = np.arange(h) < lens[:, None]
+    if not inside.all():
+        array = np.where(inside, array, -1)
+    negative = (array < 0) & inside
+    if negative.any():
+        d = int(np.flatnonzero(negative.any(axis=1))[0])
+        raise DraftError(f"draft {d} holds a negative token id {int(array[d][inside[d]].min())}")
+    return array, lens
+
+
+_TRIL: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _tril_indices(h: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.tril_indices(h)``, cached (it costs more than the scatter it feeds)."""
+    if h not in _TRIL:
+        _TRIL[h] = np.tril_indices(h)
+    return _TRIL[h]
+
+
+# Above this many drafts the all-pairs prefix comparison of the vectorised build (p * p * h
+# booleans) costs more than walking the trie in Python.
+_VECTOR_BUILD_MAX_DRAFTS = 256
 
 
 class DraftTree:
@@ -142,15 +180,26 @@ class DraftTree:
         depths: np.ndarray,
         draft_nodes: np.ndarray,
         draft_lengths: np.ndarray,
-        child: dict[tuple[int, int], int],
+        child: Optional[dict[tuple[int, int], int]],
     ) -> None:
         self.tokens = tokens
         self.parents = parents
         self.depths = depths
         self.draft_nodes = draft_nodes
         self.draft_lengths = draft_lengths
-        self._child = child
+        self._child_map = child
         self._ancestors: Optional[np.ndarray] = None
+        # Per-tree caches of what a tree pass needs, keyed by (dtype, device).
+        self._pass_blocks: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        self._device_arrays: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def _child(self) -> dict[tuple[int, int], int]:
+        """(parent, token) -> node, built on first use."""
+        if self._child_map is None:
+            keys = zip(self.parents.tolist(), self.tokens.tolist())
+            self._child_map = dict(zip(keys, range(self.num_nodes)))
+        return self._child_map
 
     @classmethod
     def from_drafts(cls, drafts: DraftsLike, lengths: Optional[Sequence[int]] = None) -> "DraftTree":
@@ -168,16 +217,60 @@ class DraftTree:
         Raises:
             DraftError: no drafts, an empty draft, non-integer or negative ids, wrong rank.
         """
-        rows = _draft_rows(drafts, lengths)
+        array, lens = _draft_array(drafts, lengths)
+        if array.shape[0] <= _VECTOR_BUILD_MAX_DRAFTS:
+            return cls._build_vectorised(array, lens)
+        return cls._build_walk(array, lens)
+
+    @classmethod
+    def _build_vectorised(cls, array: np.ndarray, lens: np.ndarray) -> "DraftTree":
+        """Trie of a padded `(p, h)` array by comparing all pairs of drafts' prefixes at once.
+
+        Token ``j`` of draft ``d`` opens a new node exactly when no earlier draft shares the
+        prefix ``0..j`` with it; numbering the new (d, j) cells row-major gives first-insertion
+        order, and every other cell takes the node of the first draft sharing its prefix.
+        """
+        p, h = array.shape
+        padded = bool(lens.min() < h)
+        same = array[:, None, :] == array[None, :, :]
+        if padded:
+            inside = array >= 0
+            same &= inside[None, :, :]
+        np.logical_and.accumulate(same, axis=2, out=same)
+        first = same.argmax(axis=0)  # (p, h): the first draft sharing draft d's prefix 0..j
+        is_new = first == np.arange(p)[:, None]
+        if padded:
+            is_new &= inside
+        numbered = np.cumsum(is_new.ravel()).reshape(p, h) - 1
+        draft_nodes = numbered[first, np.arange(h)]
+        if padded:
+            draft_nodes = np.where(inside, draft_nodes, -1)
+        parent_grid = np.empty_like(draft_nodes)
+        parent_grid[:, 0] = ROOT
+        parent_grid[:, 1:] = draft_nodes[:, :-1]
+        tree = cls.__new__(cls)
+        tree._set(
+            array[is_new],
+            parent_grid[is_new],
+            np.nonzero(is_new)[1].astype(np.int64),
+            draft_nodes[:, : int(lens.max())],
+            lens,
+            None,
+        )
+        return tree
+
+    @classmethod
+    def _build_walk(cls, array: np.ndarray, lens: np.ndarray) -> "DraftTree":
+        """Trie of a padded `(p, h)` array by walking it draft by draft (for very many drafts)."""
         child: dict[tuple[int, int], int] = {}
         tokens: list[int] = []
         parents: list[int] = []
         depths: list[int] = []
-        max_len = max(len(row) for row in rows)
-        draft_nodes = np.full((len(rows), max_len), -1, dtype=np.int64)
-        for d, row in enumerate(rows):
+        max_len = int(lens.max())
+        draft_nodes = np.full((array.shape[0], max_len), -1, dtype=np.int64)
+        for d, (row, n) in enumerate(zip(array.tolist(), lens.tolist())):
             node = ROOT
-            for j, tok in enumerate(row):
+            for j, tok in enumerate(row[:n]):
                 nxt = child.get((node, tok))
                 if nxt is None:
                     nxt = child[node, tok] = len(tokens)
@@ -192,7 +285,7 @@ class DraftTree:
             np.array(parents, dtype=np.int64),
             np.array(depths, dtype=np.int64),
             draft_nodes,
-            np.array([len(row) for row in rows], dtype=np.int64),
+            lens,
             child,
         )
         return tree
@@ -254,11 +347,14 @@ class DraftTree:
         if self._ancestors is None:
             # Every node lies on a draft, and along a draft node j's ancestors are nodes 0..j:
             # one scatter over all (draft, j, i <= j) triples.
-            later, earlier = np.tril_indices(self.draft_nodes.shape[1])
+            later, earlier = _tril_indices(self.draft_nodes.shape[1])
             rows, cols = self.draft_nodes[:, later], self.draft_nodes[:, earlier]
-            valid = rows >= 0
             anc = np.zeros((self.num_nodes, self.num_nodes), dtype=bool)
-            anc[rows[valid], cols[valid]] = True
+            if bool(self.draft_lengths.min() == self.draft_nodes.shape[1]):
+                anc[rows, cols] = True  # no padding
+            else:
+                valid = rows >= 0
+                anc[rows[valid], cols[valid]] = True
             self._ancestors = anc
         return self._ancestors
 
@@ -299,6 +395,48 @@ class DraftTree:
             raise DraftError(f"prefix_len must be >= 0, got {prefix_len}")
         return torch.from_numpy(self.depths + prefix_len).to(device).unsqueeze(0)
 
+    def pass_arrays(self, device: Union[str, torch.device, None] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The node tokens and the pass's position offsets on ``device``, cached per tree.
+
+        Returns:
+            ``tokens`` (`torch.LongTensor` of shape `(num_nodes,)`) and ``offsets``
+            (`torch.LongTensor` of shape `(num_nodes + 1,)`): -1 for the root, then each node's
+            depth; the positions of a pass over a prefix of length L are ``L + offsets``.
+        """
+        device = torch.device("cpu") if device is None else torch.device(device)
+        arrays = self._device_arrays.get(device)
+        if arrays is None:
+            offsets = np.empty(self.num_nodes + 1, dtype=np.int64)
+            offsets[0] = -1
+            offsets[1:] = self.depths
+            arrays = (torch.from_numpy(self.tokens).to(device), torch.from_numpy(offsets).to(device))
+            self._device_arrays[device] = arrays
+        return arrays
+
+    def pass_mask_block(self, dtype: torch.dtype, device: Union[str, torch.device, None] = None) -> torch.Tensor:
+        """The tree part of a pass's mask (root row, then node rows), cached per tree.
+
+        Args:
+            dtype: ``torch.bool`` (True = may attend) or a floating dtype (additive: 0 where
+                visible, the dtype's most negative finite value elsewhere).
+            device: device of the result.
+
+        Returns:
+            `torch.Tensor` of shape `(num_nodes + 1, num_nodes)`: row 0 (the root) sees no node,
+            row ``i + 1`` sees node ``i``'s ancestors and itself.
+
+        Raises:
+            DraftError: ``dtype`` is neither bool nor floating.
+        """
+        device = torch.device("cpu") if device is None else torch.device(device)
+        block = self._pass_blocks.get((dtype, device))
+        if block is None:
+            visible = np.zeros((self.num_nodes + 1, self.num_nodes), dtype=bool)
+            visible[1:] = self.ancestors()
+            block = mask_from_visibility(visible, dtype, device)[0, 0]
+            self._pass_blocks[dtype, device] = block
+        return block
+
     def __repr__(self) -> str:
         return (
             f"DraftTree(num_drafts={self.num_drafts}, num_nodes={self.num_nodes}, "
@@ -322,10 +460,11 @@ def mask_from_visibility(
     Raises:
         DraftError: ``dtype`` is neither bool nor floating.
     """
-    mask = torch.from_numpy(visible).to(device)[None, None]
     if dtype == torch.bool:
-        return mask
+        return torch.from_numpy(visible).to(device)[None, None]
     if not dtype.is_floating_point:
         raise DraftError(f"mask dtype must be torch.bool or floating, got {dtype}")
-    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return additive.masked_fill_(~mask, torch.finfo(dtype).min)
+    # Built on the host in a dtype that holds finfo(dtype).min exactly, converted in one copy.
+    host = np.float64 if dtype == torch.float64 else np.float32
+    additive = np.where(visible, host(0), host(torch.finfo(dtype).min))
+    return torch.from_numpy(additive).to(device=device, dtype=dtype)[None, None]

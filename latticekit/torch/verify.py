@@ -126,7 +126,12 @@ class _Target:
         if self.is_hf:
             from transformers import DynamicCache
 
-            return DynamicCache(config=self.model.config)
+            from latticekit.torch.slab import SlabCache
+
+            try:
+                return SlabCache(self.model.config)
+            except CacheError:  # sliding-window, linear or shared-KV layers
+                return DynamicCache(config=self.model.config)
         return KVCache()
 
     def check_cache(self, cache: Any) -> None:
@@ -303,13 +308,14 @@ def tree_pass_inputs(
         node i the cache, the root, its ancestors and itself.
     """
     prefix_len, n, device = prefix_ids.shape[0], tree.num_nodes, node_tokens.device
-    visible = np.zeros((n + 1, prefix_len + n), dtype=bool)
-    visible[:, :prefix_len] = True
-    visible[1:, prefix_len:] = tree.ancestors()
-    positions = np.concatenate([[prefix_len - 1], tree.depths + prefix_len])
+    block = tree.pass_mask_block(mask_dtype, device)  # cached per tree
+    _, offsets = tree.pass_arrays(device)
+    mask = torch.empty((1, 1, n + 1, prefix_len + n), dtype=mask_dtype, device=device)
+    mask[0, 0].narrow(1, 0, prefix_len).fill_(True if mask_dtype == torch.bool else 0)
+    mask[0, 0].narrow(1, prefix_len, n).copy_(block)
     input_ids = torch.cat([prefix_ids[-1:], node_tokens])[None]
-    position_ids = torch.from_numpy(positions).to(device)[None]
-    return input_ids, position_ids, mask_from_visibility(visible, mask_dtype, device)
+    position_ids = (offsets + prefix_len)[None]
+    return input_ids, position_ids, mask
 
 
 def _prepare(
@@ -331,7 +337,7 @@ def _tree_forward(target: _Target, past_key_values: Any, ids: torch.Tensor, tree
             f"the drafts hold id {int(tree.tokens.max())}, outside the model's vocabulary "
             f"0..{target.vocab_size - 1}"
         )
-    node_tokens = torch.from_numpy(tree.tokens).to(target.device)
+    node_tokens, _ = tree.pass_arrays(target.device)
     target.check_cache(past_key_values)
     prefix_len = ids.shape[0]
     held = cache_length(past_key_values)
@@ -374,6 +380,32 @@ def tree_forward(
     """
     target, ids = _prepare(model, prefix_ids, tree)
     return _tree_forward(target, past_key_values, ids, tree)
+
+
+class _LazyRowArgmax:
+    """``logits.argmax(-1)`` computed row by row on demand (the greedy walk reads <= h + 1 rows).
+
+    On the CPU the arg-max of every node's row costs more than the rest of the adapter (p = 16:
+    ~70 rows of a 49k vocabulary); the walk only needs the rows on the accepted path. Each
+    row's arg-max is the same as in the batched call (exact maximum, first index on ties).
+    """
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+        self.rows: dict[int, int] = {}
+
+    def __getitem__(self, row: int) -> int:
+        token = self.rows.get(row)
+        if token is None:
+            token = self.rows[row] = int(self.logits[row].argmax())
+        return token
+
+
+def _argmax_rows(logits: torch.Tensor) -> Union[list[int], _LazyRowArgmax]:
+    """Arg-max per row for the greedy walk: lazily on the CPU, in one call (one sync) elsewhere."""
+    if logits.device.type == "cpu":
+        return _LazyRowArgmax(logits)
+    return logits.argmax(dim=-1).tolist()
 
 
 @torch.no_grad()
@@ -425,7 +457,7 @@ def verify(
     logits = out.logits
 
     if rule == "greedy":
-        path = greedy_accept(tree, logits.argmax(dim=-1).tolist())
+        path = greedy_accept(tree, _argmax_rows(logits))
     elif rule == "sampling":
         path = tree_sampling_accept(tree, lambda row: target_probs(logits[row], temperature, top_p), generator)
     else:

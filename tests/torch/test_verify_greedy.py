@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import torch
 
+from transformers import DynamicCache
+
 from latticekit.torch import DraftTree, KVCache, prefill, tree_forward, verify
 from lk_torch_helpers import (
     VOCAB,
@@ -75,7 +77,7 @@ def make_drafts(kind: str, p: int, ref: list[int], ref_logits: torch.Tensor, n: 
 
 
 def speculative_greedy(model: Any, kind: str, p: int, ref: list[int], ref_logits: torch.Tensor,
-                       seed: int = 0) -> tuple[list[int], list[int], Any]:
+                       seed: int = 0, cache: Any = None) -> tuple[list[int], list[int], Any]:
     """Decodes NEW_TOKENS tokens by tree verification.
 
     Returns:
@@ -84,7 +86,7 @@ def speculative_greedy(model: Any, kind: str, p: int, ref: list[int], ref_logits
     """
     rng = np.random.default_rng(seed)
     ids = torch.tensor(PROMPT)
-    cache = prefill(model, ids)
+    cache = prefill(model, ids, past_key_values=cache)
     accepted = []
     while ids.shape[0] < len(PROMPT) + NEW_TOKENS:
         drafts = make_drafts(kind, p, ref, ref_logits, ids.shape[0], rng)
@@ -144,11 +146,24 @@ def test_greedy_lossless_protocol_module(kind: str) -> None:
     assert ids == ref[: len(ids)]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "protocol"])
-def test_commit_leaves_exactly_the_plain_cache(arch: str) -> None:
-    """After many steps the cache equals a plain prefill of the sequence: nothing rejected leaks."""
+@pytest.mark.parametrize(
+    "arch, cache_kind",
+    [("llama", "slab"), ("llama", "dynamic"), ("gpt2", "slab"), ("gpt2", "dynamic"), ("protocol", "kv")],
+)
+def test_commit_leaves_exactly_the_plain_cache(arch: str, cache_kind: str, monkeypatch: Any) -> None:
+    """After many steps the cache equals a plain prefill of the sequence: nothing rejected leaks.
+
+    ``prefill`` gives HF models a SlabCache; a plain DynamicCache is committed per layer tensor.
+    The slab is made to grow every few steps (capacity rounded to 8 positions instead of 256).
+    """
+    import latticekit.torch.slab as slab
+
+    monkeypatch.setattr(slab, "_SLAB_ROUND", 8)
     model, ref, ref_logits = model_and_reference(arch, torch.float32)
-    ids, accepted, cache = speculative_greedy(model, "pbest", 16, ref, ref_logits, seed=3)
+    given = DynamicCache(config=model.config) if cache_kind == "dynamic" else None
+    ids, accepted, cache = speculative_greedy(model, "pbest", 16, ref, ref_logits, seed=3, cache=given)
+    expected_type = {"slab": slab.SlabCache, "dynamic": DynamicCache, "kv": KVCache}[cache_kind]
+    assert type(cache) is expected_type
     assert any(0 < abs(a) < H for a in accepted), accepted  # partial acceptance happened
     assert any(a < 0 for a in accepted), accepted  # some commits gathered non-contiguous nodes
     dec = PlainDecoder(model)
