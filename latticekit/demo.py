@@ -18,6 +18,7 @@ from typing import List, Sequence
 
 import numpy as np
 
+from latticekit.bpd.analysis import accepted_length
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 from latticekit.search import pbest
@@ -63,15 +64,6 @@ def realistic_lattice(truth: Sequence[int], k: int, candidates: np.ndarray, prob
     return SausageLattice(np.take_along_axis(tokens, perm, 1), np.take_along_axis(scores, perm, 1).astype(np.float32))
 
 
-def _accepted(draft, truth) -> int:
-    n = 0
-    for a, b in zip(draft, truth):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
 def run_demo(lattices: int = 200, h: int = 8, k: int = 8, p: int = 4, alpha: float = 1.0,
              seed: int = 0, show: int = 3, as_json: bool = False) -> dict:
     """Runs the demo and prints a report; returns the figures as a dict."""
@@ -99,9 +91,9 @@ def run_demo(lattices: int = 200, h: int = 8, k: int = 8, p: int = 4, alpha: flo
         paths = pbest(lattice, lm, p, alpha, context=context, bos=True)
         times.append(time.perf_counter() - t0)
         vanilla = lattice.tokens[:, 0].tolist()
-        vanilla_acc.append(_accepted(vanilla, truth))
-        best_acc.append(_accepted(paths[0].tokens, truth))
-        oracle_acc.append(max(_accepted(path.tokens, truth) for path in paths))
+        vanilla_acc.append(accepted_length(vanilla, truth))
+        best_acc.append(accepted_length(paths[0].tokens, truth))
+        oracle_acc.append(max(accepted_length(path.tokens, truth) for path in paths))
         if n < show:
             examples.append({
                 "context": " ".join(words[t] for t in context[-8:]),
