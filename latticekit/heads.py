@@ -220,6 +220,7 @@ class BlockHeads(nn.Module):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; a heads file is ordinary data
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())

@@ -10,11 +10,21 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from latticekit.errors import LatticeKitError
-from latticekit.heads import DEFAULT_HEADS_PATH, BlockHeads, HeadsFormatError, HeadsMismatchError, default_heads
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+torch.set_num_threads(1)  # the test models are tiny: one thread is fastest, and immune to a busy machine
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from latticekit.errors import LatticeKitError  # noqa: E402
+from latticekit.heads import (  # noqa: E402
+    DEFAULT_HEADS_PATH,
+    BlockHeads,
+    HeadsFormatError,
+    HeadsMismatchError,
+    default_heads,
+)
 
 VOCAB, HIDDEN = 64, 32
 
