@@ -29,7 +29,7 @@ The fixed recipe (every number below is a command-line default, recorded in the 
   them, plus every label of the batch), because the full 49k-word projection for 7 heads costs
   ~1 GFLOP per token; with ``--device cuda`` it runs over the full vocabulary.
 * Optimiser: AdamW (lr 2e-3, no weight decay), 20 warm-up steps then cosine decay to 0, gradient
-  clipping at 1.0, batches of 8 sequences (2,048 positions) drawn from both domains, 2 epochs,
+  clipping at 1.0, batches of 8 sequences (2,048 positions) drawn from both domains, 6 epochs,
   seed 0.
 * Evaluation (full vocabulary): per-head held-out cross-entropy and top-1 / top-8 / top-16
   accuracy against both label kinds, per domain; curves on a fixed held-out subset every
@@ -84,6 +84,12 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     write(tmp)
     os.replace(tmp, path)
+
+
+def repo_relative(path: Path) -> str:
+    """A path inside the repository relative to its root (results name no checkout folder)."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT.parent)) if path.is_relative_to(ROOT.parent) else str(path)
 
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -349,11 +355,11 @@ def main() -> None:
     parser.add_argument("--labels", choices=("model", "data"), default="model")
     parser.add_argument("--coverage", type=float, default=0.97)
     parser.add_argument("--full-vocab", action="store_true", help="default with --device cuda")
-    parser.add_argument("--epochs", type=float, default=2.0)
+    parser.add_argument("--epochs", type=float, default=6.0)
     parser.add_argument("--batch-seqs", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--eval-every", type=int, default=32)
+    parser.add_argument("--eval-every", type=int, default=64)
     parser.add_argument("--curve-seqs", type=int, default=2, help="held-out sequences per domain for the curves")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=DEFAULT_HEADS_PATH)
@@ -365,14 +371,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     full_vocab = args.full_vocab or args.device.startswith("cuda")
-    command = "PYTHONPATH=. python benchmarks/train_heads.py " + " ".join(sys.argv[1:])
+    command = " ".join(["PYTHONPATH=. python benchmarks/train_heads.py", *sys.argv[1:]])
     results_dir.mkdir(parents=True, exist_ok=True)
     cache_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
 
     model, tokenizer, gguf = load_base_model(args.device)
     manifest, sequences = build_split(args, tokenizer)
-    manifest["recipe"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    manifest["recipe"] = {k: (repo_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     atomic_write(results_dir / "split.json", lambda p: p.write_text(json.dumps(manifest, indent=1) + "\n"))
 
     t_cache = time.perf_counter()
@@ -478,7 +484,7 @@ def main() -> None:
 
     results = {
         "command": command,
-        "heads_file": str(args.out.relative_to(ROOT.parent)) if args.out.is_relative_to(ROOT.parent) else str(args.out),
+        "heads_file": repo_relative(args.out),
         "heads_file_bytes": args.out.stat().st_size,
         "base_model": f"SmolLM2-135M-Instruct ({gguf}, dequantised to float32)",
         "recipe": manifest["recipe"],
