@@ -206,14 +206,14 @@ class BlockHeads(nn.Module):
 
         tensors = {name: t.detach().to("cpu", dtype or t.dtype).contiguous()
                    for name, t in self.blocks.state_dict().items()}
-        header = {
+        header = {  # the structural fields come last: metadata cannot contradict the tensors
+            **self.metadata,
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "num_heads": self.num_heads,
             "hidden_size": self.hidden_size,
             "vocab_size": self.vocab_size,
             "intermediate_size": self.intermediate_size,
-            **{k: v for k, v in self.metadata.items() if k not in ("format", "version")},
         }
         data = st_save(tensors, metadata={"latticekit": json.dumps(header)})
         path = Path(path)
