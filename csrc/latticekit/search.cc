@@ -254,7 +254,7 @@ struct PBestSearch::Impl {
 
   // ---- Pass 1.
 
-  int32_t NextSlot(int t, StateId state) {
+  int32_t NextSlot(StateId state) {
     bool inserted;
     const uint32_t s = slot_of_state.FindOrInsert(state, static_cast<uint32_t>(slot_state.size()), &inserted);
     if (inserted) {
@@ -263,7 +263,6 @@ struct PBestSearch::Impl {
       back_slot.push_back(-1);
       back_arc.push_back(-1);
     }
-    (void)t;
     return static_cast<int32_t>(s);
   }
 
@@ -496,7 +495,7 @@ struct PBestSearch::Impl {
           add += al * log10_bo;
         }
         cell_add[out + j] = add;
-        const int32_t next = NextSlot(t + 1, state);
+        const int32_t next = NextSlot(state);
         cell_slot[out + j] = next;
         ++stats->pops;
         const double v = f + add;
@@ -630,7 +629,8 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   if (p < 1) throw InvalidArgument("p must be at least 1");
   if (h < 1 || k < 1) throw InvalidArgument("a lattice needs at least one position and one arc");
   if (!(alpha >= 0) || std::isinf(alpha)) throw InvalidArgument("alpha must be finite and >= 0");
-  if (model.order() > 64) throw InvalidArgument("models of order above 64 are not supported");
+  if (model.order() > 64)  // pass 3 keeps the back-off hops of one arc in a fixed array
+    throw InvalidArgument("models of order above 64 are not supported by the search");
   s.lattice = &lattice;
   s.h = h;
   s.k = k;
