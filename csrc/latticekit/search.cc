@@ -186,6 +186,7 @@ struct PBestSearch::Impl {
   StampedMap column_word;               // word -> first arc j with it
   std::vector<uint64_t> word_bits;      // the words of the current column, as a bit set
   std::vector<int32_t> same_word_next;  // next arc j with the same word, or -1
+  std::vector<int32_t> chain_tail;      // last arc j of the chain a first arc starts
   std::vector<std::pair<WordId, int32_t>> sorted_words;
   std::vector<int32_t> seq_a, seq_b;
   std::vector<double> bound, top;
@@ -195,9 +196,12 @@ struct PBestSearch::Impl {
   std::vector<std::vector<Entry>> lists;
   std::vector<Entry> final_entries;
 
-  size_t Cell(const Column &c, uint32_t node, int j) const {
-    return c.cell_begin + static_cast<size_t>(node - c.node_begin) * c.width + j;
+  // Node x's row in the per-column scratch arrays (cell_arc, flow, ...), and its cell of
+  // arc j in the kept arrays (cell_slot, cell_add).
+  static size_t Row(const Column &c, uint32_t x) {
+    return static_cast<size_t>(x - c.node_begin) * c.width;
   }
+  static size_t Cell(const Column &c, uint32_t x, int j) { return c.cell_begin + Row(c, x) + j; }
   int32_t Token(int t, int j) const { return lattice->tokens[static_cast<size_t>(t) * k + j]; }
 
   // ---- Ties: partial paths of equal score order by token sequence, then arc sequence.
@@ -324,7 +328,8 @@ struct PBestSearch::Impl {
     cell_add.resize(col.cell_begin + cells);
   }
 
-  // A consuming arc's probability and successor state will be read soon.
+  // A consuming arc's successor state will be read soon (its probability shares the
+  // arc's record, already in cache).
   void Prefetch(uint32_t a) const {
     if (!model.IsTopArc(a)) model.PrefetchState(a + 1);
   }
@@ -337,19 +342,18 @@ struct PBestSearch::Impl {
     const WordId *row = &words[static_cast<size_t>(t) * k];
     column_word.Clear();
     same_word_next.assign(width, -1);
+    chain_tail.resize(width);
     sorted_words.clear();
     bool inserted;
-    for (int j = width - 1; j >= 0; --j) {  // chains list arcs ascending
+    for (int j = 0; j < width; ++j) {  // chains list a word's arcs ascending
       const uint32_t first = column_word.FindOrInsert(row[j], static_cast<uint32_t>(j), &inserted);
-      if (!inserted) {
-        same_word_next[j] = static_cast<int32_t>(first);
+      if (inserted) {
+        sorted_words.emplace_back(row[j], j);
+        chain_tail[j] = j;
+      } else {
+        same_word_next[chain_tail[first]] = j;
+        chain_tail[first] = j;
       }
-    }
-    // Re-point each word at its lowest arc (the loop above kept the highest).
-    column_word.Clear();
-    for (int j = 0; j < width; ++j) {
-      column_word.FindOrInsert(row[j], static_cast<uint32_t>(j), &inserted);
-      if (inserted) sorted_words.emplace_back(row[j], j);
     }
     std::sort(sorted_words.begin(), sorted_words.end());
     word_bits.resize((model.num_words() + 63) / 64, 0);
@@ -358,7 +362,7 @@ struct PBestSearch::Impl {
     cell_arc.assign(n_nodes * width, kNoArc);
     const uint32_t scan_limit = static_cast<uint32_t>(8 * sorted_words.size());
     for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
-      uint32_t *arcs = &cell_arc[static_cast<size_t>(x - col.node_begin) * width];
+      uint32_t *arcs = &cell_arc[Row(col, x)];
       const TreeNode &node = nodes[x];
       if (node.state == kRootState) {
         for (int j = 0; j < width; ++j) arcs[j] = row[j];
@@ -402,7 +406,7 @@ struct PBestSearch::Impl {
 
   // The state after the word of arc j from node x, which consumes it.
   StateId NextState(const Column &col, uint32_t x, int j) {
-    const size_t cell = static_cast<size_t>(x - col.node_begin) * col.width + j;
+    const size_t cell = Row(col, x) + j;
     if (cell_next[cell] != kNoArc) return cell_next[cell];
     const uint32_t a = cell_arc[cell];
     StateId next;
@@ -414,7 +418,7 @@ struct PBestSearch::Impl {
       // Highest order: the longest suffix of (history, word) that is a state, which is
       // where the nearest ancestor consuming the word leads.
       uint32_t y = static_cast<uint32_t>(nodes[x].parent);
-      while (cell_arc[static_cast<size_t>(y - col.node_begin) * col.width + j] == kNoArc)
+      while (cell_arc[Row(col, y) + j] == kNoArc)
         y = static_cast<uint32_t>(nodes[y].parent);
       next = NextState(col, y, j);
     }
@@ -439,8 +443,8 @@ struct PBestSearch::Impl {
     for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
       const int32_t s = nodes[x].slot;
       const double v = s >= 0 ? best[s] : kNegInf;
-      double *f = &flow[static_cast<size_t>(x - col.node_begin) * width];
-      int32_t *src = &flow_src[static_cast<size_t>(x - col.node_begin) * width];
+      double *f = &flow[Row(col, x)];
+      int32_t *src = &flow_src[Row(col, x)];
       for (int j = 0; j < width; ++j) {
         f[j] = v;
         src[j] = s;
@@ -448,9 +452,9 @@ struct PBestSearch::Impl {
     }
     for (uint32_t x = col.node_end; x-- > col.node_begin;) {
       const TreeNode &node = nodes[x];
-      const size_t base = static_cast<size_t>(x - col.node_begin) * width;
+      const size_t base = Row(col, x);
       if (node.parent < 0) break;  // the root (first node) consumes every arc
-      const size_t pbase = static_cast<size_t>(node.parent - col.node_begin) * width;
+      const size_t pbase = Row(col, static_cast<uint32_t>(node.parent));
       const double bo = al * node.log10_bo;
       for (int j = 0; j < width; ++j) {
         if (cell_arc[base + j] != kNoArc) continue;
@@ -468,8 +472,8 @@ struct PBestSearch::Impl {
     slot_of_state.Clear();
     cell_next.assign(n_nodes * width, kNoArc);
     for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
-      const size_t base = static_cast<size_t>(x - col.node_begin) * width;
-      const size_t out = col.cell_begin + static_cast<size_t>(x - col.node_begin) * width;
+      const size_t base = Row(col, x);
+      const size_t out = col.cell_begin + base;
       for (int j = 0; j < width; ++j) {
         const uint32_t a = cell_arc[base + j];
         if (a == kNoArc) {
@@ -524,9 +528,9 @@ struct PBestSearch::Impl {
       top.clear();  // min-heap of the p best (state, arc) path scores of this column
       for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
         const TreeNode &node = nodes[x];
-        const size_t base = static_cast<size_t>(x - col.node_begin) * width;
+        const size_t base = Row(col, x);
         const size_t cells = col.cell_begin + base;
-        const size_t pbase = node.parent >= 0 ? static_cast<size_t>(node.parent - col.node_begin) * width : 0;
+        const size_t pbase = node.parent >= 0 ? Row(col, static_cast<uint32_t>(node.parent)) : 0;
         const double bo = al * node.log10_bo;
         double w = kNegInf;
         for (int j = 0; j < width; ++j) {

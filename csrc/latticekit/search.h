@@ -1,14 +1,12 @@
 // Exact p-best paths of a sausage lattice rescored by a back-off n-gram model.
 //
 // A path picks one arc per position; its score is the sum of its arc (draft) scores plus
-// alpha times its natural-log n-gram probability given the decoding context. The search is
-// a forward k-best dynamic programme over (position, model state): hypotheses that reach
-// the same state at the same position share every continuation, so only the p best of
-// them can lead to a top-p path. Before each column, every state none of whose arcs
-// carries a word of the column is collapsed into its back-off state (its hypotheses shifted
-// by its back-off weight): from there on it behaves exactly like that state, so the lists
-// merge and only states that really continue with a column word are expanded. Ties break
-// by token sequence, ascending.
+// alpha times its natural-log n-gram probability given the decoding context. The search
+// (search.cc; docs/design.md) runs up to three passes over the columns: the best prefix per
+// model state, computed as flows through each column's back-off tree; for p > 1, the best
+// completion per state and a lower bound on the p-th best score; then the k-best dynamic
+// programme over (position, state) restricted to prefixes that can still make the top p.
+// Ties break by token sequence, then arc sequence, ascending.
 #ifndef LATTICEKIT_SEARCH_H_
 #define LATTICEKIT_SEARCH_H_
 
@@ -39,9 +37,9 @@ struct PathsOut {
 };
 
 struct SearchStats {
-  uint64_t pops = 0;        // partial paths created
-  uint64_t expansions = 0;  // (position, state) lists expanded over a column
-  uint64_t transitions = 0; // model transitions computed (memo misses, every back-off level)
+  uint64_t pops = 0;        // partial paths created (pass 1 candidates, pass 3 prefixes)
+  uint64_t expansions = 0;  // back-off tree nodes built, over all columns
+  uint64_t transitions = 0; // explicit n-gram arcs found for (tree node, column arc) cells
 };
 
 // A reusable searcher; one per thread. Not thread-safe itself; the model is shared.
