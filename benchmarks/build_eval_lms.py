@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import glob
-import gzip
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -100,13 +98,9 @@ def main(argv=None) -> int:
         min_counts = [1, 1, 2, 4, 4, 4][:order] if order >= 3 else None
         model = build_katz([ids_path], order, tokenized=True, vocab_size=vocab_size,
                            min_counts=min_counts, workers=args.workers)
-        arpa = os.path.join(args.out, f"katz{order}.arpa")
-        write_model_arpa(arpa, model)
-        with open(arpa, "rb") as src, gzip.open(arpa + ".gz.tmp", "wb", compresslevel=3) as dst:
-            shutil.copyfileobj(src, dst)
-        os.replace(arpa + ".gz.tmp", arpa + ".gz")
-        os.remove(arpa)
-        summary[f"katz{order}"] = {"path": arpa + ".gz", "ngrams": list(model.counts),
+        arpa = os.path.join(args.out, f"katz{order}.arpa.gz")
+        write_model_arpa(arpa, model)  # gzip by suffix, temp file + rename
+        summary[f"katz{order}"] = {"path": arpa, "ngrams": list(model.counts),
                                    "min_counts": min_counts, "seconds": round(time.perf_counter() - t, 1)}
         print(f"katz{order}: {list(model.counts)} n-grams in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     print(json.dumps(summary, indent=2))
