@@ -38,7 +38,7 @@ def assert_same_paths(got, ranked, p, tol=1e-9):
     assert len(got) == len(want)
     scores = np.array([w[0] for w in ranked])
     by_tokens = {w[1]: w for w in ranked}
-    for g, (score, toks, draft, lm_score) in zip(got, want):
+    for g, (score, _, draft, _) in zip(got, want):
         close = tol * max(1, abs(score))
         assert g.score == pytest.approx(score, abs=close)
         assert g.tokens in {ranked[j][1] for j in np.flatnonzero(np.abs(scores - score) <= close)}
