@@ -15,8 +15,7 @@ namespace {
 
 constexpr double kLn10 = 2.302585092994045684;
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-constexpr int32_t kNotConsumer = -1;  // the node has no arc for this column arc: back off
-constexpr int32_t kUnreached = -2;    // the node has the arc, but no hypothesis gets there
+constexpr int32_t kUnreached = -1;  // a consuming cell that no prefix reaches
 
 // Open-addressing map from a 32-bit key to a 32-bit value, cleared in O(1) by bumping a stamp.
 class StampedMap {
@@ -105,11 +104,23 @@ struct TreeNode {
   int32_t slot;    // the active state's slot, or -1 for an ancestor only
   float log10_bo;  // back-off weight to the parent
   uint32_t arc_begin, arc_end;
+  uint32_t use_begin, use_end;  // its consuming cells in `uses`
+};
+
+// A consuming cell: tree node x has an explicit n-gram for the word of column arc j.
+// The root consumes every arc (its cells are j = 0 .. width - 1, in order); any other
+// node only the few words it has, so a column costs its consuming cells, not nodes x arcs.
+struct Use {
+  uint32_t node;    // its tree node
+  int32_t j;
+  uint32_t arc;     // the n-gram's arc in the model
+  StateId next_state;  // the state after the word (kNoArc until needed)
+  int32_t next;     // successor slot, or kUnreached
+  double add;       // draft + al * log10 p(word | node), plus any back-off paid on arrival
 };
 
 struct Column {
   uint32_t node_begin = 0, node_end = 0;  // its tree nodes, parents before children
-  size_t cell_begin = 0;  // cells of node i, arc j: cell_begin + (i - node_begin) * width + j
   int width = 0;
 };
 
@@ -133,15 +144,15 @@ struct PathNode {
 // against the model once: either the node has an explicit n-gram for the arc's word (the
 // node "consumes" the arc) or the arc backs off to the parent. A prefix in active state d
 // takes arc j exactly at the nearest node on d's back-off chain that consumes j, after
-// paying the back-off weights on the way. So the best prefix per (node, arc) flows bottom-up
-// through the tree (a max per cell), and only consuming cells create successor states: the
-// per-arc work is a few array operations instead of a back-off chain walk per prefix.
+// paying the back-off weights on the way. Only the consuming cells are kept (Forward says
+// how their best prefixes are found), and only they create successor states: the work per
+// column is its nodes plus its consuming cells, not nodes x arcs.
 //
-// For p = 1 that is the answer. For p > 1, pass 2 runs the same cells backwards to get, for
-// every state, the best completion score W, and from the best path through each (state,
-// arc) a lower bound tau on the p-th best path score (those paths are distinct). Pass 3 is
-// the p-best dynamic programme of the old search, restricted to prefixes g with
-// g + W >= tau: it touches little more than the p best paths themselves.
+// For p = 1 that is the answer. For p > 1, pass 2 runs the consuming cells backwards to get,
+// for every state, the best completion score W, and from the best path through each state
+// a lower bound tau on the p-th best path score (paths through distinct states of a column
+// are distinct). Pass 3 is the p-best dynamic programme over (position, state), restricted
+// to prefixes g with g + W >= tau: it touches little more than the p best paths themselves.
 struct PBestSearch::Impl {
   explicit Impl(const Model &m) : model(m) {}
 
@@ -166,10 +177,9 @@ struct PBestSearch::Impl {
 
   std::vector<Column> columns;
   std::vector<TreeNode> nodes;
-  std::vector<int32_t> cell_slot;  // consuming cell: successor slot (or kUnreached); else kNotConsumer
-  std::vector<double> cell_add;    // consuming cell: draft + al * log10 p(word | node)
+  std::vector<Use> uses;  // every column's consuming cells, grouped by node
 
-  // Scratch, per column.
+  // Scratch, per column; node-indexed arrays are local (index - node_begin).
   StampedMap node_of_state, slot_of_state;
   struct Pending {
     StateId state;
@@ -179,29 +189,28 @@ struct PBestSearch::Impl {
   std::vector<Pending> pending;
   std::vector<uint32_t> rank;
   std::vector<uint32_t> order_count;
-  std::vector<uint32_t> cell_arc;
-  std::vector<double> flow;
-  std::vector<int32_t> flow_src;
-  std::vector<StateId> cell_next;
+  std::vector<uint32_t> child_begin, children;  // children of each node (CSR), best first
+  std::vector<double> up, contrib, fl;
+  std::vector<int32_t> up_src, fl_src;
+  std::vector<uint32_t> involved, consumer;  // stamps: in this arc's flow problem / consumes it
+  uint32_t epoch = 0;
+  std::vector<uint32_t> word_begin, word_uses, involved_list;
   StampedMap column_word;               // word -> first arc j with it
   std::vector<uint64_t> word_bits;      // the words of the current column, as a bit set
   std::vector<int32_t> same_word_next;  // next arc j with the same word, or -1
   std::vector<int32_t> chain_tail;      // last arc j of the chain a first arc starts
   std::vector<std::pair<WordId, int32_t>> sorted_words;
   std::vector<int32_t> seq_a, seq_b;
-  std::vector<double> bound, top;
+  std::vector<double> root_value, top;
+  std::vector<int32_t> root_order;
+  std::vector<uint32_t> arc_mark;
+  uint32_t arc_epoch = 0;
 
   // Pass 3.
   std::vector<PathNode> path_nodes;
   std::vector<std::vector<Entry>> lists;
   std::vector<Entry> final_entries;
 
-  // Node x's row in the per-column scratch arrays (cell_arc, flow, ...), and its cell of
-  // arc j in the kept arrays (cell_slot, cell_add).
-  static size_t Row(const Column &c, uint32_t x) {
-    return static_cast<size_t>(x - c.node_begin) * c.width;
-  }
-  static size_t Cell(const Column &c, uint32_t x, int j) { return c.cell_begin + Row(c, x) + j; }
   int32_t Token(int t, int j) const { return lattice->tokens[static_cast<size_t>(t) * k + j]; }
 
   // ---- Ties: partial paths of equal score order by token sequence, then arc sequence.
@@ -231,6 +240,13 @@ struct PBestSearch::Impl {
     }
     return ArcsLess(seq_a, seq_b);
   }
+  // Keeps the better of (value, src) and (v, v_src), best prefixes after t tokens.
+  void Offer(int t, double *value, int32_t *src, double v, int32_t v_src) {
+    if (v > *value || (v == *value && v != kNegInf && PrefixLess(t, v_src, -1, *src, -1))) {
+      *value = v;
+      *src = v_src;
+    }
+  }
 
   void PathArcs(int32_t node, int depth, std::vector<int32_t> *out) const {
     out->resize(depth);
@@ -254,6 +270,15 @@ struct PBestSearch::Impl {
     if (a.g != b.g) return a.g > b.g;
     return Better(a.g, path_nodes[a.node].parent, path_nodes[a.node].arc, b.g,
                   path_nodes[b.node].parent, path_nodes[b.node].arc, depth);
+  }
+
+  // The consuming cell of arc j at node x, or -1 when x backs off for it.
+  int64_t FindUse(uint32_t x, int32_t j) const {
+    const TreeNode &node = nodes[x];
+    if (node.parent < 0) return node.use_begin + j;
+    for (uint32_t u = node.use_begin; u < node.use_end; ++u)
+      if (uses[u].j == j) return u;
+    return -1;
   }
 
   // ---- Pass 1.
@@ -302,9 +327,11 @@ struct PBestSearch::Impl {
     }
     rank.resize(pending.size());
     for (size_t i = 0; i < pending.size(); ++i) rank[i] = order_count[pending[i].order]++;
+    const uint32_t n = static_cast<uint32_t>(pending.size());
     col.node_begin = static_cast<uint32_t>(nodes.size());
-    col.node_end = col.node_begin + static_cast<uint32_t>(pending.size());
+    col.node_end = col.node_begin + n;
     nodes.resize(col.node_end);
+    child_begin.assign(n + 1, 0);
     for (size_t i = 0; i < pending.size(); ++i) {
       const Pending &q = pending[i];
       TreeNode &node = nodes[col.node_begin + rank[i]];
@@ -319,13 +346,15 @@ struct PBestSearch::Impl {
       } else {
         node.parent = static_cast<int32_t>(col.node_begin + rank[*node_of_state.Find(model.BackoffState(q.state))]);
         node.log10_bo = model.BackoffWeight(q.state);
+        ++child_begin[node.parent - col.node_begin + 1];
       }
       if (q.slot >= 0) slot_node[q.slot] = static_cast<int32_t>(col.node_begin + rank[i]);
     }
-    col.cell_begin = cell_slot.size();
-    const size_t cells = pending.size() * static_cast<size_t>(col.width);
-    cell_slot.resize(col.cell_begin + cells);
-    cell_add.resize(col.cell_begin + cells);
+    for (uint32_t i = 0; i < n; ++i) child_begin[i + 1] += child_begin[i];
+    children.resize(n > 0 ? n - 1 : 0);
+    for (uint32_t i = 1; i < n; ++i) children[child_begin[nodes[col.node_begin + i].parent - col.node_begin]++] = i;
+    for (uint32_t i = n; i > 0; --i) child_begin[i] = child_begin[i - 1];
+    child_begin[0] = 0;
   }
 
   // A consuming arc's successor state will be read soon (its probability shares the
@@ -334,7 +363,9 @@ struct PBestSearch::Impl {
     if (!model.IsTopArc(a)) model.PrefetchState(a + 1);
   }
 
-  // cell_arc[cell] = the arc of (node, word of arc j), or kNoArc.
+  void AddUse(uint32_t x, int32_t j, uint32_t a) { uses.push_back(Use{x, j, a, kNoArc, kUnreached, 0.0}); }
+
+  // The consuming cells of column t: for every node, the column arcs whose word it has.
   template <typename Records>
   void FindArcs(int t, const Records &arc_words) {
     const Column &col = columns[t];
@@ -358,29 +389,24 @@ struct PBestSearch::Impl {
     std::sort(sorted_words.begin(), sorted_words.end());
     word_bits.resize((model.num_words() + 63) / 64, 0);
     for (const auto &wj : sorted_words) word_bits[wj.first >> 6] |= uint64_t(1) << (wj.first & 63);
-    const size_t n_nodes = col.node_end - col.node_begin;
-    cell_arc.assign(n_nodes * width, kNoArc);
     const uint32_t scan_limit = static_cast<uint32_t>(8 * sorted_words.size());
     for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
-      uint32_t *arcs = &cell_arc[Row(col, x)];
-      const TreeNode &node = nodes[x];
+      TreeNode &node = nodes[x];
+      node.use_begin = static_cast<uint32_t>(uses.size());
       if (node.state == kRootState) {
-        for (int j = 0; j < width; ++j) arcs[j] = row[j];
-        continue;
-      }
-      const uint32_t begin = node.arc_begin, end = node.arc_end;
-      if (begin == end) continue;
-      if (end - begin <= scan_limit) {
-        for (uint32_t a = begin; a < end; ++a) {
+        for (int j = 0; j < width; ++j) AddUse(x, j, row[j]);
+      } else if (node.arc_end - node.arc_begin <= scan_limit) {
+        for (uint32_t a = node.arc_begin; a < node.arc_end; ++a) {
           const WordId w = arc_words.word(a);
           if (!((word_bits[w >> 6] >> (w & 63)) & 1)) continue;
           const uint32_t *j = column_word.Find(w);
           if (j == nullptr) continue;
-          for (int32_t i = static_cast<int32_t>(*j); i >= 0; i = same_word_next[i]) arcs[i] = a;
+          for (int32_t i = static_cast<int32_t>(*j); i >= 0; i = same_word_next[i]) AddUse(x, i, a);
           Prefetch(a);
         }
       } else {
-        uint32_t lo = begin;
+        const uint32_t end = node.arc_end;
+        uint32_t lo = node.arc_begin;
         for (const auto &wj : sorted_words) {
           // First arc in [lo, end) whose word is >= wj.first.
           uint32_t len = end - lo;
@@ -395,169 +421,229 @@ struct PBestSearch::Impl {
           }
           if (lo == end) break;
           if (arc_words.word(lo) == wj.first) {
-            for (int32_t i = wj.second; i >= 0; i = same_word_next[i]) arcs[i] = lo;
+            for (int32_t i = wj.second; i >= 0; i = same_word_next[i]) AddUse(x, i, lo);
             Prefetch(lo);
           }
         }
       }
+      node.use_end = static_cast<uint32_t>(uses.size());
     }
     for (const auto &wj : sorted_words) word_bits[wj.first >> 6] = 0;
   }
 
-  // The state after the word of arc j from node x, which consumes it.
-  StateId NextState(const Column &col, uint32_t x, int j) {
-    const size_t cell = Row(col, x) + j;
-    if (cell_next[cell] != kNoArc) return cell_next[cell];
-    const uint32_t a = cell_arc[cell];
+  // The state after the word of consuming cell u at node x.
+  StateId NextState(uint32_t x, uint32_t u) {
+    Use &use = uses[u];
+    if (use.next_state != kNoArc) return use.next_state;
     StateId next;
     if (model.order() == 1) {
       next = kRootState;
-    } else if (!model.IsTopArc(a)) {
-      next = model.Normalize(a + 1);
+    } else if (!model.IsTopArc(use.arc)) {
+      next = model.Normalize(use.arc + 1);
     } else {
       // Highest order: the longest suffix of (history, word) that is a state, which is
       // where the nearest ancestor consuming the word leads.
       uint32_t y = static_cast<uint32_t>(nodes[x].parent);
-      while (cell_arc[Row(col, y) + j] == kNoArc)
-        y = static_cast<uint32_t>(nodes[y].parent);
-      next = NextState(col, y, j);
+      int64_t v;
+      while ((v = FindUse(y, use.j)) < 0) y = static_cast<uint32_t>(nodes[y].parent);
+      next = NextState(y, static_cast<uint32_t>(v));
     }
-    cell_next[cell] = next;
+    uses[u].next_state = next;
     return next;
   }
 
+  // Extends the best prefix f (from slot src) through consuming cell u at node x.
+  void Consume(int t, uint32_t x, uint32_t u, double f, int32_t src) {
+    ++stats->transitions;
+    if (f == kNegInf) return;  // stays kUnreached
+    const int32_t j = uses[u].j;
+    // A successor without arcs backs off whatever comes next: unless the lattice ends
+    // here, go to its back-off state now and pay the weight on arrival.
+    StateId state = NextState(x, u);
+    double add = draft[static_cast<size_t>(t) * k + j] + al * model.ArcLog10Prob(uses[u].arc);
+    if (t + 1 < h && state != kRootState && model.ArcBegin(state) == model.ArcEnd(state)) {
+      double log10_bo = 0.0;
+      do {
+        log10_bo += model.BackoffWeight(state);
+        state = model.BackoffState(state);
+      } while (state != kRootState && model.ArcBegin(state) == model.ArcEnd(state));
+      add += al * log10_bo;
+    }
+    const int32_t next = NextSlot(state);
+    uses[u].add = add;
+    uses[u].next = next;
+    ++stats->pops;
+    const double v = f + add;
+    if (v > best[next] || (v == best[next] && PrefixLess(t, src, j, back_slot[next], back_arc[next]))) {
+      best[next] = v;
+      back_slot[next] = src;
+      back_arc[next] = j;
+    }
+  }
+
+  // A prefix in active state d takes arc j at the nearest node on d's back-off chain that
+  // consumes j, after paying the back-off weights on the way. So the best prefix reaching
+  // a consuming cell (x, j) is the best over x's subtree, cut below the other consumers
+  // of j. Per node, up() is that best over the whole subtree; for arc j, only the nodes on
+  // the chains of j's (few) consumers differ from it, and only those are recomputed.
   void Forward(int t) {
     BuildTree(t);
-    const Column &col = columns[t];
-    const int width = col.width;
     if (model.WideWords())
       FindArcs(t, model.Arcs32());
     else
       FindArcs(t, model.Arcs16());
-    const size_t n_nodes = col.node_end - col.node_begin;
-    const double *row_draft = &draft[static_cast<size_t>(t) * k];
-    // Best prefix per cell, bottom-up: a cell either consumes its arc or passes its best
-    // prefix (plus the back-off weight) to the parent's cell.
-    flow.resize(n_nodes * width);
-    flow_src.resize(n_nodes * width);
-    for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
-      const int32_t s = nodes[x].slot;
-      const double v = s >= 0 ? best[s] : kNegInf;
-      double *f = &flow[Row(col, x)];
-      int32_t *src = &flow_src[Row(col, x)];
-      for (int j = 0; j < width; ++j) {
-        f[j] = v;
-        src[j] = s;
-      }
+    const Column &col = columns[t];
+    const uint32_t nb = col.node_begin, n = col.node_end - nb;
+    const int width = col.width;
+    up.resize(n);
+    up_src.resize(n);
+    contrib.resize(n);
+    fl.resize(n);
+    fl_src.resize(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      const int32_t s = nodes[nb + i].slot;
+      up[i] = s >= 0 ? best[s] : kNegInf;
+      up_src[i] = s;
     }
-    for (uint32_t x = col.node_end; x-- > col.node_begin;) {
-      const TreeNode &node = nodes[x];
-      const size_t base = Row(col, x);
-      if (node.parent < 0) break;  // the root (first node) consumes every arc
-      const size_t pbase = Row(col, static_cast<uint32_t>(node.parent));
-      const double bo = al * node.log10_bo;
-      for (int j = 0; j < width; ++j) {
-        if (cell_arc[base + j] != kNoArc) continue;
-        const double f = flow[base + j];
-        if (f == kNegInf) continue;
-        const double v = f + bo;
-        double &pf = flow[pbase + j];
-        if (v > pf || (v == pf && PrefixLess(t, flow_src[base + j], -1, flow_src[pbase + j], -1))) {
-          pf = v;
-          flow_src[pbase + j] = flow_src[base + j];
-        }
-      }
+    for (uint32_t i = n; i-- > 1;) {  // children before parents; only the root lacks one
+      const TreeNode &node = nodes[nb + i];
+      contrib[i] = up[i] == kNegInf ? kNegInf : up[i] + al * node.log10_bo;
+      const uint32_t parent = static_cast<uint32_t>(node.parent) - nb;
+      Offer(t, &up[parent], &up_src[parent], contrib[i], up_src[i]);
     }
-    // Consuming cells, parents first (top arcs need their ancestors' successor states).
-    slot_of_state.Clear();
-    cell_next.assign(n_nodes * width, kNoArc);
-    for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
-      const size_t base = Row(col, x);
-      const size_t out = col.cell_begin + base;
-      for (int j = 0; j < width; ++j) {
-        const uint32_t a = cell_arc[base + j];
-        if (a == kNoArc) {
-          cell_slot[out + j] = kNotConsumer;
-          continue;
-        }
-        ++stats->transitions;
-        const double f = flow[base + j];
-        if (f == kNegInf) {
-          cell_slot[out + j] = kUnreached;
-          continue;
-        }
-        // A successor without arcs backs off whatever comes next: unless the lattice ends
-        // here, go to its back-off state now and pay the weight on arrival.
-        StateId state = NextState(col, x, j);
-        double add = row_draft[j] + al * model.ArcLog10Prob(a);
-        if (t + 1 < h && state != kRootState && model.ArcBegin(state) == model.ArcEnd(state)) {
-          double log10_bo = 0.0;
-          do {
-            log10_bo += model.BackoffWeight(state);
-            state = model.BackoffState(state);
-          } while (state != kRootState && model.ArcBegin(state) == model.ArcEnd(state));
-          add += al * log10_bo;
-        }
-        cell_add[out + j] = add;
-        const int32_t next = NextSlot(state);
-        cell_slot[out + j] = next;
-        ++stats->pops;
-        const double v = f + add;
-        const int32_t src = flow_src[base + j];
-        if (v > best[next] || (v == best[next] && PrefixLess(t, src, j, back_slot[next], back_arc[next]))) {
-          best[next] = v;
-          back_slot[next] = src;
-          back_arc[next] = j;
+    // Children best first, so that the best child outside a flow problem is found early.
+    for (uint32_t x = 0; x < n; ++x)
+      if (child_begin[x + 1] - child_begin[x] > 1)
+        std::sort(children.begin() + child_begin[x], children.begin() + child_begin[x + 1],
+                  [&](uint32_t a, uint32_t b) { return contrib[a] > contrib[b]; });
+
+    // The consuming cells of other nodes than the root, by arc.
+    const TreeNode &root = nodes[nb];
+    word_begin.assign(width + 1, 0);
+    for (uint32_t u = root.use_end; u < uses.size(); ++u) ++word_begin[uses[u].j + 1];
+    for (int j = 0; j < width; ++j) word_begin[j + 1] += word_begin[j];
+    word_uses.resize(uses.size() - root.use_end);
+    for (uint32_t u = root.use_end; u < uses.size(); ++u) word_uses[word_begin[uses[u].j]++] = u;
+    for (int j = width; j > 0; --j) word_begin[j] = word_begin[j - 1];
+    word_begin[0] = 0;
+    if (involved.size() < n) {
+      involved.assign(n, 0);
+      consumer.assign(n, 0);
+      epoch = 0;
+    }
+    slot_of_state.Clear();  // the successor slots of this column
+    for (int j = 0; j < width; ++j) {
+      if (++epoch == 0) {  // wrapped
+        std::fill(involved.begin(), involved.end(), 0);
+        std::fill(consumer.begin(), consumer.end(), 0);
+        epoch = 1;
+      }
+      involved_list.clear();
+      for (uint32_t w = word_begin[j]; w < word_begin[j + 1]; ++w) {
+        const uint32_t u = word_uses[w];
+        uint32_t x = uses[u].node - nb;
+        consumer[x] = epoch;
+        while (involved[x] != epoch) {
+          involved[x] = epoch;
+          involved_list.push_back(x);
+          if (x == 0) break;
+          x = static_cast<uint32_t>(nodes[nb + x].parent) - nb;
         }
       }
+      double root_flow = up[0];
+      int32_t root_src = up_src[0];
+      if (!involved_list.empty()) {
+        std::sort(involved_list.begin(), involved_list.end(), std::greater<uint32_t>());
+        for (uint32_t x : involved_list) {
+          const int32_t s = nodes[nb + x].slot;
+          fl[x] = s >= 0 ? best[s] : kNegInf;
+          fl_src[x] = s;
+        }
+        for (uint32_t x : involved_list) {  // children first
+          for (uint32_t i = child_begin[x]; i < child_begin[x + 1]; ++i) {
+            const uint32_t c = children[i];
+            if (contrib[c] == kNegInf || contrib[c] < fl[x]) break;  // nothing later does better
+            if (involved[c] != epoch) Offer(t, &fl[x], &fl_src[x], contrib[c], up_src[c]);
+          }
+          if (x != 0 && consumer[x] != epoch && fl[x] != kNegInf) {
+            const uint32_t parent = static_cast<uint32_t>(nodes[nb + x].parent) - nb;
+            Offer(t, &fl[parent], &fl_src[parent], fl[x] + al * nodes[nb + x].log10_bo, fl_src[x]);
+          }
+        }
+        for (uint32_t w = word_begin[j]; w < word_begin[j + 1]; ++w) {
+          const uint32_t u = word_uses[w];
+          const uint32_t x = uses[u].node - nb;
+          Consume(t, nb + x, u, fl[x], fl_src[x]);
+        }
+        root_flow = fl[0];
+        root_src = fl_src[0];
+      }
+      Consume(t, nb, root.use_begin + j, root_flow, root_src);
     }
     slot_begin[t + 2] = static_cast<uint32_t>(slot_state.size());
   }
 
   // ---- Pass 2: best completion per slot, and tau.
+  //
+  // From node x, arc j continues at the nearest consuming cell on x's back-off chain: one
+  // of the few cells of x's non-root ancestors, or else the root's, after the chain's
+  // back-off weights. tau is the p-th best of V + W over the slots of a column (distinct
+  // states, so distinct paths), the best over columns.
   double Backward() {
     const uint32_t total = static_cast<uint32_t>(slot_state.size());
     completion.assign(total, kNegInf);
     for (uint32_t s = slot_begin[h]; s < slot_begin[h + 1]; ++s) completion[s] = 0.0;
+    if (arc_mark.size() < static_cast<size_t>(k)) {
+      arc_mark.assign(k, 0);
+      arc_epoch = 0;
+    }
     double tau = kNegInf;
     for (int t = h - 1; t >= 0; --t) {
       const Column &col = columns[t];
       const int width = col.width;
-      const size_t n_nodes = col.node_end - col.node_begin;
-      bound.resize(n_nodes * width);
-      top.clear();  // min-heap of the p best (state, arc) path scores of this column
-      for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
-        const TreeNode &node = nodes[x];
-        const size_t base = Row(col, x);
-        const size_t cells = col.cell_begin + base;
-        const size_t pbase = node.parent >= 0 ? Row(col, static_cast<uint32_t>(node.parent)) : 0;
-        const double bo = al * node.log10_bo;
-        double w = kNegInf;
-        for (int j = 0; j < width; ++j) {
-          const int32_t next = cell_slot[cells + j];
-          double b;
-          if (next >= 0)
-            b = cell_add[cells + j] + completion[next];
-          else if (next == kUnreached)
-            b = kNegInf;
-          else
-            b = bo + bound[pbase + j];
-          bound[base + j] = b;
-          w = std::max(w, b);
+      const TreeNode &root = nodes[col.node_begin];
+      root_value.resize(width);
+      root_order.resize(width);
+      for (int j = 0; j < width; ++j) {
+        const Use &use = uses[root.use_begin + j];
+        root_value[j] = use.next >= 0 ? use.add + completion[use.next] : kNegInf;
+        root_order[j] = j;
+      }
+      std::sort(root_order.begin(), root_order.end(),
+                [&](int32_t a, int32_t b) { return root_value[a] > root_value[b]; });
+      top.clear();  // min-heap of the p best V + W of this column
+      for (uint32_t s = slot_begin[t]; s < slot_begin[t + 1]; ++s) {
+        if (++arc_epoch == 0) {
+          std::fill(arc_mark.begin(), arc_mark.end(), 0);
+          arc_epoch = 1;
         }
-        if (node.slot < 0) continue;
-        completion[node.slot] = w;
-        const double v0 = best[node.slot];
-        for (int j = 0; j < width; ++j) {
-          const double v = v0 + bound[base + j];
-          if (static_cast<int>(top.size()) < p) {
-            top.push_back(v);
-            std::push_heap(top.begin(), top.end(), std::greater<double>());
-          } else if (v > top.front()) {
-            std::pop_heap(top.begin(), top.end(), std::greater<double>());
-            top.back() = v;
-            std::push_heap(top.begin(), top.end(), std::greater<double>());
+        uint32_t x = static_cast<uint32_t>(slot_node[s]);
+        double cum = 0.0, w = kNegInf;
+        while (nodes[x].parent >= 0) {
+          for (uint32_t u = nodes[x].use_begin; u < nodes[x].use_end; ++u) {
+            const Use &use = uses[u];
+            if (arc_mark[use.j] == arc_epoch) continue;  // a nearer node consumes it
+            arc_mark[use.j] = arc_epoch;
+            if (use.next >= 0) w = std::max(w, cum + use.add + completion[use.next]);
           }
+          cum += al * nodes[x].log10_bo;
+          x = static_cast<uint32_t>(nodes[x].parent);
+        }
+        for (int r = 0; r < width; ++r) {
+          const int32_t j = root_order[r];
+          if (arc_mark[j] == arc_epoch) continue;
+          w = std::max(w, cum + root_value[j]);
+          break;
+        }
+        completion[s] = w;
+        const double v = best[s] + w;
+        if (static_cast<int>(top.size()) < p) {
+          top.push_back(v);
+          std::push_heap(top.begin(), top.end(), std::greater<double>());
+        } else if (v > top.front()) {
+          std::pop_heap(top.begin(), top.end(), std::greater<double>());
+          top.back() = v;
+          std::push_heap(top.begin(), top.end(), std::greater<double>());
         }
       }
       if (static_cast<int>(top.size()) == p) tau = std::max(tau, top.front());
@@ -584,14 +670,14 @@ struct PBestSearch::Impl {
         for (int j = 0; j < width; ++j) {
           uint32_t y = x;
           int n_hops = 0;
-          size_t cell = Cell(col, y, j);
-          while (cell_slot[cell] == kNotConsumer) {
+          int64_t u;
+          while ((u = FindUse(y, j)) < 0) {
             hops[n_hops++] = al * nodes[y].log10_bo;
             y = static_cast<uint32_t>(nodes[y].parent);
-            cell = Cell(col, y, j);
           }
-          const int32_t next = cell_slot[cell];
-          const double add = cell_add[cell];
+          const int32_t next = uses[u].next;
+          if (next < 0) continue;  // no prefix reaches the cell
+          const double add = uses[u].add;
           const double rest = completion[next];
           std::vector<Entry> &heap = lists[next];  // worst on top once full
           auto worse = [&](const Entry &a, const Entry &b) { return BetterEntry(a, b, t + 1); };
@@ -665,8 +751,7 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   s.slot_begin[1] = 1;
   s.columns.resize(h);
   s.nodes.clear();
-  s.cell_slot.clear();
-  s.cell_add.clear();
+  s.uses.clear();
   for (int t = 0; t < h; ++t) {
     s.slot_node.resize(s.slot_state.size());
     s.Forward(t);
