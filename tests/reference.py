@@ -7,13 +7,20 @@ import itertools
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 LN10 = math.log(10.0)
 
 
 class ReferenceLM:
     """An ARPA model as a dict ``ngram tuple -> (log10 prob, log10 backoff)``."""
 
-    def __init__(self, ngrams: Dict[Tuple[str, ...], Tuple[float, float]], vocab: Optional[Sequence[str]] = None):
+    def __init__(self, ngrams: Dict[Tuple[str, ...], Tuple[float, float]], vocab: Optional[Sequence[str]] = None,
+                 float32: bool = False):
+        # float32: round every value to float32 first, as KenLM and latticekit store them
+        # (sums stay float64); without it, values are the ARPA's decimals read as float64.
+        if float32:
+            ngrams = {g: (float(np.float32(p)), float(np.float32(b))) for g, (p, b) in ngrams.items()}
         self.ngrams = ngrams
         self.order = max(len(g) for g in ngrams)
         self.vocab = vocab
