@@ -59,7 +59,8 @@ from transformers import DynamicCache
 import latticekit
 from latticekit.torch import DraftTree, commit_accepted, new_cache, prefill, tree_forward, verify
 from latticekit.torch.acceptance import greedy_accept
-from latticekit.torch.verify import _argmax_rows, tree_pass_inputs
+from latticekit.torch.logits import ArgmaxRows, TreeLogits
+from latticekit.torch.verify import tree_pass_inputs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PS = (1, 4, 8, 16)
@@ -231,13 +232,15 @@ def overhead(model: Any, ids: torch.Tensor, drafts: np.ndarray, base: Any, repea
 
         out["inputs"] = timed(inputs, repeats, warmup, lambda: DraftTree.from_drafts(drafts), sync)
         cache = copy_cache(base, lambda: new_cache(model))
-        logits = tree_forward(model, cache, ids, tree).logits
+        outputs = tree_forward(model, cache, ids, tree)
+        logits = outputs.logits
         argmax = logits.argmax(dim=-1).tolist()
         out["accept"] = timed(lambda: greedy_accept(tree, argmax), repeats, warmup, None, sync)
         # Arg-max over the logits (plain greedy decoding needs one per token too): every row in
         # one call, as verify did before, and the rows the walk reads, as it does now on the CPU.
         out["argmax_all_rows"] = timed(lambda: logits.argmax(dim=-1).tolist(), repeats, warmup, None, sync)
-        out["argmax_walk_rows"] = timed(lambda: greedy_accept(tree, _argmax_rows(logits)), repeats, warmup,
+        out["argmax_walk_rows"] = timed(lambda: greedy_accept(
+            tree, ArgmaxRows(TreeLogits.complete(tree, outputs.hidden_states, logits))), repeats, warmup,
                                         None, sync)
         out["argmax_walk_rows"]["median_ms"] -= out["accept"]["median_ms"]
 
