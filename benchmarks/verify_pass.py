@@ -13,11 +13,13 @@ stdlib files (a window of ``--prefix-tokens`` SmolLM2 tokens as the prefix):
    files, newlines included; the prompt files are held out), or read from ``--lm``.
 
 For p in {1, 4, 8, 16} it measures, on the same run: the node count after merging, the wall
-time of (a) one tree pass (``tree_forward``: root + all nodes, one call; with the default
-``SlabCache`` and with a plain ``DynamicCache``), (b) one pass with p batch rows (each row:
-root + its draft, over a p-times replicated prefix cache), (c) p sequential single-draft
-passes (each followed by a cache crop), and the full ``verify`` step (pass + greedy acceptance
-+ commit); ratios are to the p = 1 tree pass of the same prompt. Then the adapter's own
+time of (a) one tree pass (``tree_forward``: root + all nodes, one call, logits of every row;
+with the default ``SlabCache`` and with a plain ``DynamicCache``), (b) one pass with p batch
+rows (each row: root + its draft, over a p-times replicated prefix cache), (c) p sequential
+single-draft passes (each followed by a cache crop), and the full ``verify`` step (the pass
+with logits only for the rows the greedy walk reads, the walk, the commit); ratios are to the
+p = 1 tree pass of the same prompt, and for the verify step to the p = 1 verify step. Then the
+adapter's own
 overhead per step, without the forward pass and with one torch thread: tree build (from the
 p-best array), pass inputs (ancestors, mask, positions, on a fresh tree), the greedy walk, and
 the KV commit on the cache left by a real pass, for a SlabCache and a DynamicCache, for an
@@ -338,11 +340,13 @@ def main() -> None:
                 "prompt": prompt_index, "source": source, "prefix_len": prefix_len, "p": p, "h": H,
                 "draft_tokens": p * H, "tree_nodes": tree.num_nodes,
                 "accepted": results[-1].num_accepted, "agree_with_greedy": made["agree"][:p],
+                "projected_rows": results[-1].projected_rows,
                 "tree_pass": tree_t, "tree_pass_dynamic_cache": tree_plain_t, "verify_step": step_t,
                 "batch_rows": batch_t, "sequential": seq_t, "overhead": over,
             })
             print(f"  p={p:2d} nodes={tree.num_nodes:3d} accepted={results[-1].num_accepted} "
                   f"tree={tree_t['median_ms']:.1f}ms (DynamicCache {tree_plain_t['median_ms']:.1f}) "
+                  f"verify={step_t['median_ms']:.1f}ms ({results[-1].projected_rows} rows projected) "
                   f"batch={batch_t['median_ms']:.1f}ms seq={seq_t['median_ms']:.1f}ms "
                   f"overhead slab {over['total_slab_contiguous']:.3f}/{over['total_slab_moved']:.3f}ms "
                   f"dynamic {over['total_dynamic_contiguous']:.3f}/{over['total_dynamic_moved']:.3f}ms",
@@ -365,10 +369,11 @@ def main() -> None:
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per p: medians over prompts of each row's median, and ratios to the p = 1 tree pass."""
     out = []
-    single = {r["prompt"]: r["tree_pass"]["median_ms"] for r in rows if r["p"] == 1}
+    single = {(r["prompt"], key): r[key]["median_ms"] for r in rows if r["p"] == 1
+              for key in ("tree_pass", "verify_step")}
 
-    def ratio(mine: list[dict[str, Any]], key: str) -> float:
-        return statistics.median(r[key]["median_ms"] / single[r["prompt"]] for r in mine)
+    def ratio(mine: list[dict[str, Any]], key: str, to: str = "tree_pass") -> float:
+        return statistics.median(r[key]["median_ms"] / single[r["prompt"], to] for r in mine)
 
     for p in PS:
         mine = [r for r in rows if r["p"] == p]
@@ -380,6 +385,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({
             "p": p, "draft_tokens": p * H,
             "tree_nodes": [r["tree_nodes"] for r in mine], "accepted": [r["accepted"] for r in mine],
+            "projected_rows": [r["projected_rows"] for r in mine],
             "tree_pass_ms": med("tree_pass"), "tree_pass_p90_ms": p90("tree_pass"),
             "tree_pass_dynamic_cache_ms": med("tree_pass_dynamic_cache"),
             "batch_rows_ms": med("batch_rows"), "batch_rows_p90_ms": p90("batch_rows"),
@@ -387,6 +393,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "verify_step_ms": med("verify_step"),
             "tree_ratio": ratio(mine, "tree_pass"), "batch_ratio": ratio(mine, "batch_rows"),
             "sequential_ratio": ratio(mine, "sequential"),
+            "verify_step_ratio": ratio(mine, "verify_step", to="verify_step"),
             **{f"overhead_{k}_ms": over(k) for k in (
                 "build", "inputs", "accept", "argmax_all_rows", "argmax_walk_rows", "commit_slab_contiguous", "commit_slab_moved",
                 "commit_dynamic_contiguous", "commit_dynamic_moved", "total_slab_contiguous",
@@ -411,10 +418,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"Median over prompts of the median of {result['repeats']} runs (p90 in brackets); ratios are to the "
         "p = 1 tree pass of the same prompt, in the same run.",
         "",
+        "(a) is `tree_forward` (logits of every row); the verify step projects only the rows its greedy walk "
+        "reads (root + draft 0, plus the subtree the walk moves to: *rows projected*) and is compared with the "
+        "p = 1 verify step.",
+        "",
         "| p | draft tokens | tree nodes (per prompt) | accepted (per prompt) | (a) tree pass ms | "
         "(a) with DynamicCache ms | (b) p batch rows ms | (c) p sequential ms | (a) / single | (b) / single "
-        "| (c) / single | verify step ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| (c) / single | verify step ms | rows projected (per prompt) | **verify step / single** |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in result["summary"]:
         lines.append(
@@ -422,7 +433,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {', '.join(map(str, s['accepted']))} | {s['tree_pass_ms']:.1f} ({s['tree_pass_p90_ms']:.1f}) "
             f"| {s['tree_pass_dynamic_cache_ms']:.1f} | {s['batch_rows_ms']:.1f} ({s['batch_rows_p90_ms']:.1f}) "
             f"| {s['sequential_ms']:.1f} ({s['sequential_p90_ms']:.1f}) | {s['tree_ratio']:.2f}x "
-            f"| {s['batch_ratio']:.2f}x | {s['sequential_ratio']:.2f}x | {s['verify_step_ms']:.1f} |"
+            f"| {s['batch_ratio']:.2f}x | {s['sequential_ratio']:.2f}x | {s['verify_step_ms']:.1f} "
+            f"| {', '.join(map(str, s['projected_rows']))} | **{s['verify_step_ratio']:.2f}x** |"
         )
     lines += [
         "",

@@ -4,19 +4,22 @@ A tree pass has one row per node plus the root (row 0 is the root, row ``i + 1``
 but an acceptance walk reads at most ``h + 1`` of them: the rows along the path it accepts.
 The output projection (``hidden -> vocab``) is a large share of a small model's pass (SmolLM2-135M:
 a 49152 x 576 matrix against ~106M parameters in the body), so a pass computes the final hidden
-states of every row and :class:`TreeLogits` projects them a *branch* at a time:
+states of every row and :class:`TreeLogits` projects them in at most two blocks:
 
-* the first block is the root and the first draft's nodes (the most likely draft of a p-best
-  list), one projection;
-* when a walk reaches a node whose row is not projected yet, the block is that node and the
-  rest of the first draft through it, one more projection.
+* the first block is the root and the first draft's nodes (the best path of a p-best list),
+  projected with the pass;
+* when a walk reaches a node whose row is not projected yet, the second block is that node and
+  its whole subtree: the walk cannot leave it, so no third projection is ever needed.
 
-A greedy walk that stays on draft 0 projects ``len(draft 0) + 1`` rows in one call; each switch
-to another branch adds one call of at most ``h`` rows. A row's logits are those of the same
-projection applied to all rows up to the rounding of the matrix product: the BLAS may use a
-different kernel for a different number of rows (on the CPU one or two rows go through a
-matrix-vector kernel that rounds differently in the last bit), the same kind of difference a
-tree pass already has from a one-token pass.
+Each projection reads the whole matrix (SmolLM2 on the benchmark's CPU: ~15-35 ms for 1-16
+rows, then ~0.5-1 ms per row), so a second one costs about as much as ``2 (h + 1)`` rows; a
+tree with fewer than ``_LAZY_MIN_FACTOR`` times the first block's rows is projected whole
+with the pass (:func:`first_block_rows` returns None).
+
+A row's logits are those of the projection applied to all rows up to the rounding of the
+matrix product: the BLAS may use a different kernel for a different number of rows (on the
+CPU one row goes through a matrix-vector kernel that rounds differently in the last bit), the
+same kind of difference a tree pass already has from a one-token pass.
 """
 
 from __future__ import annotations
@@ -32,15 +35,21 @@ __all__ = ["TreeLogits", "ArgmaxRows", "first_block_rows"]
 
 #: Smallest number of rows a projection of more than one row is padded to (see ``_project``).
 _MIN_GEMM_ROWS = 4
+#: Trees with fewer rows than this many times the first block are projected whole with the pass.
+_LAZY_MIN_FACTOR = 3
 
 
-def first_block_rows(tree: DraftTree) -> list[int]:
-    """Rows of the first projection: the root and draft 0's nodes (``0 .. len(draft 0)``).
+def first_block_rows(tree: DraftTree) -> Optional[list[int]]:
+    """Rows of the first projection: the root and draft 0's nodes (``0 .. len(draft 0)``), or
+    None when the tree is too small for a second projection to pay (project every row).
 
     Draft 0 occupies nodes ``0 .. len - 1`` (node indices follow first insertion), so the rows
     are one contiguous run.
     """
-    return list(range(int(tree.draft_lengths[0]) + 1))
+    rows = int(tree.draft_lengths[0]) + 1
+    if tree.num_nodes + 1 < _LAZY_MIN_FACTOR * rows:
+        return None
+    return list(range(rows))
 
 
 class TreeLogits:

@@ -78,6 +78,9 @@ class VerifyResult:
             token came from.
         hidden_state (`torch.Tensor` of shape `(hidden,)`): the target's final hidden state at
             that node, for draft heads to propose the next lattice from the same pass.
+        projected_rows: rows of the pass (root and nodes) whose logits were computed: all
+            ``num_nodes + 1`` when the model cannot project rows apart (see
+            ``latticekit.torch.logits``), else the root, draft 0 and the subtree the walk moved to.
     """
 
     accepted_tokens: torch.Tensor
@@ -86,6 +89,7 @@ class VerifyResult:
     accepted_drafts: np.ndarray
     logits: torch.Tensor
     hidden_state: torch.Tensor
+    projected_rows: int
 
     @property
     def num_accepted(self) -> int:
@@ -454,10 +458,11 @@ def _tree_logits(
 ) -> tuple[TreeLogits, torch.Tensor]:
     """Validated inputs -> one pass of root + nodes whose output projection covers the root and
     draft 0 only, the rest left to :class:`TreeLogits` (every row when the target cannot
-    project rows apart). Returns the logits and the node tokens on the device."""
+    project rows apart or the tree is small, see :func:`first_block_rows`). Returns the logits
+    and the node tokens on the device."""
     node_tokens, *inputs = _checked_pass_inputs(target, past_key_values, ids, tree)
-    if target.projects_rows:
-        rows = first_block_rows(tree)
+    rows = first_block_rows(tree) if target.projects_rows else None
+    if rows is not None:
         logits, hidden = target.forward_rows(*inputs, past_key_values, rows)
         return TreeLogits(tree, hidden, target.project, rows, logits), node_tokens
     if target.is_hf and target.body is not None and target.model not in _HEAD_IS_LAST_STEP:
@@ -563,4 +568,5 @@ def verify(
         accepted_drafts=tree.drafts_through(last),
         logits=logits[last + 1],
         hidden_state=logits.hidden_states[last + 1],
+        projected_rows=len(logits.projected_rows),
     )

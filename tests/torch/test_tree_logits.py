@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from latticekit.torch import DraftTree, prefill, tree_forward, verify
 from latticekit.torch.acceptance import greedy_accept
-from latticekit.torch.logits import ArgmaxRows, TreeLogits, first_block_rows
+from latticekit.torch.logits import TreeLogits, first_block_rows
 from lk_torch_helpers import (
     VOCAB,
     TinyProtocolLM,
@@ -34,13 +34,34 @@ from lk_torch_helpers import (
 )
 
 verify_module = sys.modules["latticekit.torch.verify"]  # the package exports the function as ``verify``
+logits_module = sys.modules["latticekit.torch.logits"]
 PROMPT = [3, 17, 42, 8, 25, 60, 11]
 H = 5
 
 
 def lazy_logits(tree: DraftTree, hidden: torch.Tensor, head: torch.nn.Linear) -> TreeLogits:
-    rows = first_block_rows(tree)
+    rows = list(range(int(tree.draft_lengths[0]) + 1))  # root + draft 0, whatever the tree's size
     return TreeLogits(tree, hidden, head, rows, head(hidden[rows]))
+
+
+@pytest.fixture
+def any_tree_size(monkeypatch: Any) -> None:
+    """The test trees are tiny; project lazily whatever their size."""
+    monkeypatch.setattr(logits_module, "_LAZY_MIN_FACTOR", 1)
+
+
+def test_small_trees_are_projected_with_the_pass() -> None:
+    chain = DraftTree.from_drafts([[1, 2, 3]])
+    assert first_block_rows(chain) is None
+    assert first_block_rows(DraftTree.from_drafts([[1, 2, 3], [4, 5, 6]])) is None  # 7 rows < 3 x 4
+    wide = DraftTree.from_drafts([[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]])  # 13 rows >= 12
+    assert first_block_rows(wide) == [0, 1, 2, 3]
+    model = tiny_llama()
+    ids = torch.tensor(PROMPT)
+    verify(model, prefill(model, ids), ids, chain)  # the first verify checks the head: every row
+    assert verify(model, prefill(model, ids), ids, chain).projected_rows == 4
+    assert verify(model, prefill(model, ids), ids, DraftTree.from_drafts([[1, 2, 3], [4, 5, 6]])).projected_rows == 7
+    assert verify(model, prefill(model, ids), ids, wide).projected_rows in (4, 7)  # + one subtree at most
 
 
 @settings(max_examples=80, deadline=None)
@@ -120,6 +141,7 @@ def switching_drafts(ref: list[int]) -> list[list[int]]:
     return [[ref[n], wrong] + [0] * (H - 2), [(ref[n] + 1) % VOCAB] * H, ref[n:n + H]]
 
 
+@pytest.mark.usefixtures("any_tree_size")
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "protocol"])
 def test_verify_walk_switching_drafts(arch: str, monkeypatch: Any) -> None:
     model = {"llama": tiny_llama, "gpt2": tiny_gpt2, "protocol": TinyProtocolLM}[arch]()
@@ -153,6 +175,7 @@ def test_verify_walk_switching_drafts(arch: str, monkeypatch: Any) -> None:
     assert greedy_accept(tree, full.logits.argmax(-1).tolist()).nodes == result.accepted_nodes
 
 
+@pytest.mark.usefixtures("any_tree_size")
 @pytest.mark.parametrize("rule", ["sampling", "token", "block"])
 def test_sampling_rules_read_the_same_rows_as_all_rows(rule: str) -> None:
     """Same seed, same drafts: the lazy pass and a pass projecting every row emit the same
