@@ -26,6 +26,8 @@ the KV commit on the cache left by a real pass, for a SlabCache and a DynamicCac
 accepted path contiguous in node order (draft 0 entire: truncation only) and one that is not
 (the last draft entire: rows moved).
 
+The passes of one prompt (every p and kind) are timed round-robin, one call each per round, so
+that a change in the load of a shared machine reaches the p = 1 pass and the others alike.
 Prints medians and p90 over repeats (warm-up excluded), the machine, and writes
 ``benchmarks/results/verify_pass.json`` and ``.md``.
 
@@ -178,20 +180,35 @@ def pbest_drafts(model: Any, ids: torch.Tensor, lm: latticekit.NGramLM, alpha: f
             "lattice_top1_is_greedy": bool((lattice.tokens[:, 0] == np.array(greedy)).all())}
 
 
+Case = tuple[Callable[..., Any], Optional[Callable[[], Any]]]
+
+
+def timed_round_robin(cases: dict[Any, Case], repeats: int, warmup: int,
+                      sync: Callable[[], None] = lambda: None) -> dict[Any, dict[str, float]]:
+    """Median and p90 wall time (ms) of each case's fn over repeats; a case's setup (untimed) runs
+    before each call. The cases take turns, one call each per round, so a change in the load of a
+    shared machine during the run reaches all of them alike and their ratios stay comparable."""
+    samples: dict[Any, list[float]] = {name: [] for name in cases}
+    for i in range(warmup + repeats):
+        for name, (fn, setup) in cases.items():
+            state = setup() if setup else None
+            sync()
+            start = time.perf_counter()
+            fn() if state is None else fn(state)
+            sync()
+            if i >= warmup:
+                samples[name].append((time.perf_counter() - start) * 1e3)
+    out = {}
+    for name, times in samples.items():
+        times.sort()
+        out[name] = {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))]}
+    return out
+
+
 def timed(fn: Callable[..., Any], repeats: int, warmup: int, setup: Optional[Callable[[], Any]] = None,
           sync: Callable[[], None] = lambda: None) -> dict[str, float]:
     """Median and p90 wall time (ms) of fn over repeats; setup (untimed) runs before each call."""
-    samples = []
-    for i in range(warmup + repeats):
-        state = setup() if setup else None
-        sync()
-        start = time.perf_counter()
-        fn() if state is None else fn(state)
-        sync()
-        if i >= warmup:
-            samples.append((time.perf_counter() - start) * 1e3)
-    samples.sort()
-    return {"median_ms": statistics.median(samples), "p90_ms": samples[int(0.9 * (len(samples) - 1))]}
+    return timed_round_robin({None: (fn, setup)}, repeats, warmup, sync)[None]
 
 
 def machine(device: str) -> dict[str, Any]:
@@ -307,16 +324,10 @@ def main() -> None:
         print(f"prompt {prompt_index}: {source}, {prefix_len} tokens; p-best search {made['pbest_ms']:.2f} ms; "
               f"drafts agree with greedy for {made['agree']} tokens", flush=True)
 
-        for p in PS:
+        def cases(p: int) -> tuple[DraftTree, list[Any], dict[Any, Case]]:
             drafts = all_drafts[:p]
             tree = DraftTree.from_drafts(drafts)
-            tree_t = timed(lambda c: tree_forward(model, c, ids, tree), args.repeats, args.warmup, fresh, sync)
-            tree_plain_t = timed(lambda c: tree_forward(model, c, ids, tree), args.repeats, args.warmup,
-                                 fresh_plain, sync)
             results: list[Any] = []
-            step_t = timed(lambda c: results.append(verify(model, c, ids, tree)), args.repeats, args.warmup,
-                           fresh, sync)
-
             root = int(ids[-1])
             batch_ids = torch.tensor([[root] + d for d in drafts.tolist()], device=device)
             batch_pos = torch.arange(prefix_len - 1, prefix_len + H, device=device).expand(p, -1)
@@ -326,28 +337,39 @@ def main() -> None:
                 cache.batch_repeat_interleave(p)
                 return cache
 
-            batch_t = timed(lambda c: model(input_ids=batch_ids, position_ids=batch_pos, past_key_values=c,
-                                            use_cache=True), args.repeats, args.warmup, batched_cache, sync)
-
             def sequential(c: Any) -> None:
                 for row in batch_ids:
                     model(input_ids=row[None], position_ids=batch_pos[:1], past_key_values=c, use_cache=True)
                     c.crop(-(H + 1))
 
-            seq_t = timed(sequential, args.repeats, args.warmup, fresh, sync)
-            over = overhead(model, ids, drafts, base, args.overhead_repeats, 50, sync)
+            return tree, results, {
+                (p, "tree_pass"): (lambda c: tree_forward(model, c, ids, tree), fresh),
+                (p, "tree_pass_dynamic_cache"): (lambda c: tree_forward(model, c, ids, tree), fresh_plain),
+                (p, "verify_step"): (lambda c: results.append(verify(model, c, ids, tree)), fresh),
+                (p, "batch_rows"): (lambda c: model(input_ids=batch_ids, position_ids=batch_pos, past_key_values=c,
+                                                    use_cache=True), batched_cache),
+                (p, "sequential"): (sequential, fresh),
+            }
+
+        made_cases = {p: cases(p) for p in PS}
+        times = timed_round_robin({k: v for p in PS for k, v in made_cases[p][2].items()}, args.repeats,
+                                  args.warmup, sync)
+        for p in PS:
+            tree, results, _ = made_cases[p]
+            t = {kind: times[p, kind] for kind in ("tree_pass", "tree_pass_dynamic_cache", "verify_step",
+                                                   "batch_rows", "sequential")}
+            over = overhead(model, ids, all_drafts[:p], base, args.overhead_repeats, 50, sync)
             rows.append({
                 "prompt": prompt_index, "source": source, "prefix_len": prefix_len, "p": p, "h": H,
                 "draft_tokens": p * H, "tree_nodes": tree.num_nodes,
                 "accepted": results[-1].num_accepted, "agree_with_greedy": made["agree"][:p],
-                "projected_rows": results[-1].projected_rows,
-                "tree_pass": tree_t, "tree_pass_dynamic_cache": tree_plain_t, "verify_step": step_t,
-                "batch_rows": batch_t, "sequential": seq_t, "overhead": over,
+                "projected_rows": results[-1].projected_rows, **t, "overhead": over,
             })
             print(f"  p={p:2d} nodes={tree.num_nodes:3d} accepted={results[-1].num_accepted} "
-                  f"tree={tree_t['median_ms']:.1f}ms (DynamicCache {tree_plain_t['median_ms']:.1f}) "
-                  f"verify={step_t['median_ms']:.1f}ms ({results[-1].projected_rows} rows projected) "
-                  f"batch={batch_t['median_ms']:.1f}ms seq={seq_t['median_ms']:.1f}ms "
+                  f"tree={t['tree_pass']['median_ms']:.1f}ms (DynamicCache "
+                  f"{t['tree_pass_dynamic_cache']['median_ms']:.1f}) verify={t['verify_step']['median_ms']:.1f}ms "
+                  f"({results[-1].projected_rows} rows projected) batch={t['batch_rows']['median_ms']:.1f}ms "
+                  f"seq={t['sequential']['median_ms']:.1f}ms "
                   f"overhead slab {over['total_slab_contiguous']:.3f}/{over['total_slab_moved']:.3f}ms "
                   f"dynamic {over['total_dynamic_contiguous']:.3f}/{over['total_dynamic_moved']:.3f}ms",
                   flush=True)
@@ -415,8 +437,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Drafts: `latticekit.pbest` on a top-{result['k']} lattice of the target's own greedy continuation "
         f"(a stand-in for draft heads), h = {result['h']}, rescored with a token-id Katz 4-gram "
         f"({sum(lm['counts'])} n-grams, alpha = {result['alpha']}); three held-out stdlib prompts. "
-        f"Median over prompts of the median of {result['repeats']} runs (p90 in brackets); ratios are to the "
-        "p = 1 tree pass of the same prompt, in the same run.",
+        f"Median over prompts of the median of {result['repeats']} runs (p90 in brackets), the passes of a "
+        "prompt timed round-robin; ratios are to the p = 1 tree pass of the same prompt, in the same run.",
         "",
         "(a) is `tree_forward` (logits of every row); the verify step projects only the rows its greedy walk "
         "reads (root + draft 0, plus the subtree the walk moves to: *rows projected*) and is compared with the "
