@@ -58,8 +58,8 @@ class TreeLogits:
     Args:
         tree: the tree of the pass.
         hidden_states (`torch.Tensor` of shape `(num_nodes + 1, hidden)`): final hidden states.
-        project: maps hidden states `(m, hidden)` to logits `(m, vocab)`; None when ``known``
-            holds every row already.
+        project: maps hidden states `(m, hidden)` to logits `(m, vocab)`; None when
+            ``known_rows`` holds every row already.
         known_rows: rows whose logits the pass computed already.
         known_logits (`torch.Tensor` of shape `(len(known_rows), vocab)`): their logits.
     """
