@@ -517,6 +517,10 @@ def verify(
 ) -> VerifyResult:
     """Verifies all drafts of ``tree`` in one forward pass and commits the accepted path.
 
+    The output projection is applied to the rows the acceptance rule reads: the root and draft 0
+    with the pass, and the subtree the walk moves to if it leaves draft 0 (every row for small
+    trees and for models that cannot project rows apart; see ``latticekit.torch.logits``).
+
     Args:
         model: an HF transformers causal LM (eager or sdpa attention) or a ``torch.nn.Module``
             following ``latticekit.torch.protocol``. Put it in eval mode: dropout makes any
