@@ -13,17 +13,21 @@ stdlib files (a window of ``--prefix-tokens`` SmolLM2 tokens as the prefix):
    files, newlines included; the prompt files are held out), or read from ``--lm``.
 
 For p in {1, 4, 8, 16} it measures, on the same run: the node count after merging, the wall
-time of (a) one tree pass (``tree_forward``: root + all nodes, one call; with the default
-``SlabCache`` and with a plain ``DynamicCache``), (b) one pass with p batch rows (each row:
-root + its draft, over a p-times replicated prefix cache), (c) p sequential single-draft
-passes (each followed by a cache crop), and the full ``verify`` step (pass + greedy acceptance
-+ commit); ratios are to the p = 1 tree pass of the same prompt. Then the adapter's own
+time of (a) one tree pass (``tree_forward``: root + all nodes, one call, logits of every row;
+with the default ``SlabCache`` and with a plain ``DynamicCache``), (b) one pass with p batch
+rows (each row: root + its draft, over a p-times replicated prefix cache), (c) p sequential
+single-draft passes (each followed by a cache crop), and the full ``verify`` step (the pass
+with logits only for the rows the greedy walk reads, the walk, the commit); ratios are to the
+p = 1 tree pass of the same prompt, and for the verify step to the p = 1 verify step. Then the
+adapter's own
 overhead per step, without the forward pass and with one torch thread: tree build (from the
 p-best array), pass inputs (ancestors, mask, positions, on a fresh tree), the greedy walk, and
 the KV commit on the cache left by a real pass, for a SlabCache and a DynamicCache, for an
 accepted path contiguous in node order (draft 0 entire: truncation only) and one that is not
 (the last draft entire: rows moved).
 
+The passes of one prompt (every p and kind) are timed round-robin, one call each per round, so
+that a change in the load of a shared machine reaches the p = 1 pass and the others alike.
 Prints medians and p90 over repeats (warm-up excluded), the machine, and writes
 ``benchmarks/results/verify_pass.json`` and ``.md``.
 
@@ -59,7 +63,8 @@ from transformers import DynamicCache
 import latticekit
 from latticekit.torch import DraftTree, commit_accepted, new_cache, prefill, tree_forward, verify
 from latticekit.torch.acceptance import greedy_accept
-from latticekit.torch.verify import _argmax_rows, tree_pass_inputs
+from latticekit.torch.logits import ArgmaxRows, TreeLogits
+from latticekit.torch.verify import tree_pass_inputs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PS = (1, 4, 8, 16)
@@ -175,20 +180,35 @@ def pbest_drafts(model: Any, ids: torch.Tensor, lm: latticekit.NGramLM, alpha: f
             "lattice_top1_is_greedy": bool((lattice.tokens[:, 0] == np.array(greedy)).all())}
 
 
+Case = tuple[Callable[..., Any], Optional[Callable[[], Any]]]
+
+
+def timed_round_robin(cases: dict[Any, Case], repeats: int, warmup: int,
+                      sync: Callable[[], None] = lambda: None) -> dict[Any, dict[str, float]]:
+    """Median and p90 wall time (ms) of each case's fn over repeats; a case's setup (untimed) runs
+    before each call. The cases take turns, one call each per round, so a change in the load of a
+    shared machine during the run reaches all of them alike and their ratios stay comparable."""
+    samples: dict[Any, list[float]] = {name: [] for name in cases}
+    for i in range(warmup + repeats):
+        for name, (fn, setup) in cases.items():
+            state = setup() if setup else None
+            sync()
+            start = time.perf_counter()
+            fn() if state is None else fn(state)
+            sync()
+            if i >= warmup:
+                samples[name].append((time.perf_counter() - start) * 1e3)
+    out = {}
+    for name, times in samples.items():
+        times.sort()
+        out[name] = {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))]}
+    return out
+
+
 def timed(fn: Callable[..., Any], repeats: int, warmup: int, setup: Optional[Callable[[], Any]] = None,
           sync: Callable[[], None] = lambda: None) -> dict[str, float]:
     """Median and p90 wall time (ms) of fn over repeats; setup (untimed) runs before each call."""
-    samples = []
-    for i in range(warmup + repeats):
-        state = setup() if setup else None
-        sync()
-        start = time.perf_counter()
-        fn() if state is None else fn(state)
-        sync()
-        if i >= warmup:
-            samples.append((time.perf_counter() - start) * 1e3)
-    samples.sort()
-    return {"median_ms": statistics.median(samples), "p90_ms": samples[int(0.9 * (len(samples) - 1))]}
+    return timed_round_robin({None: (fn, setup)}, repeats, warmup, sync)[None]
 
 
 def machine(device: str) -> dict[str, Any]:
@@ -231,13 +251,15 @@ def overhead(model: Any, ids: torch.Tensor, drafts: np.ndarray, base: Any, repea
 
         out["inputs"] = timed(inputs, repeats, warmup, lambda: DraftTree.from_drafts(drafts), sync)
         cache = copy_cache(base, lambda: new_cache(model))
-        logits = tree_forward(model, cache, ids, tree).logits
+        outputs = tree_forward(model, cache, ids, tree)
+        logits = outputs.logits
         argmax = logits.argmax(dim=-1).tolist()
         out["accept"] = timed(lambda: greedy_accept(tree, argmax), repeats, warmup, None, sync)
         # Arg-max over the logits (plain greedy decoding needs one per token too): every row in
         # one call, as verify did before, and the rows the walk reads, as it does now on the CPU.
         out["argmax_all_rows"] = timed(lambda: logits.argmax(dim=-1).tolist(), repeats, warmup, None, sync)
-        out["argmax_walk_rows"] = timed(lambda: greedy_accept(tree, _argmax_rows(logits)), repeats, warmup,
+        out["argmax_walk_rows"] = timed(lambda: greedy_accept(
+            tree, ArgmaxRows(TreeLogits.complete(tree, outputs.hidden_states, logits))), repeats, warmup,
                                         None, sync)
         out["argmax_walk_rows"]["median_ms"] -= out["accept"]["median_ms"]
 
@@ -302,16 +324,10 @@ def main() -> None:
         print(f"prompt {prompt_index}: {source}, {prefix_len} tokens; p-best search {made['pbest_ms']:.2f} ms; "
               f"drafts agree with greedy for {made['agree']} tokens", flush=True)
 
-        for p in PS:
+        def cases(p: int) -> tuple[DraftTree, list[Any], dict[Any, Case]]:
             drafts = all_drafts[:p]
             tree = DraftTree.from_drafts(drafts)
-            tree_t = timed(lambda c: tree_forward(model, c, ids, tree), args.repeats, args.warmup, fresh, sync)
-            tree_plain_t = timed(lambda c: tree_forward(model, c, ids, tree), args.repeats, args.warmup,
-                                 fresh_plain, sync)
             results: list[Any] = []
-            step_t = timed(lambda c: results.append(verify(model, c, ids, tree)), args.repeats, args.warmup,
-                           fresh, sync)
-
             root = int(ids[-1])
             batch_ids = torch.tensor([[root] + d for d in drafts.tolist()], device=device)
             batch_pos = torch.arange(prefix_len - 1, prefix_len + H, device=device).expand(p, -1)
@@ -321,26 +337,39 @@ def main() -> None:
                 cache.batch_repeat_interleave(p)
                 return cache
 
-            batch_t = timed(lambda c: model(input_ids=batch_ids, position_ids=batch_pos, past_key_values=c,
-                                            use_cache=True), args.repeats, args.warmup, batched_cache, sync)
-
             def sequential(c: Any) -> None:
                 for row in batch_ids:
                     model(input_ids=row[None], position_ids=batch_pos[:1], past_key_values=c, use_cache=True)
                     c.crop(-(H + 1))
 
-            seq_t = timed(sequential, args.repeats, args.warmup, fresh, sync)
-            over = overhead(model, ids, drafts, base, args.overhead_repeats, 50, sync)
+            return tree, results, {
+                (p, "tree_pass"): (lambda c: tree_forward(model, c, ids, tree), fresh),
+                (p, "tree_pass_dynamic_cache"): (lambda c: tree_forward(model, c, ids, tree), fresh_plain),
+                (p, "verify_step"): (lambda c: results.append(verify(model, c, ids, tree)), fresh),
+                (p, "batch_rows"): (lambda c: model(input_ids=batch_ids, position_ids=batch_pos, past_key_values=c,
+                                                    use_cache=True), batched_cache),
+                (p, "sequential"): (sequential, fresh),
+            }
+
+        made_cases = {p: cases(p) for p in PS}
+        times = timed_round_robin({k: v for p in PS for k, v in made_cases[p][2].items()}, args.repeats,
+                                  args.warmup, sync)
+        for p in PS:
+            tree, results, _ = made_cases[p]
+            t = {kind: times[p, kind] for kind in ("tree_pass", "tree_pass_dynamic_cache", "verify_step",
+                                                   "batch_rows", "sequential")}
+            over = overhead(model, ids, all_drafts[:p], base, args.overhead_repeats, 50, sync)
             rows.append({
                 "prompt": prompt_index, "source": source, "prefix_len": prefix_len, "p": p, "h": H,
                 "draft_tokens": p * H, "tree_nodes": tree.num_nodes,
                 "accepted": results[-1].num_accepted, "agree_with_greedy": made["agree"][:p],
-                "tree_pass": tree_t, "tree_pass_dynamic_cache": tree_plain_t, "verify_step": step_t,
-                "batch_rows": batch_t, "sequential": seq_t, "overhead": over,
+                "projected_rows": results[-1].projected_rows, **t, "overhead": over,
             })
             print(f"  p={p:2d} nodes={tree.num_nodes:3d} accepted={results[-1].num_accepted} "
-                  f"tree={tree_t['median_ms']:.1f}ms (DynamicCache {tree_plain_t['median_ms']:.1f}) "
-                  f"batch={batch_t['median_ms']:.1f}ms seq={seq_t['median_ms']:.1f}ms "
+                  f"tree={t['tree_pass']['median_ms']:.1f}ms (DynamicCache "
+                  f"{t['tree_pass_dynamic_cache']['median_ms']:.1f}) verify={t['verify_step']['median_ms']:.1f}ms "
+                  f"({results[-1].projected_rows} rows projected) batch={t['batch_rows']['median_ms']:.1f}ms "
+                  f"seq={t['sequential']['median_ms']:.1f}ms "
                   f"overhead slab {over['total_slab_contiguous']:.3f}/{over['total_slab_moved']:.3f}ms "
                   f"dynamic {over['total_dynamic_contiguous']:.3f}/{over['total_dynamic_moved']:.3f}ms",
                   flush=True)
@@ -362,10 +391,11 @@ def main() -> None:
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per p: medians over prompts of each row's median, and ratios to the p = 1 tree pass."""
     out = []
-    single = {r["prompt"]: r["tree_pass"]["median_ms"] for r in rows if r["p"] == 1}
+    single = {(r["prompt"], key): r[key]["median_ms"] for r in rows if r["p"] == 1
+              for key in ("tree_pass", "verify_step")}
 
-    def ratio(mine: list[dict[str, Any]], key: str) -> float:
-        return statistics.median(r[key]["median_ms"] / single[r["prompt"]] for r in mine)
+    def ratio(mine: list[dict[str, Any]], key: str, to: str = "tree_pass") -> float:
+        return statistics.median(r[key]["median_ms"] / single[r["prompt"], to] for r in mine)
 
     for p in PS:
         mine = [r for r in rows if r["p"] == p]
@@ -377,6 +407,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({
             "p": p, "draft_tokens": p * H,
             "tree_nodes": [r["tree_nodes"] for r in mine], "accepted": [r["accepted"] for r in mine],
+            "projected_rows": [r["projected_rows"] for r in mine],
             "tree_pass_ms": med("tree_pass"), "tree_pass_p90_ms": p90("tree_pass"),
             "tree_pass_dynamic_cache_ms": med("tree_pass_dynamic_cache"),
             "batch_rows_ms": med("batch_rows"), "batch_rows_p90_ms": p90("batch_rows"),
@@ -384,6 +415,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "verify_step_ms": med("verify_step"),
             "tree_ratio": ratio(mine, "tree_pass"), "batch_ratio": ratio(mine, "batch_rows"),
             "sequential_ratio": ratio(mine, "sequential"),
+            "verify_step_ratio": ratio(mine, "verify_step", to="verify_step"),
             **{f"overhead_{k}_ms": over(k) for k in (
                 "build", "inputs", "accept", "argmax_all_rows", "argmax_walk_rows", "commit_slab_contiguous", "commit_slab_moved",
                 "commit_dynamic_contiguous", "commit_dynamic_moved", "total_slab_contiguous",
@@ -405,13 +437,17 @@ def markdown(result: dict[str, Any]) -> str:
         f"Drafts: `latticekit.pbest` on a top-{result['k']} lattice of the target's own greedy continuation "
         f"(a stand-in for draft heads), h = {result['h']}, rescored with a token-id Katz 4-gram "
         f"({sum(lm['counts'])} n-grams, alpha = {result['alpha']}); three held-out stdlib prompts. "
-        f"Median over prompts of the median of {result['repeats']} runs (p90 in brackets); ratios are to the "
-        "p = 1 tree pass of the same prompt, in the same run.",
+        f"Median over prompts of the median of {result['repeats']} runs (p90 in brackets), the passes of a "
+        "prompt timed round-robin; ratios are to the p = 1 tree pass of the same prompt, in the same run.",
+        "",
+        "(a) is `tree_forward` (logits of every row); the verify step projects only the rows its greedy walk "
+        "reads (root + draft 0, plus the subtree the walk moves to: *rows projected*) and is compared with the "
+        "p = 1 verify step.",
         "",
         "| p | draft tokens | tree nodes (per prompt) | accepted (per prompt) | (a) tree pass ms | "
         "(a) with DynamicCache ms | (b) p batch rows ms | (c) p sequential ms | (a) / single | (b) / single "
-        "| (c) / single | verify step ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| (c) / single | verify step ms | rows projected (per prompt) | **verify step / single** |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in result["summary"]:
         lines.append(
@@ -419,7 +455,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {', '.join(map(str, s['accepted']))} | {s['tree_pass_ms']:.1f} ({s['tree_pass_p90_ms']:.1f}) "
             f"| {s['tree_pass_dynamic_cache_ms']:.1f} | {s['batch_rows_ms']:.1f} ({s['batch_rows_p90_ms']:.1f}) "
             f"| {s['sequential_ms']:.1f} ({s['sequential_p90_ms']:.1f}) | {s['tree_ratio']:.2f}x "
-            f"| {s['batch_ratio']:.2f}x | {s['sequential_ratio']:.2f}x | {s['verify_step_ms']:.1f} |"
+            f"| {s['batch_ratio']:.2f}x | {s['sequential_ratio']:.2f}x | {s['verify_step_ms']:.1f} "
+            f"| {', '.join(map(str, s['projected_rows']))} | **{s['verify_step_ratio']:.2f}x** |"
         )
     lines += [
         "",

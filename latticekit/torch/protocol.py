@@ -23,6 +23,18 @@ HF transformers causal LMs work as they are. Any other target model works when i
   draft-head model consumes).
 
 The adapter commits the cache in place after each pass (see ``latticekit.torch.cache``).
+
+Optional, for speed: a module that also offers
+
+* ``module.forward_hidden(input_ids, position_ids, attention_mask, past_key_values)``, the same
+  pass returning only the hidden states `(1, n, hidden)`, and
+* ``module.logits_from_hidden(hidden)``, the output projection: hidden states `(m, hidden)` ->
+  logits `(m, vocab)`, such that ``forward``'s logits are ``logits_from_hidden`` of its hidden
+  states row by row,
+
+lets :func:`latticekit.torch.verify` project only the rows its acceptance walk reads (the root
+and the first draft, plus the subtree a walk moves to; see ``latticekit.torch.logits``). Without
+them every row is projected, as ``forward`` does.
 """
 
 from __future__ import annotations

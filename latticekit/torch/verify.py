@@ -14,7 +14,9 @@ sequence ``prefix_ids + accepted + [bonus]`` satisfies the invariant again.
 
 from __future__ import annotations
 
+import inspect
 import sys
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
@@ -33,6 +35,7 @@ from latticekit.torch.acceptance import (
 )
 from latticekit.torch.cache import KVCache, cache_device, cache_length, check_committable, commit_accepted
 from latticekit.torch.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError
+from latticekit.torch.logits import ArgmaxRows, TreeLogits, first_block_rows
 from latticekit.torch.tree import ROOT, DraftTree, mask_from_visibility
 
 __all__ = [
@@ -54,6 +57,12 @@ AcceptanceRule = Literal["greedy", "sampling", "token", "block"]
 _RULES = ("greedy", "sampling", "token", "block")
 _MASKABLE_ATTENTION = ("eager", "sdpa")
 
+#: HF causal LM classes -> whether their forward takes ``logits_to_keep`` (signature read once).
+_KEEPS_LOGITS: dict[type, bool] = {}
+#: HF models -> whether their logits are exactly ``output_embeddings(body's last hidden state)``
+#: (checked on the first tree pass; absent until then). Only then may rows be projected apart.
+_HEAD_IS_LAST_STEP: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
 
 @dataclass
 class VerifyResult:
@@ -69,6 +78,9 @@ class VerifyResult:
             token came from.
         hidden_state (`torch.Tensor` of shape `(hidden,)`): the target's final hidden state at
             that node, for draft heads to propose the next lattice from the same pass.
+        projected_rows: rows of the pass (root and nodes) whose logits were computed: all
+            ``num_nodes + 1`` when the model cannot project rows apart (see
+            ``latticekit.torch.logits``), else the root, draft 0 and the subtree the walk moved to.
     """
 
     accepted_tokens: torch.Tensor
@@ -77,6 +89,7 @@ class VerifyResult:
     accepted_drafts: np.ndarray
     logits: torch.Tensor
     hidden_state: torch.Tensor
+    projected_rows: int
 
     @property
     def num_accepted(self) -> int:
@@ -109,8 +122,11 @@ class _Target:
                 raise UnsupportedModelError(f"{type(model).__name__} has no output embeddings (not a causal LM?)")
             self.head = head
             self.vocab_size = int(model.config.vocab_size)
+            body = model.base_model
+            self.body = body if body is not model and _keeps_logits(type(model)) else None
         elif isinstance(model, torch.nn.Module) and isinstance(getattr(model, "vocab_size", None), int):
             self.vocab_size = int(model.vocab_size)
+            self.body = None
         else:
             raise UnsupportedModelError(
                 f"{type(model).__name__} is neither a transformers PreTrainedModel nor a "
@@ -166,6 +182,20 @@ class _Target:
             return logits[0], hidden[0]
         captured: list[torch.Tensor] = []
         hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
+        return self._hf_forward(input_ids, position_ids, mask, cache, hook, captured)
+
+    def _hf_forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor,
+        cache: Any,
+        hook: Any,
+        captured: list[torch.Tensor],
+        **extra: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Calls the HF model with ``hook`` (which appends the hidden states to ``captured``)
+        registered; removes the hook and returns the logits and the captured hidden states."""
         try:
             out = self.model(
                 input_ids=input_ids,
@@ -173,10 +203,73 @@ class _Target:
                 attention_mask=mask,
                 past_key_values=cache,
                 use_cache=True,
+                **extra,
             )
         finally:
             hook.remove()
         return out.logits[0], captured[-1][0]
+
+    @property
+    def projects_rows(self) -> bool:
+        """Whether a pass can leave the output projection to :class:`TreeLogits`: an HF model
+        whose forward takes ``logits_to_keep`` and whose logits were found to be exactly its
+        output embeddings applied to its body's output, or a protocol module with
+        ``forward_hidden`` and ``logits_from_hidden``."""
+        if self.is_hf:
+            return self.body is not None and _HEAD_IS_LAST_STEP.get(self.model, False)
+        return callable(getattr(self.model, "forward_hidden", None)) and callable(
+            getattr(self.model, "logits_from_hidden", None)
+        )
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits `(m, vocab)` of final hidden states `(m, hidden)`; only when ``projects_rows``."""
+        if self.is_hf:
+            return self.head(hidden[None])[0]
+        return self.model.logits_from_hidden(hidden)
+
+    def forward_rows(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any, rows: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`forward`, but the logits of ``rows`` only; needs ``projects_rows``.
+
+        Returns:
+            Logits `(len(rows), vocab)` and final hidden states `(n, hidden)` of every row.
+        """
+        if not self.is_hf:
+            hidden = self.model.forward_hidden(input_ids, position_ids, mask, cache)[0]
+            index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
+            return self.model.logits_from_hidden(hidden.index_select(0, index)), hidden
+        assert self.body is not None
+        captured: list[torch.Tensor] = []
+        hook = self.body.register_forward_hook(lambda _module, _args, out: captured.append(out[0]))
+        keep = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
+        return self._hf_forward(input_ids, position_ids, mask, cache, hook, captured, logits_to_keep=keep)
+
+    def forward_probing_head(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` for an HF model not checked yet: also records whether its logits are
+        bit for bit the output embeddings applied to its body's output (no soft-capping, logit
+        scale or other step after the head), which :meth:`project` relies on."""
+        assert self.is_hf and self.body is not None
+        captured: list[torch.Tensor] = []
+        hook = self.body.register_forward_hook(lambda _module, _args, out: captured.append(out[0]))
+        try:
+            logits, hidden = self.forward(input_ids, position_ids, mask, cache)
+        finally:
+            hook.remove()
+        _HEAD_IS_LAST_STEP[self.model] = bool(
+            captured and captured[-1].shape[1] == logits.shape[0] and torch.equal(self.head(captured[-1])[0], logits)
+        )
+        return logits, hidden
+
+
+def _keeps_logits(model_class: type) -> bool:
+    """Whether an HF model class's forward takes ``logits_to_keep`` (transformers >= 4.50)."""
+    keeps = _KEEPS_LOGITS.get(model_class)
+    if keeps is None:
+        keeps = _KEEPS_LOGITS[model_class] = "logits_to_keep" in inspect.signature(model_class.forward).parameters
+    return keeps
 
 
 def _as_prefix(prefix_ids: Union[torch.Tensor, Sequence[int]], target: _Target) -> torch.Tensor:
@@ -330,8 +423,10 @@ def _prepare(
     return target, ids
 
 
-def _tree_forward(target: _Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree) -> TreeOutputs:
-    """Validated inputs -> one pass of root + nodes; the cache gains ``num_nodes + 1`` positions."""
+def _checked_pass_inputs(
+    target: _Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validates the tree and the cache; returns the node tokens, input ids, positions and mask."""
     if int(tree.tokens.max()) >= target.vocab_size:  # ids are >= 0 by construction
         raise VocabularyError(
             f"the drafts hold id {int(tree.tokens.max())}, outside the model's vocabulary "
@@ -347,9 +442,34 @@ def _tree_forward(target: _Target, past_key_values: Any, ids: torch.Tensor, tree
             f"the cache holds {held} positions but a prefix of {prefix_len} tokens needs exactly "
             f"{prefix_len - 1} (all but the last token); {hint}"
         )
-    input_ids, position_ids, mask = tree_pass_inputs(tree, ids, node_tokens, target.mask_dtype)
-    logits, hidden = target.forward(input_ids, position_ids, mask, past_key_values)
+    return (node_tokens, *tree_pass_inputs(tree, ids, node_tokens, target.mask_dtype))
+
+
+def _tree_forward(target: _Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree) -> TreeOutputs:
+    """Validated inputs -> one pass of root + nodes, logits of every row; the cache gains
+    ``num_nodes + 1`` positions."""
+    node_tokens, *inputs = _checked_pass_inputs(target, past_key_values, ids, tree)
+    logits, hidden = target.forward(*inputs, past_key_values)
     return TreeOutputs(logits, hidden, node_tokens)
+
+
+def _tree_logits(
+    target: _Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree
+) -> tuple[TreeLogits, torch.Tensor]:
+    """Validated inputs -> one pass of root + nodes whose output projection covers the root and
+    draft 0 only, the rest left to :class:`TreeLogits` (every row when the target cannot
+    project rows apart or the tree is small, see :func:`first_block_rows`). Returns the logits
+    and the node tokens on the device."""
+    node_tokens, *inputs = _checked_pass_inputs(target, past_key_values, ids, tree)
+    rows = first_block_rows(tree) if target.projects_rows else None
+    if rows is not None:
+        logits, hidden = target.forward_rows(*inputs, past_key_values, rows)
+        return TreeLogits(tree, hidden, target.project, rows, logits), node_tokens
+    if target.is_hf and target.body is not None and target.model not in _HEAD_IS_LAST_STEP:
+        logits, hidden = target.forward_probing_head(*inputs, past_key_values)
+    else:
+        logits, hidden = target.forward(*inputs, past_key_values)
+    return TreeLogits.complete(tree, hidden, logits), node_tokens
 
 
 @torch.no_grad()
@@ -382,32 +502,6 @@ def tree_forward(
     return _tree_forward(target, past_key_values, ids, tree)
 
 
-class _LazyRowArgmax:
-    """``logits.argmax(-1)`` computed row by row on demand (the greedy walk reads <= h + 1 rows).
-
-    On the CPU the arg-max of every node's row costs more than the rest of the adapter (p = 16:
-    ~70 rows of a 49k vocabulary); the walk only needs the rows on the accepted path. Each
-    row's arg-max is the same as in the batched call (exact maximum, first index on ties).
-    """
-
-    def __init__(self, logits: torch.Tensor) -> None:
-        self.logits = logits
-        self.rows: dict[int, int] = {}
-
-    def __getitem__(self, row: int) -> int:
-        token = self.rows.get(row)
-        if token is None:
-            token = self.rows[row] = int(self.logits[row].argmax())
-        return token
-
-
-def _argmax_rows(logits: torch.Tensor) -> Union[list[int], _LazyRowArgmax]:
-    """Arg-max per row for the greedy walk: lazily on the CPU, in one call (one sync) elsewhere."""
-    if logits.device.type == "cpu":
-        return _LazyRowArgmax(logits)
-    return logits.argmax(dim=-1).tolist()
-
-
 @torch.no_grad()
 def verify(
     model: Any,
@@ -422,6 +516,10 @@ def verify(
     generator: Optional[torch.Generator] = None,
 ) -> VerifyResult:
     """Verifies all drafts of ``tree`` in one forward pass and commits the accepted path.
+
+    The output projection is applied to the rows the acceptance rule reads: the root and draft 0
+    with the pass, and the subtree the walk moves to if it leaves draft 0 (every row for small
+    trees and for models that cannot project rows apart; see ``latticekit.torch.logits``).
 
     Args:
         model: an HF transformers causal LM (eager or sdpa attention) or a ``torch.nn.Module``
@@ -453,26 +551,26 @@ def verify(
     """
     target, ids = _prepare(model, prefix_ids, tree)
     _check_rule_inputs(rule, tree, draft_probs, target, temperature, top_p)
-    out = _tree_forward(target, past_key_values, ids, tree)
-    logits = out.logits
+    logits, node_tokens = _tree_logits(target, past_key_values, ids, tree)
 
     if rule == "greedy":
-        path = greedy_accept(tree, _argmax_rows(logits))
+        path = greedy_accept(tree, ArgmaxRows(logits))
     elif rule == "sampling":
         path = tree_sampling_accept(tree, lambda row: target_probs(logits[row], temperature, top_p), generator)
     else:
-        p = target_probs(logits, temperature, top_p)
+        p = target_probs(logits.all(), temperature, top_p)  # a chain: draft 0 holds every node
         verifier = token_verify if rule == "token" else block_verify
-        tau, bonus = verifier(p, draft_probs, out.node_tokens, generator)
+        tau, bonus = verifier(p, draft_probs, node_tokens, generator)
         path = AcceptedPath(list(range(tau)), bonus)
 
     commit_accepted(past_key_values, ids.shape[0], tree.num_nodes, path.nodes)
     last = path.nodes[-1] if path.nodes else ROOT
     return VerifyResult(
-        accepted_tokens=out.node_tokens[path.nodes],
+        accepted_tokens=node_tokens[path.nodes],
         bonus_token=path.bonus_token,
         accepted_nodes=path.nodes,
         accepted_drafts=tree.drafts_through(last),
         logits=logits[last + 1],
-        hidden_state=out.hidden_states[last + 1],
+        hidden_state=logits.hidden_states[last + 1],
+        projected_rows=len(logits.projected_rows),
     )

@@ -12,7 +12,15 @@ from typing import Any, Optional
 import numpy as np
 import torch
 from torch import nn
-from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    CohereConfig,
+    CohereForCausalLM,
+    DynamicCache,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 from latticekit.torch import KVCache
 
@@ -42,9 +50,22 @@ def tiny_gpt2(dtype: torch.dtype = torch.float32, attn: str = "sdpa", seed: int 
     return GPT2LMHeadModel(cfg).eval().to(dtype)
 
 
+def tiny_cohere(dtype: torch.dtype = torch.float32, seed: int = 0) -> CohereForCausalLM:
+    """2-layer Cohere: its logits are the output embeddings' times ``logit_scale``, a step after
+    the head that the adapter must notice (it then projects every row in the pass)."""
+    torch.manual_seed(seed)
+    cfg = CohereConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, logit_scale=0.5,
+        initializer_range=INIT_RANGE, bos_token_id=0, eos_token_id=1, pad_token_id=0, attn_implementation="sdpa",
+    )
+    return CohereForCausalLM(cfg).eval().to(dtype)
+
+
 class TinyProtocolLM(nn.Module):
     """A plain module following ``latticekit.torch.protocol``: learned absolute positions,
-    pre-norm attention + MLP blocks, a tied output head."""
+    pre-norm attention + MLP blocks, a tied output head. It offers ``forward_hidden`` and
+    ``logits_from_hidden``, so the adapter projects only the rows a walk reads."""
 
     def __init__(self, vocab_size: int = VOCAB, hidden: int = 32, heads: int = 4, layers: int = 2,
                  max_positions: int = 256, seed: int = 0) -> None:
@@ -70,6 +91,21 @@ class TinyProtocolLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 past_key_values: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self._hidden(input_ids, position_ids, attention_mask, past_key_values)
+        return self._logits(hidden), hidden
+
+    def forward_hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       past_key_values: KVCache) -> torch.Tensor:
+        return self._hidden(input_ids, position_ids, attention_mask, past_key_values)
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._logits(hidden)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.embed.weight.T
+
+    def _hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                past_key_values: KVCache) -> torch.Tensor:
         x = self.embed(input_ids) + self.pos(position_ids)
         b, n, d = x.shape
         for layer in range(len(self.qkv)):
@@ -79,8 +115,14 @@ class TinyProtocolLM(nn.Module):
             att = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask)
             x = x + self.out[layer](att.transpose(1, 2).reshape(b, n, d))
             x = x + self.mlp[layer](self.norms2[layer](x))
-        hidden = self.final_norm(x)
-        return hidden @ self.embed.weight.T, hidden
+        return self.final_norm(x)
+
+
+class TinyProtocolLMFullLogits(TinyProtocolLM):
+    """The same module with only the protocol's required forward: the adapter projects every row."""
+
+    forward_hidden = None  # type: ignore[assignment]
+    logits_from_hidden = None  # type: ignore[assignment]
 
 
 class PlainDecoder:

@@ -191,11 +191,12 @@ def test_plain_decoder_reference_still_uses_dynamic_cache() -> None:
 
 
 def test_lazy_row_argmax_equals_the_batched_argmax() -> None:
-    from latticekit.torch.verify import _argmax_rows
+    from latticekit.torch.logits import ArgmaxRows, TreeLogits
 
     logits = torch.randn(20, 300, generator=torch.Generator().manual_seed(1))
     logits[3, [7, 9]] = 50.0  # a tie: the first index wins in both
-    lazy = _argmax_rows(logits)
+    tree = DraftTree.from_drafts([list(range(19))])
+    lazy = ArgmaxRows(TreeLogits.complete(tree, torch.zeros(20, 4), logits))
     assert [lazy[i] for i in range(20)] == logits.argmax(dim=-1).tolist()
     assert lazy[3] == 7
 

@@ -29,11 +29,13 @@ from lk_torch_helpers import (
     VOCAB,
     PlainDecoder,
     TinyProtocolLM,
+    TinyProtocolLMFullLogits,
     bf16_tie_tolerance,
     first_mismatch,
     pbest_drafts,
     plain_greedy,
     teacher_forced_logits,
+    tiny_cohere,
     tiny_gpt2,
     tiny_llama,
 )
@@ -46,6 +48,8 @@ MODELS: dict[str, Callable[[torch.dtype], Any]] = {
     "llama": lambda dtype: tiny_llama(dtype),
     "gpt2": lambda dtype: tiny_gpt2(dtype),
     "protocol": lambda dtype: TinyProtocolLM().to(dtype),
+    "protocol-full-logits": lambda dtype: TinyProtocolLMFullLogits().to(dtype),
+    "cohere": lambda dtype: tiny_cohere(dtype),
 }
 _model_cache: dict[tuple[str, torch.dtype], Any] = {}
 _reference_cache: dict[tuple[str, torch.dtype], tuple[list[int], torch.Tensor]] = {}
@@ -140,8 +144,11 @@ def test_greedy_lossless_bfloat16_with_tie_policy(arch: str, p: int, kind: str) 
 
 
 @pytest.mark.parametrize("kind", ["random", "pbest"])
-def test_greedy_lossless_protocol_module(kind: str) -> None:
-    model, ref, ref_logits = model_and_reference("protocol", torch.float32)
+@pytest.mark.parametrize("arch", ["protocol", "protocol-full-logits", "cohere"])
+def test_greedy_lossless_protocol_module_and_a_step_after_the_head(arch: str, kind: str) -> None:
+    """Protocol modules with and without the row-projection methods; an HF model whose logits
+    are scaled after its head (every row projected in the pass)."""
+    model, ref, ref_logits = model_and_reference(arch, torch.float32)
     ids, accepted, _ = speculative_greedy(model, kind, 8, ref, ref_logits)
     assert ids == ref[: len(ids)]
 
