@@ -180,8 +180,9 @@ def pbest_drafts(step_logits: torch.Tensor, p: int, k: int, noise: float,
                  generator: np.random.Generator) -> list[list[int]]:
     """The p best paths of a top-k sausage lattice built from (noisy) target log-probabilities.
 
-    Stands in for ``latticekit.pbest`` (not in this branch): brute-force enumeration of all
-    k**h paths, best total score first. The paths overlap heavily, like real p-best output.
+    Brute-force enumeration of all k**h paths, best total score first (``latticekit.pbest``
+    with alpha = 0, without needing the core here). The paths overlap heavily, like real
+    p-best output.
 
     Args:
         step_logits (`torch.Tensor` of shape `(h, vocab)`): the target's logits at h positions.
