@@ -14,8 +14,11 @@ from libcpp.string cimport string
 from libcpp.utility cimport move
 from libcpp.vector cimport vector
 
-from latticekit._cpp cimport (Model, NGramTables, OrderTable, ParseArpa, PBestBatch,
-                              StateId)
+from libc.string cimport memcpy
+
+from latticekit._cpp cimport (CountStream, CountTable, CountTableView, FormatArpaLines,
+                              MergeCountOrder, Model, NGramTables, OrderTable, ParseArpa,
+                              PBestBatch, StateId)
 
 
 cdef string _path_bytes(path):
@@ -193,3 +196,89 @@ cdef class CoreModel:
                        c_ptr, co_ptr, bos, p, alpha, threads, &ot[0, 0, 0], &os[0, 0], &od[0, 0],
                        &ol[0, 0], &oc[0], &op[0], &otr[0])
         return out_tokens, out_score, out_draft, out_lm, out_count, out_pops, out_transitions
+
+
+cdef _table_arrays(CountTable* table):
+    """Copies a C++ count table into (prefix int64, word int32, count int64) arrays."""
+    cdef size_t n = table.size()
+    prefix = np.empty(n, dtype=np.int64)
+    word = np.empty(n, dtype=np.int32)
+    count = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] p = prefix
+    cdef int32_t[::1] w = word
+    cdef int64_t[::1] c = count
+    if n > 0:
+        memcpy(&p[0], table.prefix.data(), n * sizeof(int64_t))
+        memcpy(&w[0], table.word.data(), n * sizeof(int32_t))
+        memcpy(&c[0], table.count.data(), n * sizeof(int64_t))
+    return prefix, word, count
+
+
+def count_stream(const int32_t[::1] stream, int order, int64_t vocab_size, int32_t eos):
+    """Per order k: (prefix, word, count) arrays of the sorted k-gram count table."""
+    cdef vector[CountTable] tables
+    cdef const int32_t* ptr = &stream[0] if stream.shape[0] > 0 else NULL
+    cdef size_t n = stream.shape[0]
+    with nogil:
+        tables = CountStream(ptr, n, order, vocab_size, eos)
+    out = []
+    for k in range(tables.size()):
+        out.append(_table_arrays(&tables[k]))
+        tables[k].prefix.clear()
+        tables[k].prefix.shrink_to_fit()
+        tables[k].word.clear()
+        tables[k].word.shrink_to_fit()
+        tables[k].count.clear()
+        tables[k].count.shrink_to_fit()
+    return out
+
+
+def merge_count_order(runs, prefix_maps, int64_t vocab_size, int64_t min_count, row_maps):
+    """Merges one order of several runs; runs: (prefix, word, count) arrays; prefix_maps:
+    int64 arrays (None for unigrams); row_maps: int64 arrays to fill, one per run."""
+    cdef vector[CountTableView] views
+    cdef vector[const int64_t*] prefix_ptrs
+    cdef vector[int64_t*] map_ptrs
+    cdef CountTableView view
+    cdef const int64_t[::1] p
+    cdef const int32_t[::1] w
+    cdef const int64_t[::1] c
+    cdef const int64_t[::1] pm
+    cdef int64_t[::1] rm
+    keep_alive = []
+    for (prefix, word, count), prefix_map, row_map in zip(runs, prefix_maps, row_maps):
+        p, w, c, rm = prefix, word, count, row_map
+        keep_alive.append((p, w, c, rm))
+        view.size = w.shape[0]
+        view.prefix = &p[0] if view.size > 0 else NULL
+        view.word = &w[0] if view.size > 0 else NULL
+        view.count = &c[0] if view.size > 0 else NULL
+        views.push_back(view)
+        map_ptrs.push_back(&rm[0] if rm.shape[0] > 0 else NULL)
+        if prefix_map is None:
+            prefix_ptrs.push_back(NULL)
+        else:
+            pm = prefix_map
+            keep_alive.append(pm)
+            prefix_ptrs.push_back(&pm[0] if pm.shape[0] > 0 else NULL)
+    cdef CountTable merged
+    with nogil:
+        merged = MergeCountOrder(views, prefix_ptrs, vocab_size, min_count, map_ptrs)
+    return _table_arrays(&merged)
+
+
+def format_arpa_lines(const unsigned char[::1] words, const int64_t[::1] word_offsets,
+                      const int32_t[:, ::1] ids, const double[::1] log10_prob,
+                      const double[::1] log10_backoff, const unsigned char[::1] show_backoff):
+    """The ARPA lines of a block of n-grams, as UTF-8 bytes (see FormatArpaLines)."""
+    cdef string out
+    cdef size_t n = ids.shape[0]
+    cdef int k = ids.shape[1]
+    cdef size_t num_words = word_offsets.shape[0] - 1
+    if n == 0:
+        return b""
+    with nogil:
+        FormatArpaLines(<const char*> &words[0] if words.shape[0] > 0 else <const char*> "",
+                        &word_offsets[0], num_words, &ids[0, 0], n, k, &log10_prob[0],
+                        &log10_backoff[0], &show_backoff[0], &out)
+    return out

@@ -44,6 +44,30 @@ cdef extern from "latticekit/arpa.h" namespace "latticekit" nogil:
         vector[OrderTable] orders
 
     NGramTables ParseArpa(const char* data, size_t size, const string& path) except +raise_core_error
+    void FormatArpaLines(const char* words, const int64_t* word_offsets, size_t num_words,
+                         const int32_t* ids, size_t n, int k, const double* log10_prob,
+                         const double* log10_backoff, const unsigned char* show_backoff,
+                         string* out) except +raise_core_error
+
+
+cdef extern from "latticekit/counting.h" namespace "latticekit" nogil:
+    cdef cppclass CountTable:
+        vector[int64_t] prefix
+        vector[int32_t] word
+        vector[int64_t] count
+        size_t size()
+
+    cdef cppclass CountTableView:
+        const int64_t* prefix
+        const int32_t* word
+        const int64_t* count
+        size_t size
+
+    vector[CountTable] CountStream(const int32_t* stream, size_t n, int order, int64_t vocab_size,
+                                   int32_t eos) except +raise_core_error
+    CountTable MergeCountOrder(const vector[CountTableView]& runs,
+                               const vector[const int64_t*]& prefix_rows, int64_t vocab_size,
+                               int64_t min_count, const vector[int64_t*]& row_maps) except +raise_core_error
 
 
 cdef extern from "latticekit/model.h" namespace "latticekit" nogil:
