@@ -8,6 +8,7 @@ from setuptools import Extension, setup
 
 CORE_SOURCES = [
     "csrc/latticekit/arpa.cc",
+    "csrc/latticekit/corpus.cc",
     "csrc/latticekit/counting.cc",
     "csrc/latticekit/model.cc",
     "csrc/latticekit/search.cc",

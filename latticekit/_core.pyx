@@ -18,7 +18,7 @@ from libc.string cimport memcpy
 
 from latticekit._cpp cimport (CountStream, CountTable, CountTableView, FormatArpaLines,
                               MergeCountOrder, Model, NGramTables, OrderTable, ParseArpa,
-                              PBestBatch, StateId)
+                              ParseIdLines, PBestBatch, StateId)
 
 
 cdef string _path_bytes(path):
@@ -282,3 +282,24 @@ def format_arpa_lines(const unsigned char[::1] words, const int64_t[::1] word_of
                         &word_offsets[0], num_words, &ids[0, 0], n, k, &log10_prob[0],
                         &log10_backoff[0], &show_backoff[0], &out)
     return out
+
+
+cdef _int64_array(vector[int64_t]* values):
+    out = np.empty(values.size(), dtype=np.int64)
+    cdef int64_t[::1] o = out
+    if values.size() > 0:
+        memcpy(&o[0], values.data(), values.size() * sizeof(int64_t))
+    return out
+
+
+def parse_id_lines(const unsigned char[::1] data):
+    """(ids int64, ids per line int64, first bad line or 0) of a block of token-id lines."""
+    cdef vector[int64_t] ids
+    cdef vector[int64_t] lengths
+    cdef size_t bad
+    cdef size_t n = data.shape[0]
+    cdef const char* ptr = <const char*> &data[0] if n > 0 else <const char*> ""
+    with nogil:
+        ids.reserve(n // 4)
+        bad = ParseIdLines(ptr, n, &ids, &lengths)
+    return _int64_array(&ids), _int64_array(&lengths), bad

@@ -50,6 +50,11 @@ cdef extern from "latticekit/arpa.h" namespace "latticekit" nogil:
                          string* out) except +raise_core_error
 
 
+cdef extern from "latticekit/corpus.h" namespace "latticekit" nogil:
+    size_t ParseIdLines(const char* data, size_t size, vector[int64_t]* ids,
+                        vector[int64_t]* lengths)
+
+
 cdef extern from "latticekit/counting.h" namespace "latticekit" nogil:
     cdef cppclass CountTable:
         vector[int64_t] prefix
