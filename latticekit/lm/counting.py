@@ -382,7 +382,12 @@ class _RunStore:
         self.held = []
         if not tables:
             raise CorpusError("the corpus has no sentence to count")
-        return _merge_tables(tables, min_counts, release_inputs=True)
+        merged = _merge_tables(tables, min_counts, release_inputs=True)
+        del tables
+        for path in self.spilled:
+            shutil.rmtree(path)
+        self.spilled = []
+        return merged
 
 
 def _count_into(

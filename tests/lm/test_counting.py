@@ -131,3 +131,17 @@ def test_arpa_lines_print_like_python():
     with pytest.raises(ValueError):
         _core.format_arpa_lines(blob, offsets, np.full((1, 3), 9, np.int32), values[:1], values[:1],
                                 show[:1].view(np.uint8))
+
+
+def test_cli_memory_option_writes_the_same_model(tmp_path):
+    from latticekit.lm.cli import main
+
+    path = tmp_path / "ids.txt"
+    path.write_text("\n".join(" ".join(map(str, s)) for s in _random_corpus(6, 2000)) + "\n")
+    common = ["build", "--order", "3", "--tokenized", "--min-count", "1,1,2", "--json", str(path)]
+    assert main(common + ["--output", str(tmp_path / "a.arpa")]) == 0
+    spill = tmp_path / "runs"
+    assert main(common + ["--output", str(tmp_path / "b.arpa"), "--memory", "0",
+                          "--chunk-tokens", "3000", "--spill-dir", str(spill)]) == 0
+    assert (tmp_path / "a.arpa").read_bytes() == (tmp_path / "b.arpa").read_bytes()
+    assert list(spill.iterdir()) == []  # spilled runs are removed once merged
