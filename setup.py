@@ -13,6 +13,7 @@ CORE_SOURCES = [
     "csrc/latticekit/model.cc",
     "csrc/latticekit/search.cc",
     "csrc/latticekit/storage.cc",
+    "csrc/latticekit/trie.cc",
 ]
 
 compile_args = ["-std=c++17", "-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]

@@ -16,9 +16,9 @@ from libcpp.vector cimport vector
 
 from libc.string cimport memcpy
 
-from latticekit._cpp cimport (CountStream, CountTable, CountTableView, FormatArpaLines,
+from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountTableView, FormatArpaLines,
                               MergeCountOrder, Model, NGramTables, OrderTable, ParseArpa,
-                              ParseIdLines, PBestBatch, StateId)
+                              LookupChildren, ParseIdLines, PBestBatch, StateId)
 
 
 cdef string _path_bytes(path):
@@ -303,3 +303,24 @@ def parse_id_lines(const unsigned char[::1] data):
         ids.reserve(n // 4)
         bad = ParseIdLines(ptr, n, &ids, &lengths)
     return _int64_array(&ids), _int64_array(&lengths), bad
+
+
+def lookup_children(const int64_t[::1] prefix, const int32_t[::1] word, size_t n_parents,
+                    const int64_t[::1] query_parent, const int64_t[::1] query_word):
+    """Rows of (parent, word) in a table sorted by (prefix, word); -1 where absent."""
+    cdef size_t n = query_word.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] o = out
+    cdef size_t n_rows = word.shape[0]
+    if n == 0:
+        return out
+    with nogil:
+        LookupChildren(&prefix[0] if n_rows > 0 else NULL, &word[0] if n_rows > 0 else NULL,
+                       n_rows, n_parents, &query_parent[0], &query_word[0], n, &o[0])
+    return out
+
+
+def release_free_memory():
+    """Returns memory freed by worker threads to the operating system (see counting.h)."""
+    with nogil:
+        ReleaseFreeMemory()

@@ -73,6 +73,13 @@ cdef extern from "latticekit/counting.h" namespace "latticekit" nogil:
     CountTable MergeCountOrder(const vector[CountTableView]& runs,
                                const vector[const int64_t*]& prefix_rows, int64_t vocab_size,
                                int64_t min_count, const vector[int64_t*]& row_maps) except +raise_core_error
+    void ReleaseFreeMemory()
+
+
+cdef extern from "latticekit/trie.h" namespace "latticekit" nogil:
+    void LookupChildren(const int64_t* prefix, const int32_t* word, size_t n_rows,
+                        size_t n_parents, const int64_t* query_parent,
+                        const int64_t* query_word, size_t n_queries, int64_t* rows)
 
 
 cdef extern from "latticekit/model.h" namespace "latticekit" nogil:

@@ -7,6 +7,10 @@
 
 #include "latticekit/errors.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace latticekit {
 namespace {
 
@@ -176,6 +180,12 @@ CountTable MergeCountOrder(const std::vector<CountTableView> &runs,
     }
   }
   return out;
+}
+
+void ReleaseFreeMemory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
 }
 
 }  // namespace latticekit

@@ -45,6 +45,11 @@ CountTable MergeCountOrder(const std::vector<CountTableView> &runs,
                            const std::vector<const int64_t *> &prefix_rows, int64_t vocab_size,
                            int64_t min_count, const std::vector<int64_t *> &row_maps);
 
+// Hands memory freed by counting threads back to the operating system: glibc keeps it in
+// per-thread arenas otherwise (about 170 MB after counting 9M tokens in two threads). A no-op
+// with other C libraries.
+void ReleaseFreeMemory();
+
 }  // namespace latticekit
 
 #endif  // LATTICEKIT_COUNTING_H_

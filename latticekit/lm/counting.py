@@ -341,6 +341,7 @@ def count_corpus(
     try:
         runs = _RunStore(spill_dir, run_memory, merge_fan_in)
         _count_into(runs, streams, order, vocab_size_hint, max(1, workers), progress)
+        _core.release_free_memory()  # what the counting threads freed
         return runs.finish(min_counts)
     finally:
         if own_tmp is not None:

@@ -173,6 +173,7 @@ def estimate_katz(
     neglog_prob.append(p1)
     has_all = [np.zeros(counts.total(k), bool) for k in range(1, N + 1)]
     n_unigram_events = int((~is_bos).sum())
+    suffix_prev: Optional[np.ndarray] = None  # suffix rows of order k - 1, order by order
     for k in range(2, N + 1):
         c = np.asarray(counts.count[k - 1])
         hist = np.asarray(counts.prefix[k - 1])
@@ -193,7 +194,7 @@ def estimate_katz(
         if k == 2:
             covers = (n_children == n_unigram_events) & ~np.isin(w1, [EOS])
         else:
-            suffix_prev = counts.suffix_rows(k - 1)
+            suffix_prev = counts.suffix_rows(k - 1, below=suffix_prev)
             n_children_bo = np.bincount(
                 np.asarray(counts.prefix[k - 2]), minlength=counts.total(k - 2)
             )
@@ -215,8 +216,10 @@ def estimate_katz(
         neglog_prob.append(_f32(p))
     # Back-off weights, recomputed so that every state normalises.
     log10_backoff = [np.full(counts.total(k), np.nan) for k in range(1, N + 1)]
+    lower: Optional[np.ndarray] = None
     for j in range(1, N):
-        child_hist, _, hi_neglog, lo_neglog = state_mass_sums(counts, neglog_prob, j)
+        lower = counts.suffix_rows(j + 1, below=lower)
+        child_hist, _, hi_neglog, lo_neglog = state_mass_sums(counts, neglog_prob, j, lower)
         is_state = np.bincount(child_hist, minlength=counts.total(j)) > 0
         alpha = _backoff_cost(hi_neglog, lo_neglog)
         alpha[has_all[j - 1]] = INF_BACKOFF
@@ -228,7 +231,10 @@ def estimate_katz(
         w = np.asarray(counts.word[j - 1])
         bo[(~is_state) & (w != EOS)] = -0.0
         log10_backoff[j - 1] = bo
-    model.log10_prob = [-p / LN10 for p in neglog_prob]
+    del lower
+    for p in neglog_prob:  # in place: p / -LN10 is exactly -p / LN10
+        np.divide(p, -LN10, out=p)
+    model.log10_prob = neglog_prob
     model.log10_prob[0][is_bos] = -99.0
     model.log10_backoff = log10_backoff
     model.discounts = discounts  # type: ignore[attr-defined]
@@ -251,7 +257,7 @@ def _neglog_add(a: np.ndarray, b: np.ndarray, kahan: np.ndarray) -> np.ndarray:
     return out
 
 
-def state_mass_sums(trie, neglog, j: int):
+def state_mass_sums(trie, neglog, j: int, lower: Optional[np.ndarray] = None):
     """Per history state of order ``j``: the -ln summed probability of its own (j+1)-grams
     and of the same words one order lower.
 
@@ -259,13 +265,15 @@ def state_mass_sums(trie, neglog, j: int):
         trie: the n-gram trie (counts or model).
         neglog: ``neglog[k-1]`` (float64 `[n_k]`) -ln probability of each k-gram.
         j: the order of the history states, ``1 <= j < order``.
+        lower: ``trie.suffix_rows(j + 1)`` when the caller has it.
 
     Returns:
         ``(hist, lower, hi, lo)``: each (j+1)-gram's history row, the row of its back-off
         (lower-order) n-gram, and the two sums (float64 `[n_j]`).
     """
     hist = np.asarray(trie.prefix[j])
-    lower = trie.suffix_rows(j + 1)
+    if lower is None:
+        lower = trie.suffix_rows(j + 1)
     n_states = trie.total(j)
     hi = _state_neglog_sums(hist, neglog[j], n_states)
     lo = _state_neglog_sums(hist, neglog[j - 1][lower], n_states)

@@ -145,3 +145,21 @@ def test_cli_memory_option_writes_the_same_model(tmp_path):
                           "--chunk-tokens", "3000", "--spill-dir", str(spill)]) == 0
     assert (tmp_path / "a.arpa").read_bytes() == (tmp_path / "b.arpa").read_bytes()
     assert list(spill.iterdir()) == []  # spilled runs are removed once merged
+
+
+@SETTINGS
+@given(corpora(), st.integers(1, 4), st.integers(0, 2**32 - 1))
+def test_lookup_finds_every_row_and_nothing_else(sents, order, seed):
+    counts = count_stream(_stream(sents), order, 10)
+    rng = np.random.default_rng(seed)
+    for k in range(1, counts.order + 1):
+        prefix = np.asarray(counts.prefix[k - 1])
+        word = np.asarray(counts.word[k - 1])
+        row_of = {(int(p), int(w)): r for r, (p, w) in enumerate(zip(prefix, word))}
+        n_parents = counts.total(k - 1) if k > 1 else 1
+        queries_p = np.concatenate([prefix, rng.integers(-2, n_parents + 2, 50)])
+        queries_w = np.concatenate([word, rng.integers(-2, 13, 50)])
+        got = counts.lookup(k, queries_p, queries_w)
+        expected = [row_of.get((int(p) if k > 1 else 0, int(w)), -1) if k == 1 or p >= 0 else -1
+                    for p, w in zip(queries_p, queries_w)]
+        assert got.tolist() == expected
