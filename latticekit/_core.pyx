@@ -16,7 +16,8 @@ from libcpp.vector cimport vector
 
 from libc.string cimport memcpy
 
-from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountTableView, FormatArpaLines,
+from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountTableOutput,
+                              CountTableView, FormatArpaLines, RowMap,
                               MergeCountOrder, Model, NGramTables, OrderTable, ParseArpa,
                               LookupChildren, ParseIdLines, PBestBatch, StateId)
 
@@ -233,38 +234,72 @@ def count_stream(const int32_t[::1] stream, int order, int64_t vocab_size, int32
     return out
 
 
-def merge_count_order(runs, prefix_maps, int64_t vocab_size, int64_t min_count, row_maps):
-    """Merges one order of several runs; runs: (prefix, word, count) arrays; prefix_maps:
-    int64 arrays (None for unigrams); row_maps: int64 arrays to fill, one per run."""
+def merge_count_order(runs, prefix_maps, int64_t vocab_size, int64_t min_count, row_maps,
+                      output_paths):
+    """Merges one order of several runs (see MergeCountOrder).
+
+    runs: (prefix, word, count, size) per run, each column an array or a raw file path;
+    prefix_maps: per run None, an int64 array, or (raw file path, size); row_maps: per run
+    None, an int64 array to fill, or a raw file path to write; output_paths: None to get
+    (prefix, word, count) arrays back, or three raw file paths to write (returns the size).
+    """
     cdef vector[CountTableView] views
-    cdef vector[const int64_t*] prefix_ptrs
-    cdef vector[int64_t*] map_ptrs
-    cdef CountTableView view
+    cdef vector[RowMap] c_prefix_maps
+    cdef vector[RowMap] c_row_maps
+    cdef CountTableView* view
+    cdef RowMap* row_map
     cdef const int64_t[::1] p
     cdef const int32_t[::1] w
     cdef const int64_t[::1] c
-    cdef const int64_t[::1] pm
-    cdef int64_t[::1] rm
+    cdef int64_t[::1] m
     keep_alive = []
-    for (prefix, word, count), prefix_map, row_map in zip(runs, prefix_maps, row_maps):
-        p, w, c, rm = prefix, word, count, row_map
-        keep_alive.append((p, w, c, rm))
-        view.size = w.shape[0]
-        view.prefix = &p[0] if view.size > 0 else NULL
-        view.word = &w[0] if view.size > 0 else NULL
-        view.count = &c[0] if view.size > 0 else NULL
-        views.push_back(view)
-        map_ptrs.push_back(&rm[0] if rm.shape[0] > 0 else NULL)
-        if prefix_map is None:
-            prefix_ptrs.push_back(NULL)
-        else:
-            pm = prefix_map
-            keep_alive.append(pm)
-            prefix_ptrs.push_back(&pm[0] if pm.shape[0] > 0 else NULL)
+    n_runs = len(runs)
+    views.resize(n_runs)
+    c_prefix_maps.resize(n_runs)
+    c_row_maps.resize(n_runs)
+    for r, ((prefix, word, count, size), prefix_map, out_map) in enumerate(
+            zip(runs, prefix_maps, row_maps)):
+        view = &views[r]
+        view.size = size
+        if isinstance(prefix, str):
+            view.prefix_path = _path_bytes(prefix)
+            view.word_path = _path_bytes(word)
+            view.count_path = _path_bytes(count)
+        elif size > 0:
+            p, w, c = prefix, word, count
+            keep_alive.append((p, w, c))
+            view.prefix, view.word, view.count = &p[0], &w[0], &c[0]
+        row_map = &c_prefix_maps[r]
+        if isinstance(prefix_map, tuple):
+            row_map.path = _path_bytes(prefix_map[0])
+            row_map.size = prefix_map[1]
+        elif prefix_map is not None:
+            m = prefix_map
+            keep_alive.append(m)
+            row_map.size = m.shape[0]
+            row_map.rows = &m[0] if m.shape[0] > 0 else NULL  # empty: the run's table is too
+        row_map = &c_row_maps[r]
+        if isinstance(out_map, str):
+            row_map.path = _path_bytes(out_map)
+        elif out_map is not None and size > 0:
+            m = out_map
+            keep_alive.append(m)
+            row_map.rows = &m[0]
+            row_map.size = m.shape[0]
     cdef CountTable merged
+    cdef CountTableOutput output
+    cdef size_t n
+    if output_paths is None:
+        output.table = &merged
+    else:
+        output.prefix_path = _path_bytes(output_paths[0])
+        output.word_path = _path_bytes(output_paths[1])
+        output.count_path = _path_bytes(output_paths[2])
     with nogil:
-        merged = MergeCountOrder(views, prefix_ptrs, vocab_size, min_count, map_ptrs)
-    return _table_arrays(&merged)
+        n = MergeCountOrder(views, c_prefix_maps, vocab_size, min_count, c_row_maps, output)
+    if output_paths is None:
+        return _table_arrays(&merged)
+    return n
 
 
 def format_arpa_lines(const unsigned char[::1] words, const int64_t[::1] word_offsets,

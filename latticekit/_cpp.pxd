@@ -66,13 +66,27 @@ cdef extern from "latticekit/counting.h" namespace "latticekit" nogil:
         const int64_t* prefix
         const int32_t* word
         const int64_t* count
+        string prefix_path
+        string word_path
+        string count_path
         size_t size
+
+    cdef cppclass RowMap:
+        int64_t* rows
+        string path
+        size_t size
+
+    cdef cppclass CountTableOutput:
+        string prefix_path
+        string word_path
+        string count_path
+        CountTable* table
 
     vector[CountTable] CountStream(const int32_t* stream, size_t n, int order, int64_t vocab_size,
                                    int32_t eos) except +raise_core_error
-    CountTable MergeCountOrder(const vector[CountTableView]& runs,
-                               const vector[const int64_t*]& prefix_rows, int64_t vocab_size,
-                               int64_t min_count, const vector[int64_t*]& row_maps) except +raise_core_error
+    size_t MergeCountOrder(const vector[CountTableView]& runs, const vector[RowMap]& prefix_maps,
+                           int64_t vocab_size, int64_t min_count, const vector[RowMap]& row_maps,
+                           const CountTableOutput& output) except +raise_core_error
     void ReleaseFreeMemory()
 
 

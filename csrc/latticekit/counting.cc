@@ -1,7 +1,10 @@
 #include "latticekit/counting.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -124,62 +127,209 @@ std::vector<CountTable> CountStream(const int32_t *stream, size_t n, int order,
   return tables;
 }
 
-CountTable MergeCountOrder(const std::vector<CountTableView> &runs,
-                           const std::vector<const int64_t *> &prefix_rows, int64_t vocab_size,
-                           int64_t min_count, const std::vector<int64_t *> &row_maps) {
+namespace {
+
+constexpr size_t kBlockValues = size_t{1} << 16;
+
+std::FILE *OpenFile(const std::string &path, const char *mode) {
+  std::FILE *file = std::fopen(path.c_str(), mode);
+  if (file == nullptr) throw std::runtime_error("cannot open " + path);
+  return file;
+}
+
+// Reads an array front to back (indices never decrease, gaps allowed): from memory, or from
+// a raw file a block at a time.
+template <typename T>
+class SequentialReader {
+ public:
+  SequentialReader(const T *data, const std::string &path, size_t size)
+      : data_(data), path_(path), size_(size) {
+    if (data_ == nullptr && size_ > 0) file_ = OpenFile(path_, "rb");
+  }
+  ~SequentialReader() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+  SequentialReader(const SequentialReader &) = delete;
+  SequentialReader &operator=(const SequentialReader &) = delete;
+
+  T operator[](size_t i) {
+    if (data_ != nullptr) return data_[i];
+    if (i < begin_ || i >= begin_ + buffer_.size()) Fill(i);
+    return buffer_[i - begin_];
+  }
+
+ private:
+  void Fill(size_t i) {
+    if (i >= size_) throw std::runtime_error("read past the end of " + path_);
+    const size_t n = std::min(kBlockValues, size_ - i);
+    // the file position is right after the buffer, unless nothing was read yet
+    if (buffer_.empty() || i != begin_ + buffer_.size()) {
+      if (std::fseek(file_, static_cast<long>(i * sizeof(T)), SEEK_SET) != 0)
+        throw std::runtime_error("cannot seek in " + path_);
+    }
+    buffer_.resize(n);
+    if (std::fread(buffer_.data(), sizeof(T), n, file_) != n)
+      throw std::runtime_error("cannot read " + path_ + " (truncated?)");
+    begin_ = i;
+  }
+
+  const T *data_;
+  std::string path_;
+  size_t size_;
+  std::FILE *file_ = nullptr;
+  std::vector<T> buffer_;
+  size_t begin_ = 0;
+};
+
+// Appends values to a vector, or to a raw file through a block buffer.
+template <typename T>
+class Appender {
+ public:
+  Appender(std::vector<T> *values, const std::string &path) : values_(values), path_(path) {
+    if (values_ == nullptr) {
+      file_ = OpenFile(path_, "wb");
+      buffer_.reserve(kBlockValues);
+    }
+  }
+  ~Appender() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+  Appender(const Appender &) = delete;
+  Appender &operator=(const Appender &) = delete;
+
+  void Push(T value) {
+    if (values_ != nullptr) {
+      values_->push_back(value);
+      return;
+    }
+    buffer_.push_back(value);
+    if (buffer_.size() == kBlockValues) Flush();
+  }
+  void Close() {
+    if (file_ == nullptr) return;
+    Flush();
+    if (std::fclose(file_) != 0) {
+      file_ = nullptr;
+      throw std::runtime_error("cannot write " + path_);
+    }
+    file_ = nullptr;
+  }
+
+ private:
+  void Flush() {
+    if (std::fwrite(buffer_.data(), sizeof(T), buffer_.size(), file_) != buffer_.size())
+      throw std::runtime_error("cannot write " + path_);
+    buffer_.clear();
+  }
+
+  std::vector<T> *values_;
+  std::string path_;
+  std::FILE *file_ = nullptr;
+  std::vector<T> buffer_;
+};
+
+// Writes a row map in memory (random access is not needed: rows are written in order).
+class RowMapWriter {
+ public:
+  explicit RowMapWriter(const RowMap &map) : map_(map) {
+    if (map_.rows == nullptr && !map_.path.empty())
+      appender_ = std::make_unique<Appender<int64_t>>(nullptr, map_.path);
+  }
+  void Set(size_t i, int64_t row) {
+    if (map_.rows != nullptr) {
+      map_.rows[i] = row;
+    } else if (appender_) {
+      appender_->Push(row);  // called for every row, in order
+    }
+  }
+  void Close() {
+    if (appender_) appender_->Close();
+  }
+
+ private:
+  RowMap map_;
+  std::unique_ptr<Appender<int64_t>> appender_;
+};
+
+}  // namespace
+
+size_t MergeCountOrder(const std::vector<CountTableView> &runs,
+                       const std::vector<RowMap> &prefix_maps, int64_t vocab_size,
+                       int64_t min_count, const std::vector<RowMap> &row_maps,
+                       const CountTableOutput &output) {
   const size_t n_runs = runs.size();
-  if (prefix_rows.size() != n_runs || row_maps.size() != n_runs)
+  if (prefix_maps.size() != n_runs || row_maps.size() != n_runs)
     throw InvalidArgument("MergeCountOrder: one prefix map and one row map per run");
+  const bool to_files = output.table == nullptr;
+  if (to_files && (output.prefix_path.empty() || output.word_path.empty() ||
+                   output.count_path.empty()))
+    throw InvalidArgument("MergeCountOrder: give an output table or three output files");
+  std::vector<std::unique_ptr<SequentialReader<int64_t>>> prefix, count, prefix_map;
+  std::vector<std::unique_ptr<SequentialReader<int32_t>>> word;
+  std::vector<std::unique_ptr<RowMapWriter>> row_map;
+  for (size_t r = 0; r < n_runs; ++r) {
+    const CountTableView &run = runs[r];
+    prefix.push_back(std::make_unique<SequentialReader<int64_t>>(run.prefix, run.prefix_path, run.size));
+    word.push_back(std::make_unique<SequentialReader<int32_t>>(run.word, run.word_path, run.size));
+    count.push_back(std::make_unique<SequentialReader<int64_t>>(run.count, run.count_path, run.size));
+    const RowMap &map = prefix_maps[r];
+    prefix_map.push_back(map.present() ? std::make_unique<SequentialReader<int64_t>>(
+                                             map.rows, map.path, map.size)
+                                       : nullptr);
+    row_map.push_back(std::make_unique<RowMapWriter>(row_maps[r]));
+  }
+  CountTable *table = output.table;
+  Appender<int64_t> out_prefix(to_files ? nullptr : &table->prefix, output.prefix_path);
+  Appender<int32_t> out_word(to_files ? nullptr : &table->word, output.word_path);
+  Appender<int64_t> out_count(to_files ? nullptr : &table->count, output.count_path);
+
   constexpr int64_t kDone = std::numeric_limits<int64_t>::max();
   std::vector<size_t> cursor(n_runs, 0);
   std::vector<int64_t> head(n_runs, kDone);
   // Moves run r to its next row whose prefix survives, marking skipped rows as dropped.
   auto advance = [&](size_t r) {
-    const CountTableView &run = runs[r];
     size_t &i = cursor[r];
-    for (; i < run.size; ++i) {
-      int64_t prefix = run.prefix[i];
-      if (prefix_rows[r] != nullptr) prefix = prefix_rows[r][prefix];
-      if (prefix < 0) {
-        row_maps[r][i] = -1;
+    for (; i < runs[r].size; ++i) {
+      int64_t p = (*prefix[r])[i];
+      if (prefix_map[r]) p = (*prefix_map[r])[p];
+      if (p < 0) {
+        row_map[r]->Set(i, -1);
         continue;
       }
-      head[r] = prefix * vocab_size + run.word[i];
+      head[r] = p * vocab_size + (*word[r])[i];
       return;
     }
     head[r] = kDone;
   };
-  size_t total = 0;
-  for (size_t r = 0; r < n_runs; ++r) {
-    total += runs[r].size;
-    advance(r);
-  }
-  CountTable out;
-  out.prefix.reserve(total / (n_runs ? n_runs : 1));
-  out.word.reserve(total / (n_runs ? n_runs : 1));
-  out.count.reserve(total / (n_runs ? n_runs : 1));
+  for (size_t r = 0; r < n_runs; ++r) advance(r);
+  size_t merged = 0;
   while (true) {
     int64_t key = kDone;
     for (size_t r = 0; r < n_runs; ++r) key = std::min(key, head[r]);
     if (key == kDone) break;
-    int64_t count = 0;
+    int64_t total = 0;
     for (size_t r = 0; r < n_runs; ++r)
-      if (head[r] == key) count += runs[r].count[cursor[r]];
-    const bool keep = count >= min_count;
-    const int64_t merged_row = keep ? static_cast<int64_t>(out.size()) : -1;
+      if (head[r] == key) total += (*count[r])[cursor[r]];
+    const bool keep = total >= min_count;
+    const int64_t merged_row = keep ? static_cast<int64_t>(merged) : -1;
     if (keep) {
-      out.prefix.push_back(key / vocab_size);
-      out.word.push_back(static_cast<int32_t>(key % vocab_size));
-      out.count.push_back(count);
+      out_prefix.Push(key / vocab_size);
+      out_word.Push(static_cast<int32_t>(key % vocab_size));
+      out_count.Push(total);
+      ++merged;
     }
     for (size_t r = 0; r < n_runs; ++r) {
       if (head[r] != key) continue;
-      row_maps[r][cursor[r]] = merged_row;
+      row_map[r]->Set(cursor[r], merged_row);
       ++cursor[r];
       advance(r);
     }
   }
-  return out;
+  out_prefix.Close();
+  out_word.Close();
+  out_count.Close();
+  for (auto &map : row_map) map->Close();
+  return merged;
 }
 
 void ReleaseFreeMemory() {

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace latticekit {
@@ -28,22 +29,43 @@ struct CountTable {
 std::vector<CountTable> CountStream(const int32_t *stream, size_t n, int order,
                                     int64_t vocab_size, int32_t eos);
 
-// One run's table of one order, borrowed (memory-mapped .npy files are fine).
+// One run's table of one order: borrowed arrays, or, where a pointer is null, a raw file of
+// native-endian values (int64 prefix, int32 word, int64 count) read front to back in blocks,
+// so that merging spilled runs needs a few buffers, not the runs, in memory.
 struct CountTableView {
   const int64_t *prefix = nullptr;
   const int32_t *word = nullptr;
   const int64_t *count = nullptr;
+  std::string prefix_path, word_path, count_path;
   size_t size = 0;
 };
 
-// Merges the tables of one order of several runs, summing the counts of equal n-grams.
-// prefix_rows[r] maps the rows of run r's table of the order below onto rows of the merged
-// table below (-1: that row was dropped, and so is every n-gram extending it); null for
-// unigrams. Merged n-grams counted fewer than min_count times are dropped. row_maps[r] (one
-// entry per row of runs[r]) receives the merged row of each row of run r, or -1 if dropped.
-CountTable MergeCountOrder(const std::vector<CountTableView> &runs,
-                           const std::vector<const int64_t *> &prefix_rows, int64_t vocab_size,
-                           int64_t min_count, const std::vector<int64_t *> &row_maps);
+// A row map (int64 per row): in memory, or a raw file where rows is null and path is set;
+// neither means "none" (no prefix map for unigrams; no row map wanted at the highest order).
+struct RowMap {
+  int64_t *rows = nullptr;
+  std::string path;
+  size_t size = 0;
+  bool present() const { return rows != nullptr || !path.empty(); }
+};
+
+// Where a merged table goes: files (every path set) or, with empty paths, *table.
+struct CountTableOutput {
+  std::string prefix_path, word_path, count_path;
+  CountTable *table = nullptr;
+};
+
+// Merges the tables of one order of several runs, summing the counts of equal n-grams, in one
+// pass over the sorted runs (no sort). prefix_maps[r] maps the rows of run r's table of the
+// order below onto rows of the merged table below (-1: that row was dropped, and so is every
+// n-gram extending it); absent for unigrams. Merged n-grams counted fewer than min_count times
+// are dropped. row_maps[r], when present, receives the merged row of each row of run r (-1 if
+// dropped). Returns the number of merged rows. Throws std::runtime_error if a file cannot be
+// read or written.
+size_t MergeCountOrder(const std::vector<CountTableView> &runs,
+                       const std::vector<RowMap> &prefix_maps, int64_t vocab_size,
+                       int64_t min_count, const std::vector<RowMap> &row_maps,
+                       const CountTableOutput &output);
 
 // Hands memory freed by counting threads back to the operating system: glibc keeps it in
 // per-thread arenas otherwise (about 170 MB after counting 9M tokens in two threads). A no-op

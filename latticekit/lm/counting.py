@@ -25,7 +25,7 @@ import tempfile
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Sequence
+from typing import Any, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -45,6 +45,19 @@ __all__ = [
     "count_corpus",
     "sentences_to_stream",
 ]
+
+_COLUMN_DTYPES = {"i64": np.dtype(np.int64), "i32": np.dtype(np.int32)}
+
+
+def run_files(directory: str, k: int) -> "tuple[str, str, str]":
+    """The raw files (native-endian int64 prefix, int32 word, int64 count) of order ``k`` of a
+    spilled run; ``meta.npy`` holds the vocabulary size, sentences, tokens and table sizes."""
+    return (
+        os.path.join(directory, f"prefix{k}.i64"),
+        os.path.join(directory, f"word{k}.i32"),
+        os.path.join(directory, f"count{k}.i64"),
+    )
+
 
 class CorpusError(LatticeKitError, ValueError):
     """A corpus cannot be counted: it is empty, undecodable, or has ids out of range.
@@ -80,41 +93,37 @@ class NGramCounts(NGramTrie):
         return sum(int(np.asarray(a).nbytes) for a in (*self.prefix, *self.word, *self.count))
 
     def save(self, directory: str) -> None:
-        """Write the tables as ``.npy`` files into ``directory`` (a spilled run)."""
-        self.save_meta(directory, self.order)
-        for k in range(1, self.order + 1):
-            self.save_order(directory, k, self.prefix[k - 1], self.word[k - 1], self.count[k - 1])
-
-    def save_meta(self, directory: str, order: Optional[int] = None) -> None:
-        """Write ``meta.npy`` (vocabulary size, order, sentences, tokens) into ``directory``.
-
-        Args:
-            directory: the run's directory (created if missing).
-            order: the order the run will have (default: the tables' current order).
-        """
+        """Write the tables into ``directory`` (a spilled run; see :func:`run_files`)."""
         os.makedirs(directory, exist_ok=True)
-        order = self.order if order is None else order
-        meta = np.array([self.vocab_size, order, self.sentences, self.tokens], np.int64)
-        np.save(os.path.join(directory, "meta.npy"), meta)
+        for k in range(1, self.order + 1):
+            for column, path in zip((self.prefix, self.word, self.count), run_files(directory, k)):
+                np.ascontiguousarray(column[k - 1], dtype=_COLUMN_DTYPES[path[-3:]]).tofile(path)
+        self._save_meta(directory, [self.total(k) for k in range(1, self.order + 1)])
 
-    @staticmethod
-    def save_order(directory: str, k: int, prefix: np.ndarray, word: np.ndarray, count: np.ndarray) -> None:
-        """Write the table of order ``k`` into ``directory`` (see :meth:`save`)."""
-        np.save(os.path.join(directory, f"prefix{k}.npy"), prefix)
-        np.save(os.path.join(directory, f"word{k}.npy"), word)
-        np.save(os.path.join(directory, f"count{k}.npy"), count)
+    def _save_meta(self, directory: str, sizes: Sequence[int]) -> None:
+        meta = np.array([self.vocab_size, self.sentences, self.tokens, *sizes], np.int64)
+        np.save(os.path.join(directory, "meta.npy"), meta)
 
     @classmethod
     def load(cls, directory: str, mmap: bool = True) -> "NGramCounts":
         """Read tables written by :meth:`save` (memory-mapped by default)."""
-        mode = "r" if mmap else None
-        vocab_size, order, sentences, tokens = np.load(os.path.join(directory, "meta.npy"))
-        out = cls(int(vocab_size), sentences=int(sentences), tokens=int(tokens))
-        for k in range(int(order)):
-            out.prefix.append(np.load(os.path.join(directory, f"prefix{k + 1}.npy"), mmap_mode=mode))
-            out.word.append(np.load(os.path.join(directory, f"word{k + 1}.npy"), mmap_mode=mode))
-            out.count.append(np.load(os.path.join(directory, f"count{k + 1}.npy"), mmap_mode=mode))
+        out, sizes = cls._load_meta(directory)
+        for k, n in enumerate(sizes, start=1):
+            for column, path in zip((out.prefix, out.word, out.count), run_files(directory, k)):
+                dtype = _COLUMN_DTYPES[path[-3:]]
+                if n == 0:
+                    column.append(np.zeros(0, dtype))
+                elif mmap:
+                    column.append(np.memmap(path, dtype=dtype, mode="r", shape=(n,)))
+                else:
+                    column.append(np.fromfile(path, dtype=dtype, count=n))
         return out
+
+    @classmethod
+    def _load_meta(cls, directory: str) -> "tuple[NGramCounts, List[int]]":
+        meta = np.load(os.path.join(directory, "meta.npy")).tolist()
+        vocab_size, sentences, tokens, *sizes = meta
+        return cls(vocab_size, sentences=sentences, tokens=tokens), sizes
 
     def prune_min_counts(self, min_counts: Sequence[int]) -> "NGramCounts":
         """Drop n-grams seen fewer times than their order's minimum count.
@@ -237,50 +246,97 @@ def _effective_min_counts(order: int, min_counts: Optional[Sequence[int]]) -> Li
     return out
 
 
+Run = Union["NGramCounts", str]  # tables in memory, or the directory of a spilled run
+
+
 def _merge_tables(
-    tables: List[NGramCounts],
+    inputs: List[Run],
     min_counts: Optional[Sequence[int]],
     release_inputs: bool,
     spill_to: Optional[str] = None,
+    scratch: Optional[str] = None,
 ) -> NGramCounts:
     """Merge order by order in the C++ core (a k-way merge of sorted tables, no sort).
 
-    With ``release_inputs`` the input tables of an order are dropped once that order is
-    merged (their memory, or their memory-mapped pages, are freed early); with ``spill_to``
-    each merged order is saved there and dropped, and the returned tables are memory-mapped.
+    Spilled runs (directories) are read front to back in blocks, never loaded. With
+    ``release_inputs`` the in-memory input tables of an order are dropped once that order is
+    merged. With ``spill_to`` the merged tables are written there (and returned
+    memory-mapped). Row maps between orders go to files in ``scratch`` (default: a temporary
+    directory) when any run is on disk or ``spill_to`` is set, else stay in memory.
     """
-    if not tables:
+    if not inputs:
         raise ValueError("nothing to merge")
-    order = tables[0].order
-    V = max(t.vocab_size for t in tables)
-    if any(t.order != order for t in tables):
+    heads = []
+    sizes: List[Optional[List[int]]] = []
+    for run in inputs:
+        if isinstance(run, str):
+            head, run_sizes = NGramCounts._load_meta(run)
+            heads.append(head)
+            sizes.append(run_sizes)
+        else:
+            heads.append(run)
+            sizes.append(None)
+    orders = {len(s) if s is not None else t.order for t, s in zip(heads, sizes)}
+    if len(orders) != 1:
         raise ValueError("cannot merge count tables of different orders")
+    order = orders.pop()
+    V = max(t.vocab_size for t in heads)
     mins = _effective_min_counts(order, min_counts)
     out = NGramCounts(
         V,
-        sentences=sum(t.sentences for t in tables),
-        tokens=sum(t.tokens for t in tables),
+        sentences=sum(t.sentences for t in heads),
+        tokens=sum(t.tokens for t in heads),
     )
+    maps_on_disk = spill_to is not None or any(isinstance(r, str) for r in inputs)
+    own_scratch = None
+    if maps_on_disk and scratch is None:
+        own_scratch = tempfile.TemporaryDirectory(prefix="latticekit-maps-")
+        scratch = own_scratch.name
     if spill_to is not None:
-        out.save_meta(spill_to, order)
-    maps: List[Optional[np.ndarray]] = [None] * len(tables)
-    for k in range(1, order + 1):
-        runs = [(t.prefix[k - 1], t.word[k - 1], t.count[k - 1]) for t in tables]
-        row_maps = [np.empty(len(r[1]), np.int64) for r in runs]
-        prefix, word, count = _core.merge_count_order(runs, maps, V, mins[k - 1], row_maps)
-        maps = row_maps  # type: ignore[assignment]
-        del runs
-        if release_inputs:
-            for t in tables:
-                t.prefix[k - 1] = t.word[k - 1] = t.count[k - 1] = np.zeros(0, np.int64)
-        if spill_to is not None:
-            out.save_order(spill_to, k, prefix, word, count)
-            del prefix, word, count
-        else:
-            out.prefix.append(prefix)
-            out.word.append(word)
-            out.count.append(count)
+        os.makedirs(spill_to, exist_ok=True)
+    try:
+        merged_sizes = []
+        maps: List[Any] = [None] * len(inputs)
+        for k in range(1, order + 1):
+            runs = []
+            for i, run in enumerate(inputs):
+                if isinstance(run, str):
+                    runs.append((*run_files(run, k), sizes[i][k - 1]))  # type: ignore[index]
+                else:
+                    runs.append((run.prefix[k - 1], run.word[k - 1], run.count[k - 1], run.total(k)))
+            row_maps: List[Any] = [None] * len(inputs)
+            if k < order:  # the highest order needs no row maps
+                if maps_on_disk:
+                    row_maps = [os.path.join(scratch, f"map{k}.{i}.i64") for i in range(len(inputs))]  # type: ignore[arg-type]
+                else:
+                    row_maps = [np.empty(r[3], np.int64) for r in runs]
+            output = run_files(spill_to, k) if spill_to is not None else None
+            merged = _core.merge_count_order(runs, maps, V, mins[k - 1], row_maps, output)
+            row_sizes = [r[3] for r in runs]
+            del runs
+            for m in maps:
+                if isinstance(m, tuple):
+                    os.remove(m[0])
+            maps = [(m, n) if isinstance(m, str) else m for m, n in zip(row_maps, row_sizes)]
+            if release_inputs:
+                for run in inputs:
+                    if not isinstance(run, str):
+                        run.prefix[k - 1] = np.zeros(0, np.int64)
+                        run.word[k - 1] = np.zeros(0, np.int32)
+                        run.count[k - 1] = np.zeros(0, np.int64)
+            if spill_to is not None:
+                merged_sizes.append(int(merged))
+            else:
+                prefix, word, count = merged
+                out.prefix.append(prefix)
+                out.word.append(word)
+                out.count.append(count)
+                del merged, prefix, word, count
+    finally:
+        if own_scratch is not None:
+            own_scratch.cleanup()
     if spill_to is not None:
+        out._save_meta(spill_to, merged_sizes)
         return NGramCounts.load(spill_to)
     return out
 
@@ -355,7 +411,7 @@ class _RunStore:
         self.spill_dir = spill_dir
         self.run_memory = run_memory
         self.fan_in = max(2, fan_in)
-        self.held: List[NGramCounts] = []
+        self.held: List[Run] = []
         self.held_bytes = 0
         self.spilled: List[str] = []
         self.n_spilled = 0
@@ -368,23 +424,23 @@ class _RunStore:
             self.held, self.held_bytes = [], 0
             if len(self.spilled) >= self.fan_in:
                 paths, self.spilled = self.spilled, []
-                self._spill([NGramCounts.load(p) for p in paths])
+                self._spill(paths)  # type: ignore[arg-type]
                 for p in paths:
                     shutil.rmtree(p)
 
-    def _spill(self, tables: List[NGramCounts]) -> None:
+    def _spill(self, runs: List[Run]) -> None:
         self.n_spilled += 1
         target = os.path.join(self.spill_dir, f"run{self.n_spilled}")
-        _merge_tables(tables, None, release_inputs=True, spill_to=target)
+        _merge_tables(runs, None, release_inputs=True, spill_to=target, scratch=self.spill_dir)
         self.spilled.append(target)
 
     def finish(self, min_counts: Optional[Sequence[int]]) -> NGramCounts:
-        tables = self.held + [NGramCounts.load(p) for p in self.spilled]
+        runs: List[Run] = [*self.held, *self.spilled]
         self.held = []
-        if not tables:
+        if not runs:
             raise CorpusError("the corpus has no sentence to count")
-        merged = _merge_tables(tables, min_counts, release_inputs=True)
-        del tables
+        merged = _merge_tables(runs, min_counts, release_inputs=True, scratch=self.spill_dir)
+        del runs
         for path in self.spilled:
             shutil.rmtree(path)
         self.spilled = []

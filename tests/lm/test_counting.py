@@ -3,6 +3,8 @@ ARPA line formatter, each against a slow, obviously-correct reference."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -163,3 +165,18 @@ def test_lookup_finds_every_row_and_nothing_else(sents, order, seed):
         expected = [row_of.get((int(p) if k > 1 else 0, int(w)), -1) if k == 1 or p >= 0 else -1
                     for p, w in zip(queries_p, queries_w)]
         assert got.tolist() == expected
+
+
+def test_spilled_runs_larger_than_a_read_block(tmp_path):
+    # spilled tables of more than 2^16 rows: the merge reads runs and row maps in blocks
+    sents = _random_corpus(7, sentences=24_000)
+    chunks = [_stream(sents[i : i + 6000]) for i in range(0, len(sents), 6000)]
+    whole = count_stream(np.concatenate(chunks), 4, 40)
+    assert whole.total(4) > 3 * (1 << 16)
+    spilled = count_corpus(chunks, 4, 40, spill_dir=str(tmp_path), merge_fan_in=2, run_memory=1,
+                           min_counts=[1, 1, 1, 2])
+    expected = whole.prune_min_counts([1, 1, 1, 2])
+    for k in range(1, 5):
+        assert np.array_equal(spilled.keys(k), expected.keys(k))
+        assert np.array_equal(spilled.count[k - 1], expected.count[k - 1])
+    assert os.listdir(tmp_path) == []
