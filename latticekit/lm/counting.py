@@ -9,12 +9,13 @@ Count tables are *hierarchical*: the table of order ``k`` stores, for each n-gra
 its first ``k - 1`` words in the table of order ``k - 1`` (``prefix``) and its last word
 (``word``), sorted by ``(prefix, word)``. Since every lower-order table is itself sorted
 lexicographically, the key ``prefix * vocab_size + word`` is sorted in the lexicographic order
-of the n-grams, which makes every lookup a ``numpy.searchsorted`` and every merge a
-``numpy.unique``, whatever the order and the vocabulary size.
+of the n-grams: counting is one radix sort of such keys per order, and merging sorted tables is
+one pass over them, whatever the order and the vocabulary size.
 
-Counting is done in chunks of sentences (bounded memory per chunk) by the C++ core, in threads;
-chunk tables are held in memory up to a budget, then merged and spilled to disk as ``.npy`` runs,
-and the runs merged (see :func:`count_corpus`).
+Counting is done in chunks of sentences (bounded memory per chunk) by the C++ core
+(``latticekit/counting.h``), in threads; chunk tables are held in memory up to a budget, then
+merged and spilled to disk as raw runs, and the runs merged front to back (see
+:func:`count_corpus`).
 """
 
 from __future__ import annotations
@@ -361,11 +362,12 @@ def count_corpus(
     Chunks are counted in ``workers`` threads (the C++ counting releases the GIL) while the
     calling thread reads the next chunk. Count runs are held in memory until they take more
     than ``run_memory`` bytes; then they are merged into one sorted run spilled to
-    ``spill_dir`` (``.npy`` files), and spilled runs are merged ``merge_fan_in`` at a time.
-    The final merge goes order by order, so besides the merged tables it needs about the
-    inputs and the output of one order at a time. Peak memory is therefore about
-    ``run_memory`` plus ``workers`` chunks in counting (~40 bytes per id) plus the final
-    tables, which grow with the number of *distinct* n-grams kept, not with the corpus.
+    ``spill_dir`` (raw files, see :func:`run_files`), and spilled runs are merged
+    ``merge_fan_in`` at a time. Merges read spilled runs front to back through small
+    buffers and keep the maps between orders on disk, so peak memory is about
+    ``run_memory``, plus ``workers`` chunks being counted (~40 bytes per id), plus the
+    reading of the next chunk, plus the final tables, which grow with the number of
+    *distinct* n-grams kept (see ``min_counts``), not with the corpus.
 
     Args:
         streams: chunks of word ids (see :func:`count_stream`).
