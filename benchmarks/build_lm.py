@@ -120,7 +120,9 @@ def main() -> None:
 
     out = args.output or tempfile.mktemp(suffix=".arpa")
     runs = []
+    counts = model = None
     for _ in range(args.repeat):
+        counts = model = None  # free the previous build: the peak RSS is one build's
         counts, model, phases = build_once(ids, args.order, args.workers, args.chunk_tokens, args.memory, out)
         runs.append(phases)
     held = heldout
