@@ -180,3 +180,38 @@ def test_spilled_runs_larger_than_a_read_block(tmp_path):
         assert np.array_equal(spilled.keys(k), expected.keys(k))
         assert np.array_equal(spilled.count[k - 1], expected.count[k - 1])
     assert os.listdir(tmp_path) == []
+
+
+def test_gil_is_released_while_counting():
+    import threading
+    import time
+
+    rng = np.random.default_rng(8)
+    sents = [rng.integers(3, 5000, 20).tolist() for _ in range(20_000)]
+    stream = _stream(sents)
+    while True:  # a stream long enough to watch, however fast the counting is
+        start = time.perf_counter()
+        count_stream(stream, 4, 5000)
+        duration = time.perf_counter() - start
+        if duration > 0.1 or len(stream) > 50_000_000:
+            break
+        stream = np.concatenate([stream, stream])
+    ticks = []
+    stop = threading.Event()
+
+    def heartbeat():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=heartbeat)
+    t.start()
+    try:
+        _core.count_stream(stream, 4, 5000, EOS)
+    finally:
+        stop.set()
+        t.join()
+    # A call holding the GIL would starve the heartbeat for the whole call.
+    assert duration > 0.02, "counting too quick to observe"
+    assert len(ticks) >= 5
+    assert np.diff(ticks).max() < max(0.5 * duration, 0.05)
