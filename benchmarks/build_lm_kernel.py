@@ -85,13 +85,14 @@ def make_ids(out_path: str, prefixes: list, max_tokens: int, batch_lines: int = 
             files += 1
             text_bytes += len(data)
             for line in text.split("\n"):
-                if line.strip():
-                    batch.append(line)
-            if len(batch) >= batch_lines:
-                lines += len(batch)
-                tokens += flush(out)
-                if max_tokens and tokens >= max_tokens:
-                    break
+                if not line.strip():
+                    continue
+                batch.append(line)
+                if len(batch) >= batch_lines:  # also inside a file: some headers have 1M lines
+                    lines += len(batch)
+                    tokens += flush(out)
+            if max_tokens and tokens >= max_tokens:
+                break
         if batch:
             lines += len(batch)
             tokens += flush(out)
