@@ -8,9 +8,12 @@ from setuptools import Extension, setup
 
 CORE_SOURCES = [
     "csrc/latticekit/arpa.cc",
+    "csrc/latticekit/corpus.cc",
+    "csrc/latticekit/counting.cc",
     "csrc/latticekit/model.cc",
     "csrc/latticekit/search.cc",
     "csrc/latticekit/storage.cc",
+    "csrc/latticekit/trie.cc",
 ]
 
 compile_args = ["-std=c++17", "-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]

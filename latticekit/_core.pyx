@@ -14,8 +14,12 @@ from libcpp.string cimport string
 from libcpp.utility cimport move
 from libcpp.vector cimport vector
 
-from latticekit._cpp cimport (Model, NGramTables, OrderTable, ParseArpa, PBestBatch,
-                              StateId)
+from libc.string cimport memcpy
+
+from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountTableOutput,
+                              CountTableView, FormatArpaLines, RowMap,
+                              MergeCountOrder, Model, NGramTables, OrderTable, ParseArpa,
+                              LookupChildren, ParseIdLines, PBestBatch, StateId)
 
 
 cdef string _path_bytes(path):
@@ -193,3 +197,165 @@ cdef class CoreModel:
                        c_ptr, co_ptr, bos, p, alpha, threads, &ot[0, 0, 0], &os[0, 0], &od[0, 0],
                        &ol[0, 0], &oc[0], &op[0], &otr[0])
         return out_tokens, out_score, out_draft, out_lm, out_count, out_pops, out_transitions
+
+
+cdef _table_arrays(CountTable* table):
+    """Copies a C++ count table into (prefix int64, word int32, count int64) arrays."""
+    cdef size_t n = table.size()
+    prefix = np.empty(n, dtype=np.int64)
+    word = np.empty(n, dtype=np.int32)
+    count = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] p = prefix
+    cdef int32_t[::1] w = word
+    cdef int64_t[::1] c = count
+    if n > 0:
+        memcpy(&p[0], table.prefix.data(), n * sizeof(int64_t))
+        memcpy(&w[0], table.word.data(), n * sizeof(int32_t))
+        memcpy(&c[0], table.count.data(), n * sizeof(int64_t))
+    return prefix, word, count
+
+
+def count_stream(const int32_t[::1] stream, int order, int64_t vocab_size, int32_t eos):
+    """Per order k: (prefix, word, count) arrays of the sorted k-gram count table."""
+    cdef vector[CountTable] tables
+    cdef const int32_t* ptr = &stream[0] if stream.shape[0] > 0 else NULL
+    cdef size_t n = stream.shape[0]
+    with nogil:
+        tables = CountStream(ptr, n, order, vocab_size, eos)
+    out = []
+    for k in range(tables.size()):
+        out.append(_table_arrays(&tables[k]))
+        tables[k].prefix.clear()
+        tables[k].prefix.shrink_to_fit()
+        tables[k].word.clear()
+        tables[k].word.shrink_to_fit()
+        tables[k].count.clear()
+        tables[k].count.shrink_to_fit()
+    return out
+
+
+def merge_count_order(runs, prefix_maps, int64_t vocab_size, int64_t min_count, row_maps,
+                      output_paths):
+    """Merges one order of several runs (see MergeCountOrder).
+
+    runs: (prefix, word, count, size) per run, each column an array or a raw file path;
+    prefix_maps: per run None, an int64 array, or (raw file path, size); row_maps: per run
+    None, an int64 array to fill, or a raw file path to write; output_paths: None to get
+    (prefix, word, count) arrays back, or three raw file paths to write (returns the size).
+    """
+    cdef vector[CountTableView] views
+    cdef vector[RowMap] c_prefix_maps
+    cdef vector[RowMap] c_row_maps
+    cdef CountTableView* view
+    cdef RowMap* row_map
+    cdef const int64_t[::1] p
+    cdef const int32_t[::1] w
+    cdef const int64_t[::1] c
+    cdef int64_t[::1] m
+    keep_alive = []
+    n_runs = len(runs)
+    views.resize(n_runs)
+    c_prefix_maps.resize(n_runs)
+    c_row_maps.resize(n_runs)
+    for r, ((prefix, word, count, size), prefix_map, out_map) in enumerate(
+            zip(runs, prefix_maps, row_maps)):
+        view = &views[r]
+        view.size = size
+        if isinstance(prefix, str):
+            view.prefix_path = _path_bytes(prefix)
+            view.word_path = _path_bytes(word)
+            view.count_path = _path_bytes(count)
+        elif size > 0:
+            p, w, c = prefix, word, count
+            keep_alive.append((p, w, c))
+            view.prefix, view.word, view.count = &p[0], &w[0], &c[0]
+        row_map = &c_prefix_maps[r]
+        if isinstance(prefix_map, tuple):
+            row_map.path = _path_bytes(prefix_map[0])
+            row_map.size = prefix_map[1]
+        elif prefix_map is not None:
+            m = prefix_map
+            keep_alive.append(m)
+            row_map.size = m.shape[0]
+            row_map.rows = &m[0] if m.shape[0] > 0 else NULL  # empty: the run's table is too
+        row_map = &c_row_maps[r]
+        if isinstance(out_map, str):
+            row_map.path = _path_bytes(out_map)
+        elif out_map is not None and size > 0:
+            m = out_map
+            keep_alive.append(m)
+            row_map.rows = &m[0]
+            row_map.size = m.shape[0]
+    cdef CountTable merged
+    cdef CountTableOutput output
+    cdef size_t n
+    if output_paths is None:
+        output.table = &merged
+    else:
+        output.prefix_path = _path_bytes(output_paths[0])
+        output.word_path = _path_bytes(output_paths[1])
+        output.count_path = _path_bytes(output_paths[2])
+    with nogil:
+        n = MergeCountOrder(views, c_prefix_maps, vocab_size, min_count, c_row_maps, output)
+    if output_paths is None:
+        return _table_arrays(&merged)
+    return n
+
+
+def format_arpa_lines(const unsigned char[::1] words, const int64_t[::1] word_offsets,
+                      const int32_t[:, ::1] ids, const double[::1] log10_prob,
+                      const double[::1] log10_backoff, const unsigned char[::1] show_backoff):
+    """The ARPA lines of a block of n-grams, as UTF-8 bytes (see FormatArpaLines)."""
+    cdef string out
+    cdef size_t n = ids.shape[0]
+    cdef int k = ids.shape[1]
+    cdef size_t num_words = word_offsets.shape[0] - 1
+    if n == 0:
+        return b""
+    with nogil:
+        FormatArpaLines(<const char*> &words[0] if words.shape[0] > 0 else <const char*> "",
+                        &word_offsets[0], num_words, &ids[0, 0], n, k, &log10_prob[0],
+                        &log10_backoff[0], &show_backoff[0], &out)
+    return out
+
+
+cdef _int64_array(vector[int64_t]* values):
+    out = np.empty(values.size(), dtype=np.int64)
+    cdef int64_t[::1] o = out
+    if values.size() > 0:
+        memcpy(&o[0], values.data(), values.size() * sizeof(int64_t))
+    return out
+
+
+def parse_id_lines(const unsigned char[::1] data):
+    """(ids int64, ids per line int64, first bad line or 0) of a block of token-id lines."""
+    cdef vector[int64_t] ids
+    cdef vector[int64_t] lengths
+    cdef size_t bad
+    cdef size_t n = data.shape[0]
+    cdef const char* ptr = <const char*> &data[0] if n > 0 else <const char*> ""
+    with nogil:
+        ids.reserve(n // 4)
+        bad = ParseIdLines(ptr, n, &ids, &lengths)
+    return _int64_array(&ids), _int64_array(&lengths), bad
+
+
+def lookup_children(const int64_t[::1] prefix, const int32_t[::1] word, size_t n_parents,
+                    const int64_t[::1] query_parent, const int64_t[::1] query_word):
+    """Rows of (parent, word) in a table sorted by (prefix, word); -1 where absent."""
+    cdef size_t n = query_word.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] o = out
+    cdef size_t n_rows = word.shape[0]
+    if n == 0:
+        return out
+    with nogil:
+        LookupChildren(&prefix[0] if n_rows > 0 else NULL, &word[0] if n_rows > 0 else NULL,
+                       n_rows, n_parents, &query_parent[0], &query_word[0], n, &o[0])
+    return out
+
+
+def release_free_memory():
+    """Returns memory freed by worker threads to the operating system (see counting.h)."""
+    with nogil:
+        ReleaseFreeMemory()

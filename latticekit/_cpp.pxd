@@ -44,6 +44,56 @@ cdef extern from "latticekit/arpa.h" namespace "latticekit" nogil:
         vector[OrderTable] orders
 
     NGramTables ParseArpa(const char* data, size_t size, const string& path) except +raise_core_error
+    void FormatArpaLines(const char* words, const int64_t* word_offsets, size_t num_words,
+                         const int32_t* ids, size_t n, int k, const double* log10_prob,
+                         const double* log10_backoff, const unsigned char* show_backoff,
+                         string* out) except +raise_core_error
+
+
+cdef extern from "latticekit/corpus.h" namespace "latticekit" nogil:
+    size_t ParseIdLines(const char* data, size_t size, vector[int64_t]* ids,
+                        vector[int64_t]* lengths)
+
+
+cdef extern from "latticekit/counting.h" namespace "latticekit" nogil:
+    cdef cppclass CountTable:
+        vector[int64_t] prefix
+        vector[int32_t] word
+        vector[int64_t] count
+        size_t size()
+
+    cdef cppclass CountTableView:
+        const int64_t* prefix
+        const int32_t* word
+        const int64_t* count
+        string prefix_path
+        string word_path
+        string count_path
+        size_t size
+
+    cdef cppclass RowMap:
+        int64_t* rows
+        string path
+        size_t size
+
+    cdef cppclass CountTableOutput:
+        string prefix_path
+        string word_path
+        string count_path
+        CountTable* table
+
+    vector[CountTable] CountStream(const int32_t* stream, size_t n, int order, int64_t vocab_size,
+                                   int32_t eos) except +raise_core_error
+    size_t MergeCountOrder(const vector[CountTableView]& runs, const vector[RowMap]& prefix_maps,
+                           int64_t vocab_size, int64_t min_count, const vector[RowMap]& row_maps,
+                           const CountTableOutput& output) except +raise_core_error
+    void ReleaseFreeMemory()
+
+
+cdef extern from "latticekit/trie.h" namespace "latticekit" nogil:
+    void LookupChildren(const int64_t* prefix, const int32_t* word, size_t n_rows,
+                        size_t n_parents, const int64_t* query_parent,
+                        const int64_t* query_word, size_t n_queries, int64_t* rows)
 
 
 cdef extern from "latticekit/model.h" namespace "latticekit" nogil:

@@ -1,8 +1,10 @@
 """Slow, obviously-correct references for the fast paths: ARPA back-off scoring straight
-from the n-gram dictionary, and p-best by enumerating every path."""
+from the n-gram dictionary, p-best by enumerating every path, and n-gram counting with a
+dictionary of tuples."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -89,3 +91,30 @@ def brute_force_pbest(tokens, scores, widths, lm: ReferenceLM, p, alpha, context
         paths.append((total, toks, draft, lm_score))
     paths.sort(key=lambda x: (-x[0], x[1]))
     return paths if p is None else paths[:p]
+
+
+def reference_ngram_counts(sentences, order: int, bos=1, eos=2) -> Dict[Tuple[int, ...], int]:
+    """Every n-gram of orders 1..order of ``<s> sentence </s>``, counted in a dict.
+
+    ``<s>`` is counted as a unigram and as a context, ``</s>`` as a word (OpenGrm's rules).
+    """
+    counts: Dict[Tuple[int, ...], int] = collections.Counter()
+    for sentence in sentences:
+        words = [bos] + [int(w) for w in sentence] + [eos]
+        for i in range(len(words)):
+            for k in range(1, order + 1):
+                if i + k <= len(words):
+                    counts[tuple(words[i : i + k])] += 1
+    return dict(counts)
+
+
+def count_tables_as_dict(counts) -> Dict[Tuple[int, ...], int]:
+    """The n-grams of latticekit count tables as ``{word-id tuple: count}``; also checks that
+    every table is sorted by (prefix, word) without duplicates."""
+    out: Dict[Tuple[int, ...], int] = {}
+    for k in range(1, counts.order + 1):
+        keys = counts.keys(k)
+        assert all(a < b for a, b in zip(keys[:-1].tolist(), keys[1:].tolist())), f"order {k} unsorted"
+        for ids, c in zip(counts.ngram_ids(k).tolist(), list(counts.count[k - 1])):
+            out[tuple(ids)] = int(c)
+    return out

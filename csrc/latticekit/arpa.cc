@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <string_view>
 #include <unordered_map>
 
@@ -215,6 +216,43 @@ class ArpaParser {
 
 NGramTables ParseArpa(const char *data, size_t size, const std::string &path) {
   return ArpaParser(data, size, path).Parse();
+}
+
+namespace {
+
+// Appends x as C's "%.7g" prints it, except that every NaN prints as "nan" (Python's way).
+void AppendNumber(double x, std::string *out) {
+  if (std::isnan(x)) {
+    out->append("nan");
+    return;
+  }
+  char buffer[32];
+  const int length = std::snprintf(buffer, sizeof buffer, "%.7g", x);
+  out->append(buffer, length);
+}
+
+}  // namespace
+
+void FormatArpaLines(const char *words, const int64_t *word_offsets, size_t num_words,
+                     const int32_t *ids, size_t n, int k, const double *log10_prob,
+                     const double *log10_backoff, const uint8_t *show_backoff, std::string *out) {
+  out->reserve(out->size() + n * (16 + 8 * static_cast<size_t>(k)));
+  for (size_t i = 0; i < n; ++i) {
+    AppendNumber(log10_prob[i], out);
+    out->push_back('\t');
+    for (int j = 0; j < k; ++j) {
+      const int32_t w = ids[i * k + j];
+      if (w < 0 || static_cast<size_t>(w) >= num_words)
+        throw InvalidArgument("n-gram word id " + std::to_string(w) + " is outside the word table");
+      if (j) out->push_back(' ');
+      out->append(words + word_offsets[w], word_offsets[w + 1] - word_offsets[w]);
+    }
+    if (show_backoff[i]) {
+      out->push_back('\t');
+      AppendNumber(log10_backoff[i], out);
+    }
+    out->push_back('\n');
+  }
 }
 
 }  // namespace latticekit

@@ -1,4 +1,5 @@
-// Reading ARPA back-off language models into flat per-order tables.
+// Reading ARPA back-off language models into flat per-order tables, and printing n-gram
+// lines as OpenGrm's ngramprint --ARPA does.
 #ifndef LATTICEKIT_ARPA_H_
 #define LATTICEKIT_ARPA_H_
 
@@ -27,6 +28,15 @@ struct NGramTables {
 // Parses ARPA text held in memory. path only labels error messages.
 // Throws ArpaError naming the path and the 1-based line of the first problem.
 NGramTables ParseArpa(const char *data, size_t size, const std::string &path);
+
+// Appends the ARPA lines of n n-grams of order k to out, one "prob<TAB>w1 ... wk[<TAB>backoff]"
+// line each, numbers printed with C's %.7g (NaN as "nan"). Word w is spelled by the bytes
+// words[word_offsets[w] .. word_offsets[w + 1]); ids is row-major [n, k]; the back-off field
+// is printed where show_backoff[i] is non-zero. Throws InvalidArgument for an id outside
+// [0, num_words).
+void FormatArpaLines(const char *words, const int64_t *word_offsets, size_t num_words,
+                     const int32_t *ids, size_t n, int k, const double *log10_prob,
+                     const double *log10_backoff, const uint8_t *show_backoff, std::string *out);
 
 }  // namespace latticekit
 

@@ -4,6 +4,7 @@ The writer prints every number with 7 significant digits (C's ``%.7g``, what Ope
 ``ngramprint --ARPA`` gives: ``-0.7306006``, ``7.141721e-05``, ``-0``), omits the back-off
 field where an n-gram opens no state (highest order, n-grams ending in ``</s>``, NaN weights)
 and writes to a temporary file in the target directory, renamed into place when complete.
+Lines are formatted by the C++ core, blocks of rows in two threads.
 
 The reader is independent of the C++ core: it is used by the tests and by
 :mod:`latticekit.lm` tools that need the n-gram tables of an ARPA file.
@@ -11,14 +12,18 @@ The reader is independent of the C++ core: it is used by the tests and by
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import os
 import tempfile
-from typing import IO, Dict, List, Optional, Sequence, Tuple
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import IO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from latticekit import _core
 from latticekit.errors import ArpaFormatError
 from latticekit.lm.model import BackoffModel
 from latticekit.lm.trie import EOS, SPECIAL_WORDS
@@ -30,47 +35,44 @@ _BLOCK_ROWS = 100_000
 Table = Tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def _format_block(
-    words: np.ndarray, ids: np.ndarray, prob: np.ndarray, backoff: np.ndarray, show_bo: np.ndarray
-) -> str:
-    n, k = ids.shape
-    with_bo = "%.7g\t" + " ".join(["%s"] * k) + "\t%.7g\n"
-    without_bo = "%.7g\t" + " ".join(["%s"] * k) + "\n"
-    fmt = "".join(np.where(show_bo, with_bo, without_bo).tolist())
-    fields = np.empty((n, k + 2), dtype=object)
-    fields[:, 0] = prob.astype(np.float64).tolist()
-    for j in range(k):
-        fields[:, j + 1] = words[ids[:, j]]
-    fields[:, k + 1] = backoff.astype(np.float64).tolist()
-    mask = np.ones((n, k + 2), bool)
-    mask[:, k + 1] = show_bo
-    return fmt % tuple(fields[mask].tolist())
-
-
-def _write_tables(out: IO[str], words: Sequence[str], tables: Sequence[Table]) -> None:
-    word_array = np.empty(len(words), dtype=object)
-    word_array[:] = list(words)
+def _ngram_blocks(words: Sequence[str], tables: Sequence[Table]) -> Iterator[Callable[[], bytes]]:
+    """The ARPA text as a sequence of jobs, each giving the bytes of one piece, in order."""
+    blob = "".join(words).encode("utf-8")
+    offsets = np.zeros(len(words) + 1, np.int64)
+    offsets[1:] = np.cumsum([len(w.encode("utf-8")) for w in words])
+    eos = _eos_id(words)
     order = len(tables)
-    out.write("\n\\data\\\n")
-    for k, (ids, _, _) in enumerate(tables, start=1):
-        out.write(f"ngram {k}={len(ids)}\n")
-    out.write("\n")
+    header = "\n\\data\\\n" + "".join(f"ngram {k}={len(ids)}\n" for k, (ids, _, _) in enumerate(tables, 1))
+    yield functools.partial(str.encode, header + "\n")
     for k, (ids, prob, backoff) in enumerate(tables, start=1):
-        out.write(f"\\{k}-grams:\n")
-        ids = np.asarray(ids).reshape(-1, k)
-        prob = np.asarray(prob)
-        backoff = np.asarray(backoff)
+        yield functools.partial(str.encode, f"\\{k}-grams:\n")
+        ids = np.ascontiguousarray(np.asarray(ids).reshape(-1, k), dtype=np.int32)
+        prob = np.ascontiguousarray(prob, dtype=np.float64)
+        backoff = np.ascontiguousarray(backoff, dtype=np.float64)
         for start in range(0, len(ids), _BLOCK_ROWS):
             sl = slice(start, start + _BLOCK_ROWS)
-            block_ids = ids[sl]
-            block_bo = backoff[sl]
             if k == order:
-                show = np.zeros(len(block_ids), bool)
+                show = np.zeros(len(ids[sl]), bool)
             else:
-                show = ~np.isnan(block_bo) & (block_ids[:, -1] != _eos_id(words))
-            out.write(_format_block(word_array, block_ids, prob[sl], block_bo, show))
-        out.write("\n")
-    out.write("\\end\\\n")
+                show = ~np.isnan(backoff[sl]) & (ids[sl, -1] != eos)
+            yield functools.partial(
+                _core.format_arpa_lines, blob, offsets, ids[sl], prob[sl], backoff[sl], show.view(np.uint8)
+            )
+        yield functools.partial(str.encode, "\n")
+    yield functools.partial(str.encode, "\\end\\\n")
+
+
+def _write_tables(out: IO[bytes], words: Sequence[str], tables: Sequence[Table], threads: int = 2) -> None:
+    """Write the ARPA text, formatting blocks in ``threads`` threads (the C++ formatter
+    releases the GIL) and writing them in order."""
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        pending: "deque[Future[bytes]]" = deque()
+        for job in _ngram_blocks(words, tables):
+            pending.append(pool.submit(job))
+            while len(pending) > 2 * threads:
+                out.write(pending.popleft().result())
+        while pending:
+            out.write(pending.popleft().result())
 
 
 def _eos_id(words: Sequence[str]) -> int:
@@ -102,10 +104,7 @@ def write_arpa(path: str, words: Sequence[str], tables: Sequence[Table]) -> None
     try:
         with os.fdopen(fd, "wb") as raw:
             binary: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb") if path.endswith(".gz") else raw
-            text = io.TextIOWrapper(binary, encoding="utf-8", newline="\n")
-            _write_tables(text, words, tables)
-            text.flush()
-            text.detach()
+            _write_tables(binary, words, tables)
             if binary is not raw:
                 binary.close()
         os.replace(tmp, path)
@@ -129,9 +128,9 @@ def write_model_arpa(path: str, model: BackoffModel) -> None:
 
 def arpa_text(model: BackoffModel) -> str:
     """The ARPA text of a model, as a string (small models, tests)."""
-    buf = io.StringIO()
-    _write_tables(buf, model.words, _model_tables(model))
-    return buf.getvalue()
+    buf = io.BytesIO()
+    _write_tables(buf, model.words, _model_tables(model), threads=1)
+    return buf.getvalue().decode("utf-8")
 
 
 def _open_text(path: str) -> IO[str]:

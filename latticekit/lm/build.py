@@ -17,7 +17,7 @@ from latticekit.lm.corpus import (
     token_id_chunks,
     tokenizer_chunks,
 )
-from latticekit.lm.counting import NGramCounts, count_corpus
+from latticekit.lm.counting import DEFAULT_RUN_MEMORY, NGramCounts, count_corpus
 from latticekit.lm.katz import estimate_katz
 from latticekit.lm.model import BackoffModel
 
@@ -38,6 +38,8 @@ def count_ngrams(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     spill_dir: Optional[str] = None,
     progress: Optional[Any] = None,
+    run_memory: int = DEFAULT_RUN_MEMORY,
+    min_counts: Optional[Sequence[int]] = None,
 ) -> "tuple[NGramCounts, List[str]]":
     """Count the n-grams of a corpus.
 
@@ -49,16 +51,21 @@ def count_ngrams(
         tokenizer: a tokenizer (path to ``tokenizer.json`` or a transformers directory, or a
             loaded object with ``encode_batch``) to encode raw text files.
         vocab_size: token ids must be below it (token-id inputs).
-        workers: counting processes.
+        workers: counting threads.
         chunk_tokens: words per counted chunk (bounds memory).
         spill_dir: where sorted runs are spilled (temporary directory by default).
         progress: optional ``update(n)`` sink, e.g. a tqdm bar counting stream ids.
+        run_memory: bytes of count runs held in memory before they are merged and spilled
+            to ``spill_dir`` (see :func:`~latticekit.lm.counting.count_corpus`).
+        min_counts: per-order minimum counts applied while merging the runs (same result as
+            :meth:`NGramCounts.prune_min_counts` afterwards, without holding the unpruned
+            tables).
 
     Returns:
         (count tables, word table).
 
     Raises:
-        ValueError: if ``order`` < 1.
+        ValueError: if ``order`` < 1 or a minimum count is < 1.
         CorpusError: empty corpus, undecodable text, malformed id lines.
         VocabularyError: token ids outside the vocabulary.
     """
@@ -79,7 +86,16 @@ def count_ngrams(
     else:
         table = WordTable()
         chunks = text_chunks(inputs, table, chunk_tokens)  # type: ignore[arg-type]
-    counts = count_corpus(chunks, order, 3, workers=workers, spill_dir=spill_dir, progress=progress)
+    counts = count_corpus(
+        chunks,
+        order,
+        3,
+        workers=workers,
+        spill_dir=spill_dir,
+        progress=progress,
+        run_memory=run_memory,
+        min_counts=min_counts,
+    )
     return counts, table.words
 
 
@@ -158,6 +174,7 @@ def build_katz(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     spill_dir: Optional[str] = None,
     progress: Optional[Any] = None,
+    run_memory: int = DEFAULT_RUN_MEMORY,
 ) -> BackoffModel:
     """Build a Katz back-off model from a corpus, as OpenGrm would.
 
@@ -172,10 +189,12 @@ def build_katz(
         target_ngrams: prune to at most this many n-grams instead of by ``theta``.
         add_vocabulary: add every id of ``[0, vocab_size)`` the corpus lacks as a unigram
             with log10 probability -1000.
-        workers: counting processes.
+        workers: counting threads.
         chunk_tokens: words per counted chunk.
         spill_dir: where count runs are spilled.
         progress: optional ``update(n)`` sink.
+        run_memory: bytes of count runs held in memory before spilling (see
+            :func:`count_ngrams`).
 
     Returns:
         The model (``model.discounts`` holds the Katz discount table).
@@ -197,9 +216,9 @@ def build_katz(
         chunk_tokens=chunk_tokens,
         spill_dir=spill_dir,
         progress=progress,
+        run_memory=run_memory,
+        min_counts=min_counts,
     )
-    if min_counts is not None:
-        counts = counts.prune_min_counts(min_counts)
     model = estimate_katz(counts, words)
     if theta is not None or target_ngrams is not None:
         from latticekit.lm.prune import prune_relative_entropy

@@ -4,6 +4,7 @@ Examples::
 
     latticekit lm build --order 4 --output lm.arpa corpus.txt
     latticekit lm build --order 4 --tokenized --min-count 1,1,2,4 --output lm.arpa ids.txt
+    latticekit lm build --order 4 --tokenized --min-count 1,1,2,4 --memory 1024 --spill-dir /scratch --output lm.arpa big_ids.txt
     latticekit lm build --order 4 --tokenizer tokenizer.json --add-vocabulary --output lm.arpa *.py
     latticekit lm prune --theta 1e-6 --output small.arpa lm.arpa
     latticekit lm ppl lm.arpa heldout.txt
@@ -20,6 +21,8 @@ import json
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
+
+from latticekit.lm.counting import DEFAULT_RUN_MEMORY
 
 __all__ = ["main", "add_subparsers", "build_parser"]
 
@@ -70,8 +73,25 @@ def add_subparsers(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="add every token id of the vocabulary the corpus lacks as a unigram (log10 p = -1000)",
     )
-    b.add_argument("--workers", type=int, default=2, help="counting processes (default 2)")
-    b.add_argument("--chunk-tokens", type=int, default=2_000_000, help="words per counted chunk")
+    b.add_argument("--workers", type=int, default=2, help="counting threads (default 2)")
+    b.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=2_000_000,
+        help="words per counted chunk (default 2000000); each chunk being counted takes about 40 bytes a word",
+    )
+    b.add_argument(
+        "--memory",
+        type=int,
+        default=DEFAULT_RUN_MEMORY >> 20,
+        metavar="MB",
+        help=(
+            f"MB of count runs held in memory before they are merged and spilled to --spill-dir "
+            f"(default {DEFAULT_RUN_MEMORY >> 20}). Peak memory is about this, plus --workers chunks "
+            "being counted, plus the final count tables (which grow with the distinct n-grams kept: "
+            "use --min-count on large corpora) and the model estimated from them"
+        ),
+    )
     b.add_argument("--spill-dir", help="directory for sorted count runs (default: temporary)")
     b.add_argument("--discounts", help="also write the Katz discount table to this file")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -158,6 +178,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         chunk_tokens=args.chunk_tokens,
         spill_dir=args.spill_dir,
         progress=bar,
+        run_memory=args.memory << 20,
     )
     if bar is not None:
         bar.close()

@@ -15,11 +15,11 @@ OpenGrm's ``ngramsymbols`` does), kept in a :class:`WordTable`. Empty lines are 
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from latticekit import _core
 from latticekit.errors import VocabularyError
 from latticekit.lm.counting import CorpusError
 from latticekit.lm.trie import BOS, EOS, SPECIAL_WORDS
@@ -89,8 +89,20 @@ class TokenIdTable:
     def __len__(self) -> int:
         return len(self.token_of_word)
 
-    def ids(self, tokens: np.ndarray, path: str = "", line_of: Optional[np.ndarray] = None) -> np.ndarray:
+    def ids(
+        self,
+        tokens: np.ndarray,
+        path: str = "",
+        line_lengths: Optional[np.ndarray] = None,
+        first_line: int = 1,
+    ) -> np.ndarray:
         """Internal ids of token ids, adding new ones.
+
+        Args:
+            tokens: int token ids.
+            path: the file they come from (for error messages).
+            line_lengths: ids per line of the file from ``first_line`` on (for error messages).
+            first_line: 1-based line of the first id.
 
         Raises:
             VocabularyError: for a negative id or one beyond ``vocab_size``.
@@ -103,7 +115,9 @@ class TokenIdTable:
             bad |= tokens >= self.vocab_size
         if bad.any():
             at = int(np.argmax(bad))
-            line = int(line_of[at]) if line_of is not None else 0
+            line = 0
+            if line_lengths is not None:
+                line = first_line + int(np.searchsorted(np.cumsum(line_lengths), at, side="right"))
             where = f"{path}:{line}: " if path else ""
             raise VocabularyError(
                 f"{where}token id {int(tokens[at])} is outside the vocabulary"
@@ -204,10 +218,31 @@ def text_chunks(
             yield lines_to_stream(table.ids(flat), lengths[keep])
 
 
+def _read_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
+    """Blocks of about ``block_bytes`` bytes of whole lines (a longer line is one block)."""
+    with open(path, "rb") as f:
+        carry = b""
+        while True:
+            data = f.read(block_bytes)
+            if not data:
+                if carry:
+                    yield carry
+                return
+            data = carry + data
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                carry = data
+                continue
+            carry = data[cut:]
+            yield data[:cut]
+
+
 def token_id_chunks(
     paths: Sequence[str], table: TokenIdTable, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
 ) -> Iterator[np.ndarray]:
     """Streams of pre-tokenized files: one sentence of decimal token ids per line.
+
+    Lines are parsed by the C++ core, a block of about ``8 * chunk_tokens`` bytes at a time.
 
     Raises:
         CorpusError: naming file and line, for a line that is not decimal ids or not UTF-8.
@@ -215,35 +250,29 @@ def token_id_chunks(
     """
     for path in paths:
         line_no = 1
-        for raw in _read_lines(path, max(chunk_tokens // 8, 1000)):
-            lines = _decode(raw, path, line_no)
-            tokens, lengths = _parse_ids(b"".join(raw), path, line_no, lines)
-            line_of = np.repeat(np.arange(line_no, line_no + len(lines)), lengths)
-            ids = table.ids(tokens, path, line_of)
-            line_no += len(raw)
+        for data in _read_blocks(path, max(chunk_tokens * 8, 8000)):
+            tokens, lengths, bad = _core.parse_id_lines(data)
+            if bad:
+                _raise_bad_id_line(data, path, line_no, bad)
+            ids = table.ids(tokens, path, line_lengths=lengths, first_line=line_no)
+            line_no += len(lengths)
             yield lines_to_stream(ids, lengths[lengths > 0])
 
 
-def _parse_ids(data: bytes, path: str, line_no: int, lines: List[str]) -> "tuple[np.ndarray, np.ndarray]":
-    """Decimal ids and words per line of a block of lines, vectorised over the bytes."""
-    b = np.frombuffer(data, np.uint8)
-    space = (b == 32) | (b == 9) | (b == 10) | (b == 13) | (b == 11) | (b == 12)
-    starts = ~space
-    starts[1:] &= space[:-1]
-    line_of_byte = np.cumsum(b == 10) - (b == 10)
-    lengths = np.bincount(line_of_byte[starts], minlength=len(lines))[: len(lines)].astype(np.int64)
-    digits_ok = bool(np.all(space | ((b >= 48) & (b <= 57))))
-    if digits_ok:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            tokens = np.fromstring(data.decode("ascii"), dtype=np.int64, sep=" ")
-        if len(tokens) == int(lengths.sum()):
-            return tokens, lengths
-    for i, line in enumerate(lines):
-        for w in line.split():
-            if not w.isdigit():
-                raise CorpusError(f"{path}:{line_no + i}: {w!r} is not a decimal token id", path, line_no + i)
-    raise CorpusError(f"{path}: could not parse token ids near line {line_no}", path, line_no)
+def _raise_bad_id_line(data: bytes, path: str, first_line: int, bad: int) -> None:
+    """Raise the CorpusError for line ``bad`` (1-based in ``data``) of a block of id lines."""
+    raw = data.split(b"\n")[bad - 1]
+    line = first_line + bad - 1
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorpusError(
+            f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start})", path, line
+        ) from exc
+    for w in text.split():
+        if not (w.isascii() and w.isdigit()):
+            raise CorpusError(f"{path}:{line}: {w!r} is not a decimal token id", path, line)
+    raise CorpusError(f"{path}:{line}: could not parse token ids", path, line)
 
 
 def array_chunks(

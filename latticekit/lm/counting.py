@@ -9,23 +9,28 @@ Count tables are *hierarchical*: the table of order ``k`` stores, for each n-gra
 its first ``k - 1`` words in the table of order ``k - 1`` (``prefix``) and its last word
 (``word``), sorted by ``(prefix, word)``. Since every lower-order table is itself sorted
 lexicographically, the key ``prefix * vocab_size + word`` is sorted in the lexicographic order
-of the n-grams, which makes every lookup a ``numpy.searchsorted`` and every merge a
-``numpy.unique``, whatever the order and the vocabulary size.
+of the n-grams: counting is one radix sort of such keys per order, and merging sorted tables is
+one pass over them, whatever the order and the vocabulary size.
 
-Counting is done in chunks of sentences (bounded memory per chunk); chunk tables are spilled to
-disk as ``.npy`` runs and merged, optionally in worker processes (see :func:`count_corpus`).
+Counting is done in chunks of sentences (bounded memory per chunk) by the C++ core
+(``latticekit/counting.h``), in threads; chunk tables are held in memory up to a budget, then
+merged and spilled to disk as raw runs, and the runs merged front to back (see
+:func:`count_corpus`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
+from latticekit import _core
 from latticekit.errors import LatticeKitError
 from latticekit.lm.trie import BOS, EOS, SPECIAL_WORDS, UNK, NGramTrie
 
@@ -41,6 +46,19 @@ __all__ = [
     "count_corpus",
     "sentences_to_stream",
 ]
+
+_COLUMN_DTYPES = {"i64": np.dtype(np.int64), "i32": np.dtype(np.int32)}
+
+
+def run_files(directory: str, k: int) -> "tuple[str, str, str]":
+    """The raw files (native-endian int64 prefix, int32 word, int64 count) of order ``k`` of a
+    spilled run; ``meta.npy`` holds the vocabulary size, sentences, tokens and table sizes."""
+    return (
+        os.path.join(directory, f"prefix{k}.i64"),
+        os.path.join(directory, f"word{k}.i32"),
+        os.path.join(directory, f"count{k}.i64"),
+    )
+
 
 class CorpusError(LatticeKitError, ValueError):
     """A corpus cannot be counted: it is empty, undecodable, or has ids out of range.
@@ -70,27 +88,43 @@ class NGramCounts(NGramTrie):
     sentences: int = 0
     tokens: int = 0
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the tables."""
+        return sum(int(np.asarray(a).nbytes) for a in (*self.prefix, *self.word, *self.count))
+
     def save(self, directory: str) -> None:
-        """Write the tables as ``.npy`` files into ``directory`` (a spilled run)."""
+        """Write the tables into ``directory`` (a spilled run; see :func:`run_files`)."""
         os.makedirs(directory, exist_ok=True)
-        meta = np.array([self.vocab_size, self.order, self.sentences, self.tokens], np.int64)
+        for k in range(1, self.order + 1):
+            for column, path in zip((self.prefix, self.word, self.count), run_files(directory, k)):
+                np.ascontiguousarray(column[k - 1], dtype=_COLUMN_DTYPES[path[-3:]]).tofile(path)
+        self._save_meta(directory, [self.total(k) for k in range(1, self.order + 1)])
+
+    def _save_meta(self, directory: str, sizes: Sequence[int]) -> None:
+        meta = np.array([self.vocab_size, self.sentences, self.tokens, *sizes], np.int64)
         np.save(os.path.join(directory, "meta.npy"), meta)
-        for k in range(self.order):
-            np.save(os.path.join(directory, f"prefix{k + 1}.npy"), self.prefix[k])
-            np.save(os.path.join(directory, f"word{k + 1}.npy"), self.word[k])
-            np.save(os.path.join(directory, f"count{k + 1}.npy"), self.count[k])
 
     @classmethod
     def load(cls, directory: str, mmap: bool = True) -> "NGramCounts":
         """Read tables written by :meth:`save` (memory-mapped by default)."""
-        mode = "r" if mmap else None
-        vocab_size, order, sentences, tokens = np.load(os.path.join(directory, "meta.npy"))
-        out = cls(int(vocab_size), sentences=int(sentences), tokens=int(tokens))
-        for k in range(int(order)):
-            out.prefix.append(np.load(os.path.join(directory, f"prefix{k + 1}.npy"), mmap_mode=mode))
-            out.word.append(np.load(os.path.join(directory, f"word{k + 1}.npy"), mmap_mode=mode))
-            out.count.append(np.load(os.path.join(directory, f"count{k + 1}.npy"), mmap_mode=mode))
+        out, sizes = cls._load_meta(directory)
+        for k, n in enumerate(sizes, start=1):
+            for column, path in zip((out.prefix, out.word, out.count), run_files(directory, k)):
+                dtype = _COLUMN_DTYPES[path[-3:]]
+                if n == 0:
+                    column.append(np.zeros(0, dtype))
+                elif mmap:
+                    column.append(np.memmap(path, dtype=dtype, mode="r", shape=(n,)))
+                else:
+                    column.append(np.fromfile(path, dtype=dtype, count=n))
         return out
+
+    @classmethod
+    def _load_meta(cls, directory: str) -> "tuple[NGramCounts, List[int]]":
+        meta = np.load(os.path.join(directory, "meta.npy")).tolist()
+        vocab_size, sentences, tokens, *sizes = meta
+        return cls(vocab_size, sentences=sentences, tokens=tokens), sizes
 
     def prune_min_counts(self, min_counts: Sequence[int]) -> "NGramCounts":
         """Drop n-grams seen fewer times than their order's minimum count.
@@ -154,6 +188,9 @@ def sentences_to_stream(sentences: Iterable[np.ndarray], offset: int = 0) -> np.
 def count_stream(stream: np.ndarray, order: int, vocab_size: int) -> NGramCounts:
     """Count every n-gram of orders 1..``order`` in a stream of sentences.
 
+    One radix sort per order in the C++ core (``latticekit/counting.h``); the GIL is released
+    while it runs, so chunks can be counted in threads.
+
     Args:
         stream: int32 word ids, sentences written as ``<s> w1 ... wn </s>`` back to back.
         order: highest order to count (>= 1).
@@ -173,81 +210,140 @@ def count_stream(stream: np.ndarray, order: int, vocab_size: int) -> NGramCounts
     if n and (stream[0] != BOS or stream[-1] != EOS or sentences != np.count_nonzero(stream == EOS)):
         raise ValueError("stream must be sentences written as <s> ... </s>")
     out = NGramCounts(vocab_size, sentences=sentences, tokens=n - 2 * sentences)
-    V = np.int64(vocab_size)
-    # Order 1: every position.
-    words, inverse, counts = np.unique(stream, return_inverse=True, return_counts=True)
-    out.prefix.append(np.zeros(len(words), np.int64))
-    out.word.append(words.astype(np.int32))
-    out.count.append(counts.astype(np.int64))
-    pos = np.arange(n, dtype=np.int64)
-    rows = inverse.astype(np.int64)
-    for k in range(2, order + 1):
-        # An n-gram of order k ends one after an (k-1)-gram that did not end the sentence.
-        extend = stream[pos] != EOS
-        pos = pos[extend] + 1
-        keys = rows[extend] * V + stream[pos]
-        uniq, rows, counts = np.unique(keys, return_inverse=True, return_counts=True)
-        rows = rows.astype(np.int64)
-        out.prefix.append(uniq // V)
-        out.word.append((uniq % V).astype(np.int32))
-        out.count.append(counts.astype(np.int64))
-        if len(pos) == 0:
-            for _ in range(k + 1, order + 1):
-                out.prefix.append(np.zeros(0, np.int64))
-                out.word.append(np.zeros(0, np.int32))
-                out.count.append(np.zeros(0, np.int64))
-            break
+    for prefix, word, count in _core.count_stream(stream, order, vocab_size, EOS):
+        out.prefix.append(prefix)
+        out.word.append(word)
+        out.count.append(count)
     return out
 
 
-def merge_counts(tables: Sequence[NGramCounts]) -> NGramCounts:
+def merge_counts(tables: Sequence[NGramCounts], min_counts: Optional[Sequence[int]] = None) -> NGramCounts:
     """Merge count tables of the same order and word-id space, summing counts.
 
     Counting two shards and merging gives exactly the tables of counting their concatenation.
 
     Args:
         tables: count tables (memory-mapped runs are fine).
+        min_counts: per-order minimum counts applied to the merged counts, as
+            :meth:`NGramCounts.prune_min_counts` does (None: keep everything).
 
     Returns:
         The merged tables.
 
     Raises:
-        ValueError: if the tables disagree on order or vocabulary size.
+        ValueError: if the tables disagree on order or vocabulary size, or a minimum count is < 1.
     """
-    if not tables:
-        raise ValueError("nothing to merge")
-    order = tables[0].order
-    V = max(t.vocab_size for t in tables)
-    if any(t.order != order for t in tables):
-        raise ValueError("cannot merge count tables of different orders")
-    out = NGramCounts(
-        V,
-        sentences=sum(t.sentences for t in tables),
-        tokens=sum(t.tokens for t in tables),
-    )
-    maps: List[np.ndarray] = [np.zeros(0, np.int64)] * len(tables)
-    for k in range(1, order + 1):
-        keys = []
-        for i, t in enumerate(tables):
-            prefix = np.asarray(t.prefix[k - 1])
-            mapped = maps[i][prefix] if k > 1 else prefix
-            keys.append(mapped * np.int64(V) + np.asarray(t.word[k - 1]))
-        all_keys = np.concatenate(keys)
-        uniq, inverse = np.unique(all_keys, return_inverse=True)
-        all_counts = np.concatenate([np.asarray(t.count[k - 1]) for t in tables])
-        summed = np.bincount(inverse, weights=all_counts, minlength=len(uniq))
-        out.prefix.append(uniq // V)
-        out.word.append((uniq % V).astype(np.int32))
-        out.count.append(np.rint(summed).astype(np.int64))
-        bounds = np.cumsum([0] + [len(x) for x in keys])
-        maps = [inverse[bounds[i]:bounds[i + 1]].astype(np.int64) for i in range(len(tables))]
+    return _merge_tables(list(tables), min_counts, release_inputs=False)
+
+
+def _effective_min_counts(order: int, min_counts: Optional[Sequence[int]]) -> List[int]:
+    """Per order, the minimum count :meth:`NGramCounts.prune_min_counts` applies (1: none)."""
+    mins = [int(m) for m in (min_counts or [])]
+    if any(m < 1 for m in mins):
+        raise ValueError(f"min counts must be >= 1, got {list(min_counts or [])}")
+    out = [1]
+    for k in range(2, order + 1):
+        out.append(max(out[-1], mins[k - 1]) if k - 1 < len(mins) else out[-1])
     return out
 
 
-def _count_chunk_to_run(args: Tuple[np.ndarray, int, int, str]) -> str:
-    stream, order, vocab_size, directory = args
-    count_stream(stream, order, vocab_size).save(directory)
-    return directory
+Run = Union["NGramCounts", str]  # tables in memory, or the directory of a spilled run
+
+
+def _merge_tables(
+    inputs: List[Run],
+    min_counts: Optional[Sequence[int]],
+    release_inputs: bool,
+    spill_to: Optional[str] = None,
+    scratch: Optional[str] = None,
+) -> NGramCounts:
+    """Merge order by order in the C++ core (a k-way merge of sorted tables, no sort).
+
+    Spilled runs (directories) are read front to back in blocks, never loaded. With
+    ``release_inputs`` the in-memory input tables of an order are dropped once that order is
+    merged. With ``spill_to`` the merged tables are written there (and returned
+    memory-mapped). Row maps between orders go to files in ``scratch`` (default: a temporary
+    directory) when any run is on disk or ``spill_to`` is set, else stay in memory.
+    """
+    if not inputs:
+        raise ValueError("nothing to merge")
+    heads = []
+    sizes: List[Optional[List[int]]] = []
+    for run in inputs:
+        if isinstance(run, str):
+            head, run_sizes = NGramCounts._load_meta(run)
+            heads.append(head)
+            sizes.append(run_sizes)
+        else:
+            heads.append(run)
+            sizes.append(None)
+    orders = {len(s) if s is not None else t.order for t, s in zip(heads, sizes)}
+    if len(orders) != 1:
+        raise ValueError("cannot merge count tables of different orders")
+    order = orders.pop()
+    V = max(t.vocab_size for t in heads)
+    mins = _effective_min_counts(order, min_counts)
+    out = NGramCounts(
+        V,
+        sentences=sum(t.sentences for t in heads),
+        tokens=sum(t.tokens for t in heads),
+    )
+    maps_on_disk = spill_to is not None or any(isinstance(r, str) for r in inputs)
+    own_scratch = None
+    if maps_on_disk and scratch is None:
+        own_scratch = tempfile.TemporaryDirectory(prefix="latticekit-maps-")
+        scratch = own_scratch.name
+    if spill_to is not None:
+        os.makedirs(spill_to, exist_ok=True)
+    try:
+        merged_sizes = []
+        maps: List[Any] = [None] * len(inputs)
+        for k in range(1, order + 1):
+            runs = []
+            for i, run in enumerate(inputs):
+                if isinstance(run, str):
+                    runs.append((*run_files(run, k), sizes[i][k - 1]))  # type: ignore[index]
+                else:
+                    runs.append((run.prefix[k - 1], run.word[k - 1], run.count[k - 1], run.total(k)))
+            row_maps: List[Any] = [None] * len(inputs)
+            if k < order:  # the highest order needs no row maps
+                if maps_on_disk:
+                    row_maps = [os.path.join(scratch, f"map{k}.{i}.i64") for i in range(len(inputs))]  # type: ignore[arg-type]
+                else:
+                    row_maps = [np.empty(r[3], np.int64) for r in runs]
+            output = run_files(spill_to, k) if spill_to is not None else None
+            merged = _core.merge_count_order(runs, maps, V, mins[k - 1], row_maps, output)
+            row_sizes = [r[3] for r in runs]
+            del runs
+            for m in maps:
+                if isinstance(m, tuple):
+                    os.remove(m[0])
+            maps = [(m, n) if isinstance(m, str) else m for m, n in zip(row_maps, row_sizes)]
+            if release_inputs:
+                for run in inputs:
+                    if not isinstance(run, str):
+                        run.prefix[k - 1] = np.zeros(0, np.int64)
+                        run.word[k - 1] = np.zeros(0, np.int32)
+                        run.count[k - 1] = np.zeros(0, np.int64)
+            if spill_to is not None:
+                merged_sizes.append(int(merged))
+            else:
+                prefix, word, count = merged
+                out.prefix.append(prefix)
+                out.word.append(word)
+                out.count.append(count)
+                del merged, prefix, word, count
+    finally:
+        if own_scratch is not None:
+            own_scratch.cleanup()
+    if spill_to is not None:
+        out._save_meta(spill_to, merged_sizes)
+        return NGramCounts.load(spill_to)
+    return out
+
+
+#: Default memory for count runs held in memory before they are merged and spilled (bytes).
+DEFAULT_RUN_MEMORY = 512 << 20
 
 
 def count_corpus(
@@ -258,104 +354,121 @@ def count_corpus(
     spill_dir: Optional[str] = None,
     merge_fan_in: int = 8,
     progress: Optional[object] = None,
+    run_memory: int = DEFAULT_RUN_MEMORY,
+    min_counts: Optional[Sequence[int]] = None,
 ) -> NGramCounts:
     """Count a corpus given as chunks of ``<s> ... </s>`` streams, with bounded memory.
 
-    Each chunk is counted (in ``workers`` processes when > 1) into a sorted run spilled to
-    ``spill_dir``; runs are merged ``merge_fan_in`` at a time, so peak memory is about one
-    chunk per worker plus the merged tables (which grow with the number of *distinct*
-    n-grams, not with the corpus).
+    Chunks are counted in ``workers`` threads (the C++ counting releases the GIL) while the
+    calling thread reads the next chunk. Count runs are held in memory until they take more
+    than ``run_memory`` bytes; then they are merged into one sorted run spilled to
+    ``spill_dir`` (raw files, see :func:`run_files`), and spilled runs are merged
+    ``merge_fan_in`` at a time. Merges read spilled runs front to back through small
+    buffers and keep the maps between orders on disk, so peak memory is about
+    ``run_memory``, plus ``workers`` chunks being counted (~40 bytes per id), plus the
+    reading of the next chunk, plus the final tables, which grow with the number of
+    *distinct* n-grams kept (see ``min_counts``), not with the corpus.
 
     Args:
         streams: chunks of word ids (see :func:`count_stream`).
         order: highest order to count.
         vocab_size_hint: lower bound of the word-id space (grown to fit every chunk).
-        workers: processes used for counting chunks.
+        workers: threads counting chunks.
         spill_dir: where runs go (a fresh temporary directory when None).
-        merge_fan_in: how many runs are merged at once.
+        merge_fan_in: how many spilled runs are merged at once.
         progress: optional object with ``update(n_tokens)`` (e.g. a tqdm bar).
+        run_memory: bytes of count runs held in memory before spilling.
+        min_counts: per-order minimum counts applied in the final merge (as
+            :meth:`NGramCounts.prune_min_counts`), so the unpruned tables of a large corpus
+            never have to fit in memory.
 
     Returns:
         The merged count tables.
 
     Raises:
         CorpusError: if the corpus has no sentence.
+        ValueError: if ``order`` < 1 or a minimum count is < 1.
     """
     if order < 1:
         raise ValueError(f"order must be >= 1, got {order}")
+    _effective_min_counts(order, min_counts)  # reject bad minimums before counting
     own_tmp = None
     if spill_dir is None:
         own_tmp = tempfile.TemporaryDirectory(prefix="latticekit-counts-")
         spill_dir = own_tmp.name
     try:
-        return _count_runs(streams, order, vocab_size_hint, workers, spill_dir, merge_fan_in, progress)
+        runs = _RunStore(spill_dir, run_memory, merge_fan_in)
+        _count_into(runs, streams, order, vocab_size_hint, max(1, workers), progress)
+        _core.release_free_memory()  # what the counting threads freed
+        return runs.finish(min_counts)
     finally:
         if own_tmp is not None:
             own_tmp.cleanup()
 
 
-def _count_runs(
+class _RunStore:
+    """Count runs held in memory up to a budget, then merged and spilled to disk."""
+
+    def __init__(self, spill_dir: str, run_memory: int, fan_in: int) -> None:
+        self.spill_dir = spill_dir
+        self.run_memory = run_memory
+        self.fan_in = max(2, fan_in)
+        self.held: List[Run] = []
+        self.held_bytes = 0
+        self.spilled: List[str] = []
+        self.n_spilled = 0
+
+    def add(self, run: NGramCounts) -> None:
+        self.held.append(run)
+        self.held_bytes += run.nbytes
+        if self.held_bytes > self.run_memory:
+            self._spill(self.held)
+            self.held, self.held_bytes = [], 0
+            if len(self.spilled) >= self.fan_in:
+                paths, self.spilled = self.spilled, []
+                self._spill(paths)  # type: ignore[arg-type]
+                for p in paths:
+                    shutil.rmtree(p)
+
+    def _spill(self, runs: List[Run]) -> None:
+        self.n_spilled += 1
+        target = os.path.join(self.spill_dir, f"run{self.n_spilled}")
+        _merge_tables(runs, None, release_inputs=True, spill_to=target, scratch=self.spill_dir)
+        self.spilled.append(target)
+
+    def finish(self, min_counts: Optional[Sequence[int]]) -> NGramCounts:
+        runs: List[Run] = [*self.held, *self.spilled]
+        self.held = []
+        if not runs:
+            raise CorpusError("the corpus has no sentence to count")
+        merged = _merge_tables(runs, min_counts, release_inputs=True, scratch=self.spill_dir)
+        del runs
+        for path in self.spilled:
+            shutil.rmtree(path)
+        self.spilled = []
+        return merged
+
+
+def _count_into(
+    runs: _RunStore,
     streams: Iterable[np.ndarray],
     order: int,
     vocab_size: int,
     workers: int,
-    spill_dir: str,
-    fan_in: int,
     progress: Optional[object],
-) -> NGramCounts:
-    runs: List[str] = []
-    n_run = 0
-
-    def jobs() -> Iterator[Tuple[np.ndarray, int, int, str]]:
-        nonlocal n_run, vocab_size
+) -> None:
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: "deque[Future[NGramCounts]]" = deque()
         for chunk in streams:
-            chunk = np.asarray(chunk, dtype=np.int32)
+            chunk = np.ascontiguousarray(chunk, dtype=np.int32)
             if len(chunk) == 0:
                 continue
             vocab_size = max(vocab_size, int(chunk.max()) + 1)
             if progress is not None:
                 progress.update(len(chunk))  # type: ignore[attr-defined]
-            n_run += 1
-            yield chunk, order, vocab_size, os.path.join(spill_dir, f"run{n_run}")
-
-    def merge_runs(paths: List[str]) -> str:
-        nonlocal n_run
-        merged = merge_counts([NGramCounts.load(p) for p in paths])
-        n_run += 1
-        target = os.path.join(spill_dir, f"run{n_run}")
-        merged.save(target)
-        for p in paths:
-            for name in os.listdir(p):
-                os.remove(os.path.join(p, name))
-            os.rmdir(p)
-        return target
-
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            pending = []
-            for job in jobs():
-                pending.append(pool.submit(_count_chunk_to_run, job))
-                if len(pending) >= workers:  # keep at most `workers` chunks in flight
-                    runs.append(pending.pop(0).result())
-                if len(runs) >= fan_in:
-                    runs = [merge_runs(runs)]
-            runs.extend(f.result() for f in pending)
-    else:
-        for job in jobs():
-            runs.append(_count_chunk_to_run(job))
-            if len(runs) >= fan_in:
-                runs = [merge_runs(runs)]
-    if not runs:
-        raise CorpusError("the corpus has no sentence to count")
-    tables = [NGramCounts.load(p) for p in runs]
-    if len(tables) == 1:
-        t = tables[0]
-        return NGramCounts(
-            t.vocab_size,
-            [np.array(a) for a in t.prefix],
-            [np.array(a) for a in t.word],
-            [np.array(a) for a in t.count],
-            t.sentences,
-            t.tokens,
-        )
-    return merge_counts(tables)
+            pending.append(pool.submit(count_stream, chunk, order, vocab_size))
+            del chunk
+            while len(pending) > workers:  # at most `workers` chunks counting, one being read
+                runs.add(pending.popleft().result())
+        while pending:
+            runs.add(pending.popleft().result())

@@ -173,6 +173,7 @@ def estimate_katz(
     neglog_prob.append(p1)
     has_all = [np.zeros(counts.total(k), bool) for k in range(1, N + 1)]
     n_unigram_events = int((~is_bos).sum())
+    suffix_prev: Optional[np.ndarray] = None  # suffix rows of order k - 1, order by order
     for k in range(2, N + 1):
         c = np.asarray(counts.count[k - 1])
         hist = np.asarray(counts.prefix[k - 1])
@@ -182,10 +183,12 @@ def estimate_katz(
         is_eos = np.asarray(counts.word[k - 1]) == EOS
         mass = np.where(is_eos, c.astype(np.float64), np.exp(-neglog_c))
         state_total = np.bincount(hist, weights=mass, minlength=counts.total(k - 1))
+        del mass
         with np.errstate(divide="ignore"):
             neglog_state = _f32(-np.log(state_total))
         d = discounts[k - 1][_bin_of(c, bins)]
         neglog_disc = neglog_c - np.log(d)
+        del neglog_c, d
         p = neglog_disc - neglog_state[hist]
         # States that already hold every word of their back-off state ("has all n-grams"):
         # the undiscounted mass goes to </s>.
@@ -193,7 +196,7 @@ def estimate_katz(
         if k == 2:
             covers = (n_children == n_unigram_events) & ~np.isin(w1, [EOS])
         else:
-            suffix_prev = counts.suffix_rows(k - 1)
+            suffix_prev = counts.suffix_rows(k - 1, below=suffix_prev)
             n_children_bo = np.bincount(
                 np.asarray(counts.prefix[k - 2]), minlength=counts.total(k - 2)
             )
@@ -214,11 +217,14 @@ def estimate_katz(
             del state_rows
         neglog_prob.append(_f32(p))
     # Back-off weights, recomputed so that every state normalises.
-    log10_backoff = [np.full(counts.total(k), np.nan) for k in range(1, N + 1)]
+    log10_backoff: List[np.ndarray] = []
+    lower: Optional[np.ndarray] = None
     for j in range(1, N):
-        child_hist, _, hi_neglog, lo_neglog = state_mass_sums(counts, neglog_prob, j)
+        lower = counts.suffix_rows(j + 1, below=lower)
+        child_hist, _, hi_neglog, lo_neglog = state_mass_sums(counts, neglog_prob, j, lower)
         is_state = np.bincount(child_hist, minlength=counts.total(j)) > 0
         alpha = _backoff_cost(hi_neglog, lo_neglog)
+        del hi_neglog, lo_neglog
         alpha[has_all[j - 1]] = INF_BACKOFF
         alpha = _f32(alpha)
         bo = -alpha / LN10
@@ -227,8 +233,12 @@ def estimate_katz(
         # </s> (count tables from min-count pruning): back-off cost 0 there.
         w = np.asarray(counts.word[j - 1])
         bo[(~is_state) & (w != EOS)] = -0.0
-        log10_backoff[j - 1] = bo
-    model.log10_prob = [-p / LN10 for p in neglog_prob]
+        log10_backoff.append(bo)
+    del lower
+    log10_backoff.append(np.full(counts.total(N), np.nan))  # the highest order opens no state
+    for p in neglog_prob:  # in place: p / -LN10 is exactly -p / LN10
+        np.divide(p, -LN10, out=p)
+    model.log10_prob = neglog_prob
     model.log10_prob[0][is_bos] = -99.0
     model.log10_backoff = log10_backoff
     model.discounts = discounts  # type: ignore[attr-defined]
@@ -251,7 +261,7 @@ def _neglog_add(a: np.ndarray, b: np.ndarray, kahan: np.ndarray) -> np.ndarray:
     return out
 
 
-def state_mass_sums(trie, neglog, j: int):
+def state_mass_sums(trie, neglog, j: int, lower: Optional[np.ndarray] = None):
     """Per history state of order ``j``: the -ln summed probability of its own (j+1)-grams
     and of the same words one order lower.
 
@@ -259,13 +269,15 @@ def state_mass_sums(trie, neglog, j: int):
         trie: the n-gram trie (counts or model).
         neglog: ``neglog[k-1]`` (float64 `[n_k]`) -ln probability of each k-gram.
         j: the order of the history states, ``1 <= j < order``.
+        lower: ``trie.suffix_rows(j + 1)`` when the caller has it.
 
     Returns:
         ``(hist, lower, hi, lo)``: each (j+1)-gram's history row, the row of its back-off
         (lower-order) n-gram, and the two sums (float64 `[n_j]`).
     """
     hist = np.asarray(trie.prefix[j])
-    lower = trie.suffix_rows(j + 1)
+    if lower is None:
+        lower = trie.suffix_rows(j + 1)
     n_states = trie.total(j)
     hi = _state_neglog_sums(hist, neglog[j], n_states)
     lo = _state_neglog_sums(hist, neglog[j - 1][lower], n_states)
@@ -288,20 +300,26 @@ def _state_neglog_sums(state: np.ndarray, neglog: np.ndarray, n_states: int) -> 
         float64 `[n_states]` (inf for states without rows).
     """
     fanout = np.bincount(state, minlength=n_states)
-    first = np.concatenate(([0], np.cumsum(fanout)[:-1]))
-    by_fanout = np.argsort(-fanout, kind="stable")
+    first = np.cumsum(fanout) - fanout
+    # only states with rows are summed (after min counts most history states have none)
+    with_rows = np.flatnonzero(fanout)
+    by_fanout = with_rows[np.argsort(-fanout[with_rows], kind="stable")]
+    del with_rows
     sorted_fanout = fanout[by_fanout]
     sorted_first = first[by_fanout]
-    total = np.full(n_states, np.inf)
-    kahan = np.zeros(n_states)
-    max_fanout = int(sorted_fanout[0]) if n_states else 0
+    del fanout, first
+    n_summed = len(by_fanout)
+    kahan = np.zeros(n_summed)
+    max_fanout = int(sorted_fanout[0]) if n_summed else 0
     # active states at step j are the first `n_active` in fan-out order
     n_active_at = np.searchsorted(-sorted_fanout, -np.arange(1, max_fanout + 1), side="right")
-    sums = np.full(n_states, np.inf)
+    del sorted_fanout
+    sums = np.full(n_summed, np.inf)
     for j in range(max_fanout):
         m = int(n_active_at[j])
         values = neglog[sorted_first[:m] + j]
         sums[:m] = _neglog_add(sums[:m], values, kahan[:m])
+    total = np.full(n_states, np.inf)
     total[by_fanout] = sums
     return total
 
@@ -316,12 +334,23 @@ def _backoff_cost(hi_neglog: np.ndarray, lo_neglog: np.ndarray) -> np.ndarray:
     Returns:
         float64 back-off costs (-ln).
     """
-    effective_zero = NORM_EPS * 1e-6
-    hi_neglog = np.maximum(hi_neglog, effective_zero)
-    lo_neglog = np.maximum(lo_neglog, effective_zero)
     # NegLogDiff(0, x) = x - ln(e^x - 1) (OpenGrm's own formula: its rounding shows in tiny
-    # weights); a sum above 99 in -ln counts as zero mass.
+    # weights); a sum above 99 in -ln counts as zero mass. Computed in place (the same ufuncs,
+    # so the same values) to keep one temporary per state array.
+    num = _neglog_one_minus(hi_neglog)
+    num -= _neglog_one_minus(lo_neglog)
+    return num
+
+
+def _neglog_one_minus(neglog: np.ndarray) -> np.ndarray:
+    """``-ln(1 - exp(-x))`` as OpenGrm computes it: ``x - ln(e^x - 1)`` with ``x`` floored at
+    its effective zero, and 0 above 99 (no mass)."""
+    x = np.maximum(neglog, NORM_EPS * 1e-6)
+    out = np.empty_like(x)
     with np.errstate(over="ignore", invalid="ignore"):
-        num = np.where(hi_neglog > 99.0, 0.0, hi_neglog - np.log(np.exp(hi_neglog) - 1.0))
-        den = np.where(lo_neglog > 99.0, 0.0, lo_neglog - np.log(np.exp(lo_neglog) - 1.0))
-    return num - den
+        np.exp(x, out=out)
+        out -= 1.0
+        np.log(out, out=out)
+        np.subtract(x, out, out=out)
+    out[x > 99.0] = 0.0
+    return out

@@ -3,17 +3,19 @@
 The table of order ``k`` stores, for each n-gram, the row of its first ``k - 1`` words in the
 table of order ``k - 1`` (``prefix``) and its last word (``word``), sorted by
 ``(prefix, word)``. Since every lower-order table is itself sorted lexicographically, the
-int64 key ``prefix * vocab_size + word`` is sorted in the lexicographic order of the n-grams:
-every lookup is a ``numpy.searchsorted`` and every merge a ``numpy.unique``, whatever the order
-and the vocabulary size (as long as ``rows * vocab_size`` fits in 63 bits).
+int64 key ``prefix * vocab_size + word`` is sorted in the lexicographic order of the n-grams
+(as long as ``rows * vocab_size`` fits in 63 bits), and the n-grams extending one row of the
+table below are contiguous: a lookup is a binary search among them (in the C++ core).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
+
+from latticekit import _core
 
 __all__ = ["UNK", "BOS", "EOS", "SPECIAL_WORDS", "NGramTrie"]
 
@@ -79,20 +81,23 @@ class NGramTrie:
             int64 rows, same shape as ``words``.
         """
         words = np.asarray(words, dtype=np.int64)
-        keys = self.keys(order)
+        shape = words.shape
         if order > 1:
-            prefix_rows = np.asarray(prefix_rows, dtype=np.int64)
-            query = prefix_rows * np.int64(self.vocab_size) + words
+            parents = np.broadcast_to(np.asarray(prefix_rows, dtype=np.int64), shape)
+            n_parents = self.total(order - 1)
         else:
-            query = words
-        if len(keys) == 0:
-            return np.full(query.shape, -1, np.int64)
-        pos = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
-        found = keys[pos] == query
-        if order > 1:
-            found &= prefix_rows >= 0
-        found &= (words >= 0) & (words < self.vocab_size)
-        return np.where(found, pos, -1)
+            parents = np.zeros(shape, np.int64)
+            n_parents = 1
+        # a word outside the vocabulary becomes -1, which no table row has
+        query = np.where((words >= 0) & (words < self.vocab_size), words, -1).ravel()
+        rows = _core.lookup_children(
+            np.ascontiguousarray(self.prefix[order - 1], dtype=np.int64),
+            np.ascontiguousarray(self.word[order - 1], dtype=np.int32),
+            n_parents,
+            np.ascontiguousarray(parents, dtype=np.int64).ravel(),
+            query,
+        )
+        return rows.reshape(shape)
 
     def lookup_ngrams(self, ids: np.ndarray) -> np.ndarray:
         """Rows of whole n-grams given as word ids, -1 where absent.
@@ -109,8 +114,12 @@ class NGramTrie:
             rows = self.lookup(k, rows, ids[:, k - 1])
         return rows
 
-    def suffix_rows(self, order: int) -> np.ndarray:
+    def suffix_rows(self, order: int, below: Optional[np.ndarray] = None) -> np.ndarray:
         """Row of each n-gram's last ``order - 1`` words in the table of ``order - 1``.
+
+        Args:
+            order: the table whose suffixes are wanted.
+            below: ``suffix_rows(order - 1)`` when the caller has it (saves recomputing it).
 
         Returns:
             int64 `[n_order]` (-1 where a suffix is missing, which a well-formed model never
@@ -120,7 +129,9 @@ class NGramTrie:
             return np.zeros(self.total(1), dtype=np.int64)
         if order == 2:
             return self.lookup(1, np.zeros(self.total(2), np.int64), self.word[1])
-        inner = self.suffix_rows(order - 1)[np.asarray(self.prefix[order - 1])]
+        if below is None:
+            below = self.suffix_rows(order - 1)
+        inner = below[np.asarray(self.prefix[order - 1])]
         return self.lookup(order - 1, inner, self.word[order - 1])
 
     def child_counts(self, order: int) -> np.ndarray:

@@ -96,3 +96,33 @@ def test_bad_arpa(tmp_path, text, match):
     path.write_text(text)
     with pytest.raises(ArpaFormatError, match=match):
         read_arpa(str(path))
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 1_000_000])
+def test_token_id_errors_name_the_line_in_any_block(tmp_path, chunk_tokens):
+    # chunk_tokens=1 reads blocks of a few lines, so the bad line sits in a later block
+    good = "".join(f"{i} {i + 1} {i + 2}\n" for i in range(3, 2000))
+    path = tmp_path / "ids.txt"
+    path.write_bytes(good.encode() + b"4 5 \xff 6\n7 8\n")
+    with pytest.raises(CorpusError, match=r":1998: not UTF-8") as info:
+        count_ngrams([str(path)], 2, tokenized=True, chunk_tokens=chunk_tokens)
+    assert info.value.line == 1998
+    path.write_text(good + "4 5\n\n9 70000 9\n")
+    with pytest.raises(VocabularyError, match=r":2000: token id 70000"):
+        count_ngrams([str(path)], 2, tokenized=True, vocab_size=50_000, chunk_tokens=chunk_tokens)
+    path.write_text(good + "4 5 99999999999999999999999 6\n")
+    with pytest.raises(VocabularyError, match=r":1998: token id"):
+        count_ngrams([str(path)], 2, tokenized=True, vocab_size=50_000, chunk_tokens=chunk_tokens)
+
+
+def test_token_id_blocks_count_like_one_block(tmp_path):
+    rng = np.random.default_rng(5)
+    lines = [" ".join(map(str, rng.integers(0, 60, rng.integers(0, 12)))) for _ in range(3000)]
+    path = tmp_path / "ids.txt"
+    path.write_text("\n".join(lines))  # no final newline, blank lines included
+    small, _ = count_ngrams([str(path)], 3, tokenized=True, chunk_tokens=1)
+    large, _ = count_ngrams([str(path)], 3, tokenized=True)
+    assert small.sentences == large.sentences == sum(1 for l in lines if l)
+    for k in (1, 2, 3):
+        assert np.array_equal(small.keys(k), large.keys(k))
+        assert np.array_equal(small.count[k - 1], large.count[k - 1])
