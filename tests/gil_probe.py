@@ -1,0 +1,33 @@
+"""Whether a call releases the GIL: a heartbeat thread keeps ticking through it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+
+def assert_releases_gil(call: Callable[[], object], duration: float) -> None:
+    """Runs ``call`` while a thread appends a timestamp every millisecond. A call holding the
+    GIL starves the heartbeat for its whole duration (``duration``: the call's time, measured
+    beforehand, long enough to observe)."""
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def heartbeat() -> None:
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=heartbeat)
+    thread.start()
+    try:
+        call()
+    finally:
+        stop.set()
+        thread.join()
+    assert duration > 0.02, "call too quick to observe"
+    assert len(ticks) >= 5
+    assert np.diff(ticks).max() < max(0.5 * duration, 0.05)
