@@ -16,6 +16,7 @@ namespace {
 constexpr double kLn10 = 2.302585092994045684;
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr int32_t kUnreached = -1;  // a consuming cell that no prefix reaches
+constexpr StateId kNoState = 0xFFFFFFFFu;
 
 // Open-addressing map from a 32-bit key to a 32-bit value, cleared in O(1) by bumping a stamp.
 class StampedMap {
@@ -114,10 +115,24 @@ struct Use {
   uint32_t node;    // its tree node
   int32_t j;
   uint32_t arc;     // the n-gram's arc in the model
-  StateId next_state;  // the state after the word (kNoArc until needed)
+  StateId next_state;  // the state after the word (kNoState until needed)
   int32_t next;     // successor slot, or kUnreached
   double add;       // draft + al * log10 p(word | node), plus any back-off paid on arrival
 };
+
+// Groups the items first .. last - 1 by key (< num_keys), counting-sort style: the items of
+// key g are (*members)[(*begin)[g] .. (*begin)[g + 1]), ascending.
+template <typename KeyOf>
+void GroupByKey(uint32_t first, uint32_t last, size_t num_keys, KeyOf key_of,
+                std::vector<uint32_t> *begin, std::vector<uint32_t> *members) {
+  begin->assign(num_keys + 1, 0);
+  for (uint32_t i = first; i < last; ++i) ++(*begin)[key_of(i) + 1];
+  for (size_t g = 0; g < num_keys; ++g) (*begin)[g + 1] += (*begin)[g];
+  members->resize(last - first);
+  for (uint32_t i = first; i < last; ++i) (*members)[(*begin)[key_of(i)]++] = i;
+  for (size_t g = num_keys; g > 0; --g) (*begin)[g] = (*begin)[g - 1];
+  (*begin)[0] = 0;
+}
 
 struct Column {
   uint32_t node_begin = 0, node_end = 0;  // its tree nodes, parents before children
@@ -331,7 +346,6 @@ struct PBestSearch::Impl {
     col.node_begin = static_cast<uint32_t>(nodes.size());
     col.node_end = col.node_begin + n;
     nodes.resize(col.node_end);
-    child_begin.assign(n + 1, 0);
     for (size_t i = 0; i < pending.size(); ++i) {
       const Pending &q = pending[i];
       TreeNode &node = nodes[col.node_begin + rank[i]];
@@ -346,15 +360,12 @@ struct PBestSearch::Impl {
       } else {
         node.parent = static_cast<int32_t>(col.node_begin + rank[*node_of_state.Find(model.BackoffState(q.state))]);
         node.log10_bo = model.BackoffWeight(q.state);
-        ++child_begin[node.parent - col.node_begin + 1];
       }
       if (q.slot >= 0) slot_node[q.slot] = static_cast<int32_t>(col.node_begin + rank[i]);
     }
-    for (uint32_t i = 0; i < n; ++i) child_begin[i + 1] += child_begin[i];
-    children.resize(n > 0 ? n - 1 : 0);
-    for (uint32_t i = 1; i < n; ++i) children[child_begin[nodes[col.node_begin + i].parent - col.node_begin]++] = i;
-    for (uint32_t i = n; i > 0; --i) child_begin[i] = child_begin[i - 1];
-    child_begin[0] = 0;
+    // Every node but the root (local index 0) is the child of its parent.
+    GroupByKey(1, n, n, [&](uint32_t i) { return nodes[col.node_begin + i].parent - col.node_begin; },
+               &child_begin, &children);
   }
 
   // A consuming arc's successor state will be read soon (its probability shares the
@@ -363,7 +374,7 @@ struct PBestSearch::Impl {
     if (!model.IsTopArc(a)) model.PrefetchState(a + 1);
   }
 
-  void AddUse(uint32_t x, int32_t j, uint32_t a) { uses.push_back(Use{x, j, a, kNoArc, kUnreached, 0.0}); }
+  void AddUse(uint32_t x, int32_t j, uint32_t a) { uses.push_back(Use{x, j, a, kNoState, kUnreached, 0.0}); }
 
   // The consuming cells of column t: for every node, the column arcs whose word it has.
   template <typename Records>
@@ -434,7 +445,7 @@ struct PBestSearch::Impl {
   // The state after the word of consuming cell u at node x.
   StateId NextState(uint32_t x, uint32_t u) {
     Use &use = uses[u];
-    if (use.next_state != kNoArc) return use.next_state;
+    if (use.next_state != kNoState) return use.next_state;
     StateId next;
     if (model.order() == 1) {
       next = kRootState;
@@ -519,13 +530,8 @@ struct PBestSearch::Impl {
 
     // The consuming cells of other nodes than the root, by arc.
     const TreeNode &root = nodes[nb];
-    word_begin.assign(width + 1, 0);
-    for (uint32_t u = root.use_end; u < uses.size(); ++u) ++word_begin[uses[u].j + 1];
-    for (int j = 0; j < width; ++j) word_begin[j + 1] += word_begin[j];
-    word_uses.resize(uses.size() - root.use_end);
-    for (uint32_t u = root.use_end; u < uses.size(); ++u) word_uses[word_begin[uses[u].j]++] = u;
-    for (int j = width; j > 0; --j) word_begin[j] = word_begin[j - 1];
-    word_begin[0] = 0;
+    GroupByKey(root.use_end, static_cast<uint32_t>(uses.size()), width,
+               [&](uint32_t u) { return uses[u].j; }, &word_begin, &word_uses);
     if (involved.size() < n) {
       involved.assign(n, 0);
       consumer.assign(n, 0);
