@@ -59,14 +59,15 @@ def demo_prompts() -> list[dict[str, str]]:
 
 
 def _summary(runs: list[Decoding]) -> dict[str, Any]:
-    from latticekit.bpd.analysis import block_efficiency
+    from latticekit.bpd.analysis import block_efficiency, drafted_steps
 
     steps = [s for run in runs for s in run.steps]
-    drafted = [s for s in steps if s.drafts]
+    drafted = drafted_steps(steps)
     return {
         "block_efficiency": block_efficiency(runs),
         "target_calls": sum(run.calls for run in runs),
         "tokens": sum(len(run.tokens) for run in runs),
+        # Medians (analysis.step_times, which `latticekit eval` reports, gives means).
         "rescoring_ms_per_step": 1e3 * statistics.median(s.search_s for s in drafted) if drafted else 0.0,
         "target_ms_per_step": 1e3 * statistics.median(s.model_s for s in drafted or steps) if steps else 0.0,
         "tokens_per_s": sum(len(run.tokens) for run in runs) / sum(run.wall_s for run in runs),
