@@ -1,4 +1,5 @@
-"""Blockwise parallel decoders: greedy baseline, vanilla BPD, n-gram BPD, oracle top-k.
+"""Blockwise parallel decoders: greedy baseline, vanilla BPD, n-gram BPD, neural local
+rescoring, oracle top-k.
 
 Every decoder makes ONE target call per step. The call verifies the step's drafts (one tree
 pass, :func:`latticekit.torch.verify`) and returns the target's final hidden state at the last
@@ -164,6 +165,7 @@ def decode(
     reference: Optional[Sequence[int]] = None,
     eos_token_id: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
+    rescorer: Any = None,
 ) -> Decoding:
     """Decodes ``max_new_tokens`` tokens after a prompt with one decoder.
 
@@ -182,12 +184,14 @@ def decode(
             (not counted as steps) when None.
         eos_token_id: stop after emitting it.
         generator: CPU random generator for sampling (``temperature > 0``).
+        rescorer: ``neural`` only: the :class:`~latticekit.bpd.rescorer.NeuralRescorer`; it reads
+            the last :func:`~latticekit.bpd.rescorer.context_window` decoded tokens.
 
     Returns:
         The new tokens and one :class:`StepRecord` per target call.
 
     Raises:
-        DecoderConfigError: bad prompt, ``max_new_tokens`` or a missing n-gram model.
+        DecoderConfigError: bad prompt, ``max_new_tokens``, a missing n-gram model or rescorer.
         HeadsError: heads missing, or their logits not `(h >= 2, vocab)`.
         latticekit.torch errors: an unsupported model (see :func:`latticekit.torch.verify`).
     """
@@ -199,6 +203,12 @@ def decode(
     lm = _select_lm(config, lms)
     if config.method != "greedy" and heads is None:
         raise HeadsError(f"decoder {config.label!r} needs draft heads")
+    if config.method == "neural":
+        from latticekit.bpd.rescorer import NeuralRescorer, neural_drafts
+
+        if not isinstance(rescorer, NeuralRescorer):
+            raise DecoderConfigError(f"decoder {config.label!r} needs rescorer=NeuralRescorer, got "
+                                     f"{type(rescorer).__name__}")
     target = _Target(model)
     if config.method == "oracle" and reference is None:
         num_heads = getattr(heads, "num_heads", None)
@@ -241,6 +251,11 @@ def decode(
         elif config.method == "oracle":
             assert reference is not None
             drafts = [_oracle_draft(lattice, reference, len(ids) - 1)]
+        elif config.method == "neural":
+            draft = neural_drafts(rescorer, torch.tensor(ids), torch.tensor([len(ids) - 1]),
+                                  torch.from_numpy(lattice.tokens[None].astype(np.int64)),
+                                  torch.from_numpy(lattice.scores[None]), config.alpha, lattice.h)[0]
+            drafts = [tuple(int(t) for t in draft)]
         else:
             assert lm is not None
             context = ids[max(0, len(ids) - lm.order): -1]

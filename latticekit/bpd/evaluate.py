@@ -43,7 +43,10 @@ __all__ = [
     "load_lms",
     "prompts_from_files",
     "prompts_from_manifest",
+    "split_by_file",
     "run_eval",
+    "run_replay_eval",
+    "agreement",
     "summarize",
     "write_report",
 ]
@@ -177,17 +180,29 @@ def _window(ids: list[int], length: int, tail: int, rng: np.random.Generator) ->
     return ids[start: start + length]
 
 
-def prompts_from_files(files: Mapping[str, Sequence[Any]], tokenizer: Tokenizer, prompt_tokens: int,
-                       num_prompts: int, tail_tokens: int = 0, seed: int = 0) -> list[Prompt]:
-    """One prompt per file, in order, at most ``num_prompts`` per domain.
+def _windows(ids: list[int], length: int, span: int, count: int, rng: np.random.Generator) -> list[list[int]]:
+    """Up to ``count`` non-overlapping windows of ``length`` ids, each starting a seeded random
+    slot of ``span`` >= length ids (so ``span - length`` ids of the file follow every window)."""
+    slots = len(ids) // span
+    chosen = sorted(rng.choice(slots, size=min(count, slots), replace=False).tolist()) if slots else []
+    return [ids[s * span: s * span + length] for s in chosen]
 
-    Each prompt is a window of ``prompt_tokens`` tokens at a seeded random offset such that
-    ``tail_tokens`` more tokens of the file follow it (held-out text to continue); files too
-    short are skipped.
+
+def prompts_from_files(files: Mapping[str, Sequence[Any]], tokenizer: Tokenizer, prompt_tokens: int,
+                       num_prompts: int, tail_tokens: int = 0, seed: int = 0,
+                       windows_per_file: int = 1) -> list[Prompt]:
+    """Prompts from held-out files, in file order, at most ``num_prompts`` per domain.
+
+    With ``windows_per_file == 1`` each file gives one window of ``prompt_tokens`` tokens at a
+    seeded random offset such that ``tail_tokens`` more tokens of the file follow it; with more,
+    a file gives up to that many non-overlapping windows (each with its own ``tail_tokens``
+    after it), at seeded random slots. Files too short are skipped.
 
     Args:
         files: domain -> text file paths.
     """
+    if windows_per_file < 1:
+        raise DecoderConfigError(f"windows_per_file must be >= 1, got {windows_per_file}")
     rng = np.random.default_rng(seed)
     out = []
     for domain, paths in files.items():
@@ -196,16 +211,44 @@ def prompts_from_files(files: Mapping[str, Sequence[Any]], tokenizer: Tokenizer,
             if taken >= num_prompts:
                 break
             text = Path(path).read_text(encoding="utf-8", errors="replace")
-            window = _window(tokenizer.encode(text), prompt_tokens, tail_tokens, rng)
-            if window is not None:
+            ids = tokenizer.encode(text)
+            if windows_per_file == 1:
+                one = _window(ids, prompt_tokens, tail_tokens, rng)
+                windows = [] if one is None else [one]
+            else:
+                windows = _windows(ids, prompt_tokens, prompt_tokens + tail_tokens, windows_per_file, rng)
+            for window in windows[: num_prompts - taken]:
                 out.append(Prompt(domain, str(path), window))
                 taken += 1
     return out
 
 
+def split_by_file(prompts: Sequence[Prompt], tune_per_domain: int, seed: int = 0) -> tuple[list[Prompt], list[Prompt]]:
+    """Splits prompts into a tuning and a reporting set by WHOLE FILES: per domain, files in a
+    seeded random order go to the tuning set until it holds ``tune_per_domain`` prompts (the last
+    file may be cut), every other file's prompts to the reporting set."""
+    rng = np.random.default_rng(seed + 1)
+    tune: list[Prompt] = []
+    report: list[Prompt] = []
+    for domain in dict.fromkeys(p.domain for p in prompts):
+        mine = [p for p in prompts if p.domain == domain]
+        sources = list(dict.fromkeys(p.source for p in mine))
+        order = [sources[i] for i in rng.permutation(len(sources))]
+        taken, tune_files = 0, set()
+        for source in order:
+            if taken >= tune_per_domain:
+                break
+            tune_files.add(source)
+            taken += sum(p.source == source for p in mine)
+        chosen = [p for p in mine if p.source in tune_files][:tune_per_domain]
+        tune += chosen
+        report += [p for p in mine if p.source not in tune_files]
+    return tune, report
+
+
 def prompts_from_manifest(manifest: Any, tokenizer: Tokenizer, prompt_tokens: int, num_prompts: int,
                           tail_tokens: int = 0, seed: int = 0,
-                          domains: Optional[Sequence[str]] = None) -> list[Prompt]:
+                          domains: Optional[Sequence[str]] = None, windows_per_file: int = 1) -> list[Prompt]:
     """Prompts from a split manifest: ``{"domains": {name: {"root": DIR, "heldout_files": [REL, ...]}}}``
     (``benchmarks/results/heads/split.json`` of the heads training)."""
     data = json.loads(Path(manifest).read_text())
@@ -215,13 +258,15 @@ def prompts_from_manifest(manifest: Any, tokenizer: Tokenizer, prompt_tokens: in
             files[name] = [Path(entry["root"]) / rel for rel in entry["heldout_files"]]
     if not files:
         raise DecoderConfigError(f"{manifest} lists no domain of {list(domains or [])}")
-    return prompts_from_files(files, tokenizer, prompt_tokens, num_prompts, tail_tokens, seed)
+    return prompts_from_files(files, tokenizer, prompt_tokens, num_prompts, tail_tokens, seed, windows_per_file)
 
 
 def run_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM], prompts: Sequence[Prompt],
              configs: Sequence[DecoderConfig], max_new_tokens: int, eos_token_id: Optional[int] = None,
-             seed: int = 0, progress: Optional[Callable[[str], None]] = None) -> dict[str, dict[str, list[Decoding]]]:
-    """Decodes every prompt with the greedy baseline and every config.
+             seed: int = 0, progress: Optional[Callable[[str], None]] = None,
+             rescorer: Any = None) -> dict[str, dict[str, list[Decoding]]]:
+    """Decodes every prompt with the greedy baseline and every config (``rescorer`` for
+    ``neural`` decoders).
 
     Returns:
         domain -> decoder label -> one :class:`Decoding` per prompt; label ``greedy`` first.
@@ -244,7 +289,7 @@ def run_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM], promp
         for config in configs:
             generator = torch.Generator().manual_seed(seed + i) if config.temperature > 0 else None
             out = decode(model, heads, prompt.ids, config, max_new_tokens=max_new_tokens, lms=lms,
-                         reference=reference, eos_token_id=eos_token_id, generator=generator)
+                         reference=reference, eos_token_id=eos_token_id, generator=generator, rescorer=rescorer)
             per.setdefault(config.label, []).append(out)
         if progress:
             progress(f"prompt {i + 1}/{len(prompts)} ({prompt.domain}) done")
@@ -252,7 +297,7 @@ def run_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM], promp
 
 
 def _exact(runs: list[Decoding], greedy: list[Decoding]) -> Optional[bool]:
-    if runs[0].config.temperature > 0:
+    if runs[0].config.temperature > 0 or runs[0].replayed:
         return None
     return all(a.tokens == b.tokens for a, b in zip(runs, greedy))
 
@@ -271,15 +316,17 @@ def summarize(results: Mapping[str, Mapping[str, list[Decoding]]]) -> dict[str, 
             tokens = sum(len(r.tokens) for r in runs)
             wall = sum(r.wall_s for r in runs)
             config = runs[0].config
+            replayed = runs[0].replayed
             rows.append({
                 "decoder": label, "method": config.method, "k": config.k, "p": config.p,
                 "alpha": config.alpha, "lm": config.lm, "temperature": config.temperature,
                 "prompts": len(runs), "tokens": tokens, "calls": sum(r.calls for r in runs),
                 "block_efficiency": be,
                 "vs_vanilla_pct": None if not vanilla_be else 100.0 * (be / vanilla_be - 1.0),
-                "heads_ms": times.heads_ms, "search_ms": times.search_ms, "model_ms": times.model_ms,
-                "tokens_per_s": tokens / wall if wall else None,
-                "exact": _exact(runs, greedy),
+                "heads_ms": times.heads_ms, "search_ms": times.search_ms,
+                "model_ms": None if replayed else times.model_ms,
+                "tokens_per_s": tokens / wall if wall and not replayed else None,
+                "exact": _exact(runs, greedy), "replayed": replayed,
             })
         block: dict[str, Any] = {"decoders": rows}
         drafted = {label: [s for r in runs for s in r.steps]
@@ -316,7 +363,7 @@ def _markdown(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
                   "| decoder | block eff. | vs vanilla | heads ms/step | rescoring ms/step | target ms/step "
                   "| tokens/s | = greedy |", "|---|---|---|---|---|---|---|---|"]
         for r in block["decoders"]:
-            exact = {True: "yes", False: "**NO**", None: "n/a (sampling)"}[r["exact"]]
+            exact = "replay" if r.get("replayed") else {True: "yes", False: "**NO**", None: "n/a (sampling)"}[r["exact"]]
             lines.append(f"| {r['decoder']} | {_fmt(r['block_efficiency'])} | {_fmt(r['vs_vanilla_pct'], '+.1f')}% "
                          f"| {_fmt(r['heads_ms'], '.2f')} | {_fmt(r['search_ms'], '.2f')} | {_fmt(r['model_ms'], '.2f')} "
                          f"| {_fmt(r['tokens_per_s'], '.1f')} | {exact} |")
@@ -335,6 +382,22 @@ def _markdown(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
             for label, w in block["wins_ties_losses"].items():
                 lines.append(f"| {label} | {w['wins']} | {w['ties']} | {w['losses']} | {w['differ']} "
                              f"| {_fmt(w['repaired_pct'], '.1f')} | {_fmt(w['introduced_pct'], '.1f')} |")
+        if block.get("alpha_tuning"):
+            lines += ["", "### Alpha tuned on held-out tuning prompts (block efficiency; chosen alpha in bold)", ""]
+            for label, tuned in block["alpha_tuning"].items():
+                alphas = list(tuned["table"])
+                lines += [f"{label} ({tuned['prompts']} tuning prompts from other files than the reported ones):", "",
+                          "| alpha | " + " | ".join(alphas) + " |", "|---|" + "---|" * len(alphas),
+                          "| block eff. | " + " | ".join(
+                              (f"**{tuned['table'][a]:.3f}**" if float(a) == tuned["chosen"] else f"{tuned['table'][a]:.3f}")
+                              for a in alphas) + " |", ""]
+        if block.get("replay_vs_decode"):
+            lines += ["", "### Replay vs real decoding (same prompts)", "",
+                      "| decoder | prompts | identical steps | block eff. replayed | block eff. decoded |",
+                      "|---|---|---|---|---|"]
+            for label, agree in block["replay_vs_decode"].items():
+                lines.append(f"| {label} | {agree['prompts']} | {agree['identical']} | "
+                             f"{_fmt(agree['replayed_be'])} | {_fmt(agree['decoded_be'])} |")
         if "head_entropy" in block and block["head_entropy"]["steps"]:
             ent = block["head_entropy"]
             lines += ["", f"### Head entropy (nats; h_max = {ent['h_max']})", "",
@@ -451,14 +514,64 @@ def _draw_lattice(results: Mapping[str, Mapping[str, list[Decoding]]], tokenizer
     return True
 
 
+def _alpha_plot(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    tuned = [(domain, label, t) for domain, block in summary.items()
+             for label, t in (block.get("alpha_tuning") or {}).items()]
+    if not tuned:
+        return []
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for domain, label, t in tuned:
+        alphas = [float(a) for a in t["table"]]
+        ax.plot(alphas, list(t["table"].values()), marker="o", label=f"{domain}: {label}")
+    ax.set_xscale("log")
+    ax.set(xlabel="alpha", ylabel="block efficiency (tuning prompts)", title="Alpha tuning")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out_dir / "alpha_tuning.png", dpi=120)
+    plt.close(fig)
+    return ["alpha_tuning.png"]
+
+
+def agreement(replayed: Mapping[str, Mapping[str, list[Decoding]]],
+              decoded: Mapping[str, Mapping[str, list[Decoding]]]) -> dict[str, dict[str, Any]]:
+    """Per domain and decoder, on the prompts both cover: how many replayed decodes took the very
+    same steps (tokens emitted per call) as real ones, and both block efficiencies."""
+    out: dict[str, dict[str, Any]] = {}
+    for domain, per in decoded.items():
+        for label, runs in per.items():
+            mine = replayed.get(domain, {}).get(label, [])
+            pairs = [(r, d) for d in runs for r in mine if r.prompt == d.prompt]
+            if not pairs:
+                continue
+            out.setdefault(domain, {})[label] = {
+                "prompts": len(pairs),
+                "identical": sum([s.emitted for s in r.steps] == [s.emitted for s in d.steps] for r, d in pairs),
+                "replayed_be": analysis.block_efficiency(r for r, _ in pairs),
+                "decoded_be": analysis.block_efficiency(d for _, d in pairs),
+            }
+    return out
+
+
 def write_report(results: Mapping[str, Mapping[str, list[Decoding]]], out_dir: Any, meta: Mapping[str, Any],
-                 records: bool = False, tokenizer: Optional[Tokenizer] = None) -> dict[str, Any]:
+                 records: bool = False, tokenizer: Optional[Tokenizer] = None,
+                 tuning: Optional[Mapping[str, Any]] = None,
+                 replay_vs_decode: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """Writes ``eval.md``, ``eval.json`` (and ``records.json`` with every step when asked) and
-    the figures into ``out_dir``; returns the summary. ``tokenizer`` spells the lattice drawing."""
+    the figures into ``out_dir``; returns the summary. ``tokenizer`` spells the lattice drawing;
+    ``tuning`` (domain -> decoder -> alpha table, see :func:`run_replay_eval`) and
+    ``replay_vs_decode`` (:func:`agreement`) add their sections."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(results)
+    for domain, block in summary.items():
+        block["alpha_tuning"] = dict((tuning or {}).get(domain, {}))
+        block["replay_vs_decode"] = dict((replay_vs_decode or {}).get(domain, {}))
     figures = _plots(summary, out)
+    figures += _alpha_plot(summary, out)
     if figures and _draw_lattice(results, tokenizer or Tokenizer(), out / "lattice.png"):
         figures.append("lattice.png")
     meta = dict(meta, figures=", ".join(figures) or "none (matplotlib missing or nothing to draw)")
@@ -477,6 +590,59 @@ def machine() -> str:
     return f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus, {platform.python_version()}"
 
 
+def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM], prompts: Sequence[Prompt],
+                    configs: Sequence[DecoderConfig], max_new_tokens: int, eos_token_id: Optional[int] = None, *,
+                    rescorer: Any = None, tune: Sequence[DecoderConfig] = (), alphas: Sequence[float] = (),
+                    tune_prompts: int = 0, seed: int = 0, trace_batch: int = 8, trace_cache: Optional[Any] = None,
+                    description: str = "", progress: Optional[Callable[[str], None]] = None,
+                    ) -> tuple[dict[str, dict[str, list[Decoding]]], dict[str, Any], list[Prompt]]:
+    """The replay engine (:mod:`latticekit.bpd.replay`): traces every prompt once, tunes alpha
+    of each ``tune`` decoder per domain on ``tune_prompts`` prompts of files apart from the
+    reported ones (the value with the best block efficiency; ties to the smaller alpha), and
+    replays ``configs`` plus each tuned decoder on the reporting prompts.
+
+    Returns:
+        The results (domain -> label -> decodings), the tuning tables (domain -> label ->
+        ``{"table": {alpha: block efficiency}, "chosen": alpha, "prompts": n}``) and the
+        reporting prompts.
+    """
+    from dataclasses import replace as dc_replace
+
+    from latticekit.bpd import replay as rp
+
+    h = int(heads.num_heads)
+    k = max([c.k for c in list(configs) + list(tune)] or [1])
+    if tune and not tune_prompts:
+        raise DecoderConfigError("tuning alpha needs tuning prompts (--tune-prompts)")
+    tune_set, report = split_by_file(prompts, tune_prompts, seed) if tune else ([], list(prompts))
+    everything = tune_set + report
+    traces = rp.trace_prompts(model, heads, [p.ids for p in everything], max_new_tokens + h - 1, k,
+                              batch_size=trace_batch, cache_dir=trace_cache, description=description,
+                              progress=progress)
+    tune_traces = rp.by_domain(traces[: len(tune_set)], [p.domain for p in tune_set])
+    tables: dict[str, Any] = {}
+    extra: dict[str, list[DecoderConfig]] = {}
+    for domain, mine in tune_traces.items():
+        for config in tune:
+            table = rp.tune_alpha(mine, config, alphas, max_new_tokens, lms, rescorer, eos_token_id)
+            chosen = max(table, key=lambda a: (table[a], -a))
+            base = dc_replace(config, alpha=chosen, name=None).label
+            tables.setdefault(domain, {})[base.replace(f"alpha={chosen:g}", "alpha=tuned")] = {
+                "table": {f"{a:g}": be for a, be in table.items()}, "chosen": chosen, "prompts": len(mine)}
+            extra.setdefault(domain, []).append(
+                dc_replace(config, alpha=chosen, name=base.replace(f"alpha={chosen:g}", f"alpha=tuned:{chosen:g}")))
+            if progress:
+                progress(f"{domain}: {config.label}: alpha {chosen:g} (" +
+                         ", ".join(f"{a:g}: {be:.3f}" for a, be in table.items()) + ")")
+    report_traces = traces[len(tune_set):]
+    results: dict[str, dict[str, list[Decoding]]] = {}
+    for domain, mine in rp.by_domain(report_traces, [p.domain for p in report]).items():
+        part = rp.replay_all(mine, [domain] * len(mine), list(configs) + extra.get(domain, []), max_new_tokens,
+                             lms, rescorer, eos_token_id)
+        results[domain] = part[domain]
+    return results, tables, report
+
+
 def main(args: Any) -> int:
     """The ``latticekit eval`` command (arguments from :func:`add_parser`)."""
     import torch
@@ -485,41 +651,76 @@ def main(args: Any) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     configs = [DecoderConfig.parse(spec) for spec in (args.decoders or DEFAULT_DECODERS)]
+    tune = [DecoderConfig.parse(spec) for spec in args.tune]
+    alphas = [float(a) for a in args.alphas.split(",")]
     lms = load_lms(args.lm)
     from latticekit.bpd.decoders import _select_lm
 
-    for config in configs:  # a missing n-gram model fails now, not after the model loads
+    for config in configs + tune:  # a missing n-gram model or rescorer fails now, not after the model loads
         _select_lm(config, lms)
+        if config.method == "neural" and not args.rescorer:
+            raise DecoderConfigError(f"decoder {config.label!r} needs --rescorer")
+    if args.engine != "decode" and any(c.temperature > 0 for c in configs + tune):
+        raise DecoderConfigError("the replay engine covers greedy decoders only; use --engine decode for sampling")
+    rescorer = None
+    if args.rescorer:
+        from latticekit.bpd.rescorer import NeuralRescorer
+
+        rescorer = NeuralRescorer.load(args.rescorer, args.device)
     model, tokenizer, description = load_target(args.model, args.device)
     heads = load_heads(args.heads, model)
     tail = args.max_new_tokens if args.need_continuation else 0
+    if args.engine != "decode":
+        tail = args.max_new_tokens + int(heads.num_heads) - 1
     if args.manifest:
         prompts = prompts_from_manifest(args.manifest, tokenizer, args.prompt_tokens, args.num_prompts, tail,
-                                        args.seed, args.domain)
+                                        args.seed, args.domain, args.windows_per_file)
     elif args.prompts:
         prompts = prompts_from_files({"prompts": args.prompts}, tokenizer, args.prompt_tokens,
-                                     args.num_prompts, tail, args.seed)
+                                     args.num_prompts, tail, args.seed, args.windows_per_file)
     else:
         raise DecoderConfigError("give --manifest or --prompts")
     if not prompts:
         raise DecoderConfigError("no prompt: every file is shorter than --prompt-tokens")
     start = time.perf_counter()
     log = (lambda msg: print(msg, flush=True)) if args.verbose else None
-    results = run_eval(model, heads, lms, prompts, configs, args.max_new_tokens,
-                       None if args.no_eos else tokenizer.eos_token_id, args.seed, log)
+    eos = None if args.no_eos else tokenizer.eos_token_id
+    tables: dict[str, Any] = {}
+    agree = None
+    reported = list(prompts)
+    if args.engine == "decode":
+        results = run_eval(model, heads, lms, prompts, configs, args.max_new_tokens, eos, args.seed, log,
+                           rescorer=rescorer)
+    else:
+        results, tables, reported = run_replay_eval(
+            model, heads, lms, prompts, configs, args.max_new_tokens, eos, rescorer=rescorer, tune=tune,
+            alphas=alphas, tune_prompts=args.tune_prompts, seed=args.seed, trace_batch=args.trace_batch,
+            trace_cache=args.trace_cache, description=f"{description}|heads={args.heads}", progress=log)
+        if args.engine == "both":
+            check = [p for d in dict.fromkeys(p.domain for p in reported)
+                     for p in [q for q in reported if q.domain == d][: args.decode_prompts]]
+            decoded = run_eval(model, heads, lms, check, configs, args.max_new_tokens, eos, args.seed, log,
+                               rescorer=rescorer)
+            agree = agreement(results, decoded)
+    counts = {d: sum(p.domain == d for p in reported) for d in dict.fromkeys(p.domain for p in reported)}
     meta = {
         "model": description, "heads": args.heads, "heads_num": int(heads.num_heads),
         "lms": {str(k): f"order {v.order}, {v.num_ngrams} n-grams" for k, v in lms.items()},
-        "prompts": {d: sum(p.domain == d for p in prompts) for d in dict.fromkeys(p.domain for p in prompts)},
+        "rescorer": args.rescorer or "none",
+        "engine": args.engine + (" (block efficiency from one greedy trace per prompt, see latticekit.bpd.replay; "
+                                 "no target timings)" if args.engine != "decode" else ""),
+        "prompts": counts, "tuning_prompts": args.tune_prompts if tune else 0,
+        "windows_per_file": args.windows_per_file,
         "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens,
         "device": args.device, "torch_threads": torch.get_num_threads(), "machine": machine(),
         "seconds": round(time.perf_counter() - start, 1),
     }
-    summary = write_report(results, args.out, meta, records=args.records, tokenizer=tokenizer)
+    summary = write_report(results, args.out, meta, records=args.records, tokenizer=tokenizer,
+                           tuning=tables, replay_vs_decode=agree)
     for domain, block in summary.items():
         print(f"{domain}:")
         for r in block["decoders"]:
-            print(f"  {r['decoder']:<36} block efficiency {r['block_efficiency']:.3f}"
+            print(f"  {r['decoder']:<40} block efficiency {r['block_efficiency']:.3f}"
                   f"  ({_fmt(r['vs_vanilla_pct'], '+.1f')}% vs vanilla)")
     print(f"wrote {Path(args.out) / 'eval.md'}")
     return 0
@@ -545,6 +746,22 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--need-continuation", action="store_true",
                    help="only take windows with --max-new-tokens more tokens of the file after them")
+    p.add_argument("--windows-per-file", type=int, default=1,
+                   help="up to this many non-overlapping prompts per held-out file (default 1)")
+    p.add_argument("--engine", choices=("decode", "replay", "both"), default="decode",
+                   help="decode: run every decoder (wall-clock figures); replay: one greedy trace per prompt "
+                        "gives every greedy decoder's steps (block efficiency only, fast); both: replay, plus "
+                        "real decodes of --decode-prompts prompts per domain to check they agree")
+    p.add_argument("--decode-prompts", type=int, default=4, help="--engine both: prompts per domain decoded for real")
+    p.add_argument("--tune", nargs="*", default=[], metavar="SPEC",
+                   help="replay engine: decoders whose alpha is tuned per domain on --tune-prompts prompts "
+                        "(files apart from the reported ones) over --alphas; each is reported with its chosen alpha")
+    p.add_argument("--alphas", default="0.1,0.5,0.75,0.9,1,1.1,1.5,2,5,10",
+                   help="comma-separated alpha grid for --tune (default: the reference paper's)")
+    p.add_argument("--tune-prompts", type=int, default=0, help="tuning prompts per domain (default 0)")
+    p.add_argument("--rescorer", help="neural rescorer file (NeuralRescorer.save) for 'neural' decoders")
+    p.add_argument("--trace-cache", help="replay engine: keep greedy traces in this folder and reuse them")
+    p.add_argument("--trace-batch", type=int, default=8, help="prompts per batched greedy pass (replay)")
     p.add_argument("--no-eos", action="store_true", help="do not stop at the tokenizer's end-of-sequence token")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 0 = torch's default)")

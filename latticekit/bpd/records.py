@@ -18,8 +18,10 @@ __all__ = ["METHODS", "DecoderConfig", "StepRecord", "Decoding"]
 
 #: ``"greedy"``: the target alone, one token per call (the baseline). ``"vanilla"``: Stern et
 #: al.'s Algorithm 1, arg-max of each head. ``"ngram"``: p best lattice paths under
-#: ``draft + alpha * n-gram``. ``"oracle"``: the lattice path with the longest accepted prefix.
-METHODS = ("greedy", "vanilla", "ngram", "oracle")
+#: ``draft + alpha * n-gram``. ``"neural"``: local rescoring (the reference paper's Algorithm 2),
+#: each head's top-k re-ranked by ``draft + alpha * neural rescorer`` left to right.
+#: ``"oracle"``: the lattice path with the longest accepted prefix.
+METHODS = ("greedy", "vanilla", "ngram", "neural", "oracle")
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,10 @@ class DecoderConfig:
 
     Attributes:
         method: one of :data:`METHODS`.
-        k: arcs per lattice position (``ngram``, ``oracle``; ``vanilla`` only records them).
+        k: arcs per lattice position (``ngram``, ``neural``, ``oracle``; ``vanilla`` only records them).
         p: drafts verified per step in one tree pass (``ngram``).
-        alpha: n-gram weight (``ngram``); 0 ranks paths by the heads alone ("0-gram").
+        alpha: n-gram weight (``ngram``) or rescorer weight (``neural``); 0 ranks paths by the
+            heads alone ("0-gram").
         lm: name of the n-gram model to use (a key of the ``lms`` mapping given to the
             decoder); None for the only / default one.
         temperature: 0 for greedy decoding; > 0 samples through the adapter's lossless
@@ -73,12 +76,14 @@ class DecoderConfig:
         if self.name:
             return self.name
         parts = [self.method]
-        if self.method in ("ngram", "oracle"):
+        if self.method in ("ngram", "neural", "oracle"):
             parts.append(f"k={self.k}")
         if self.method == "ngram":
             parts += [f"p={self.p}", f"alpha={self.alpha:g}"]
             if self.lm is not None and self.alpha > 0:
                 parts.append(f"lm={self.lm}")
+        if self.method == "neural":
+            parts.append(f"alpha={self.alpha:g}")
         if self.temperature > 0:
             parts.append(f"T={self.temperature:g}")
             if self.top_p < 1:
@@ -193,6 +198,8 @@ class Decoding:
         steps: one record per target call, the first call (which reads the prompt's last token
             and emits the first new token) included; the prompt's prefill is not a step.
         wall_s: seconds for the whole decode, prefill included.
+        replayed: the steps come from :func:`latticekit.bpd.replay.replay` (a greedy trace),
+            not from target calls: no target seconds, no wall time.
     """
 
     config: DecoderConfig
@@ -200,6 +207,7 @@ class Decoding:
     tokens: list[int]
     steps: list[StepRecord] = field(default_factory=list)
     wall_s: float = 0.0
+    replayed: bool = False
 
     @property
     def calls(self) -> int:

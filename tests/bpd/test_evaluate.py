@@ -18,6 +18,7 @@ from latticekit.bpd.evaluate import (
     prompts_from_files,
     prompts_from_manifest,
     run_eval,
+    split_by_file,
     write_report,
 )
 from latticekit.cli import main
@@ -40,6 +41,22 @@ def test_prompts_from_files_and_manifest(tmp_path: Path) -> None:
     assert prompts_from_manifest(manifest, tok, 16, 5, domains=["english"])[0].source.endswith("README.md")
     # seeded: the same windows again
     assert [p.ids for p in prompts_from_manifest(manifest, tok, 16, 5)] == [p.ids for p in got]
+
+
+def test_windows_per_file_and_split_by_file() -> None:
+    tok = Tokenizer()
+    prompts = prompts_from_files({"code": SOURCES[:4]}, tok, prompt_tokens=16, num_prompts=100, tail_tokens=8,
+                                 windows_per_file=3)
+    for source in {p.source for p in prompts}:
+        text = tok.encode(Path(source).read_text())
+        mine = [p for p in prompts if p.source == source]
+        assert 1 <= len(mine) <= 3
+        starts = [next(i for i in range(len(text)) if text[i:i + 16] == p.ids) for p in mine]
+        assert all(b - a >= 24 for a, b in zip(starts, starts[1:]))  # non-overlapping, tail included
+        assert all(s + 24 <= len(text) for s in starts)
+    tune, report = split_by_file(prompts, tune_per_domain=4)
+    assert len(tune) == 4 and len(tune) + len(report) <= len(prompts)
+    assert not {p.source for p in tune} & {p.source for p in report}  # whole files on one side
 
 
 def test_run_eval_and_report(tmp_path: Path) -> None:
@@ -84,3 +101,25 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
                  "--prompts", str(SOURCES[0]), "--out", str(tmp_path)]) == 2
     assert "5gram" in capsys.readouterr().err
     assert main(["eval", "--decoders", "beam", "--out", str(tmp_path)]) == 2
+
+
+def test_cli_replay_engine_with_tuning(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = ["eval", "--model", "tiny-llama", "--heads", "untrained:3", "--lm", f"3gram={ARPA}",
+            "--prompts", *map(str, SOURCES[:6]), "--num-prompts", "12", "--windows-per-file", "2",
+            "--prompt-tokens", "16", "--max-new-tokens", "10", "--engine", "both", "--decode-prompts", "2",
+            "--decoders", "vanilla", "ngram:k=4,p=4,lm=3gram", "--tune", "ngram:k=4,p=1,lm=3gram",
+            "--alphas", "0.5,2", "--tune-prompts", "4", "--trace-cache", str(tmp_path / "traces"),
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    data = json.loads((tmp_path / "eval.json").read_text())
+    block = data["summary"]["prompts"]
+    labels = [r["decoder"] for r in block["decoders"]]
+    assert labels[:3] == ["greedy", "vanilla", "ngram k=4 p=4 alpha=1 lm=3gram"]
+    assert labels[3].startswith("ngram k=4 p=1 alpha=tuned:")
+    assert all(r["replayed"] and r["tokens_per_s"] is None for r in block["decoders"])
+    tuned = block["alpha_tuning"]["ngram k=4 p=1 alpha=tuned lm=3gram"]
+    assert set(tuned["table"]) == {"0.5", "2"} and tuned["prompts"] == 4
+    agree = block["replay_vs_decode"]
+    assert agree["vanilla"]["prompts"] == 2 and agree["vanilla"]["identical"] == 2
+    assert "Replay vs real decoding" in (tmp_path / "eval.md").read_text()
+    assert list((tmp_path / "traces").glob("*.npz"))

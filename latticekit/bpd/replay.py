@@ -1,0 +1,339 @@
+"""Replay: the block efficiency of many greedy decoders from one greedy pass per prompt.
+
+Under greedy acceptance, what a BPD step accepts depends only on its drafts and the target's
+greedy continuation: a draft token is accepted exactly when it and every token before it equal
+the greedy tokens. And the heads at the next step read the target's final hidden state after
+the last accepted token, which is the hidden state greedy decoding computes at that position.
+So one greedy decode that records its hidden state at every position (a :class:`Trace`: the
+continuation, every position's top-k head lattice and head entropies) determines every
+greedy-mode decoder's steps: :func:`replay` walks them with no further target call.
+
+That makes the paper's measurements (many decoders, an alpha grid, hundreds of prompts of 128
+tokens) affordable on a CPU: the target runs once per prompt, batched, instead of once per
+decoder and alpha. The numbers equal :func:`latticekit.bpd.decode`'s up to floating-point
+rounding, which differs between a batched greedy pass and a tree pass and can flip a near-tie
+of the target's arg-max; ``tests/bpd/test_replay.py`` checks that replayed steps equal decoded
+ones, and ``latticekit eval --engine both`` measures the agreement on real prompts.
+
+Wall-clock figures need real decodes (``--engine decode``); a replay times the heads and the
+rescoring search only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from latticekit.bpd.errors import DecoderConfigError
+from latticekit.bpd.records import DecoderConfig, Decoding, StepRecord
+from latticekit.lattice import SausageLattice
+from latticekit.ngram import NGramLM
+from latticekit.search import pbest
+
+__all__ = ["Trace", "trace_prompts", "replay", "accepted_length"]
+
+
+@dataclass
+class Trace:
+    """One prompt's greedy continuation and the heads' lattice at every position.
+
+    Position i is the step whose root is ``continuation[i]``: the heads read the hidden state
+    that predicted it (after ``prompt + continuation[:i]``).
+
+    Attributes:
+        prompt: the prompt ids.
+        continuation: ``N`` greedy tokens.
+        lattice_tokens, lattice_scores, widths (`(N, h, k)`, `(N, h, k)`, `(N, h)`): the top-k
+            lattices (``fix_first``: column 1 is the root alone).
+        head_entropy (`(N, h)`): entropy (nats) of each head's distribution.
+        heads_s: seconds of heads and top-k per position (the batched cost, divided).
+    """
+
+    prompt: list[int]
+    continuation: list[int]
+    lattice_tokens: np.ndarray
+    lattice_scores: np.ndarray
+    widths: np.ndarray
+    head_entropy: np.ndarray
+    heads_s: float = 0.0
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.lattice_tokens.shape[1])
+
+    @property
+    def k(self) -> int:
+        return int(self.lattice_tokens.shape[2])
+
+    def lattice(self, i: int, k: int) -> SausageLattice:
+        """Position i's lattice cut to its best k arcs per column."""
+        if k > self.k:
+            raise DecoderConfigError(f"decoder k={k} exceeds the traced k={self.k}")
+        return SausageLattice(self.lattice_tokens[i, :, :k], self.lattice_scores[i, :, :k],
+                              np.minimum(self.widths[i], k))
+
+    def save(self, path: Any) -> None:
+        np.savez_compressed(path, prompt=np.asarray(self.prompt, dtype=np.int64),
+                            continuation=np.asarray(self.continuation, dtype=np.int64),
+                            lattice_tokens=self.lattice_tokens, lattice_scores=self.lattice_scores,
+                            widths=self.widths, head_entropy=self.head_entropy, heads_s=np.float64(self.heads_s))
+
+    @classmethod
+    def load(cls, path: Any) -> "Trace":
+        with np.load(path) as z:
+            return cls(z["prompt"].tolist(), z["continuation"].tolist(), z["lattice_tokens"], z["lattice_scores"],
+                       z["widths"], z["head_entropy"], float(z["heads_s"]))
+
+
+def _trace_key(description: str, prompt: Sequence[int], num_tokens: int, k: int) -> str:
+    text = f"{description}|{num_tokens}|{k}|{','.join(map(str, prompt))}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def trace_prompts(model: Any, heads: Any, prompts: Sequence[Sequence[int]], num_tokens: int, k: int,
+                  batch_size: int = 8, cache_dir: Optional[Any] = None, description: str = "",
+                  progress: Optional[Callable[[str], None]] = None) -> list[Trace]:
+    """Greedy-decodes ``num_tokens`` tokens after each prompt (batched, KV cache) and records
+    every position's head lattice.
+
+    Args:
+        model: an HF causal LM (its output embeddings' input is the heads' hidden state).
+        heads: ``heads(hidden (..., d)) -> logits (..., h, vocab)`` (``latticekit.heads.BlockHeads``).
+        prompts: prompt ids; prompts of equal length share batches (no padding is ever used).
+        num_tokens: greedy tokens per prompt; replaying ``max_new_tokens`` needs
+            ``max_new_tokens + h - 1``.
+        k: arcs per lattice column to keep (the largest k any replayed decoder uses).
+        batch_size: prompts per batched greedy pass.
+        cache_dir: keep traces there as ``.npz`` keyed by ``description``, prompt, N and k, and
+            reuse them.
+        description: names the model and heads in the cache key.
+        progress: called with a line per batch.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    if num_tokens < 1:
+        raise DecoderConfigError(f"num_tokens must be >= 1, got {num_tokens}")
+    cache = Path(cache_dir) if cache_dir is not None else None
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+    out: list[Optional[Trace]] = [None] * len(prompts)
+    todo: dict[int, list[int]] = {}
+    for n, prompt in enumerate(prompts):
+        if not prompt:
+            raise DecoderConfigError("an empty prompt cannot be traced")
+        path = cache / f"{_trace_key(description, prompt, num_tokens, k)}.npz" if cache is not None else None
+        if path is not None and path.exists():
+            out[n] = Trace.load(path)
+        else:
+            todo.setdefault(len(prompt), []).append(n)
+    if not todo:
+        return [t for t in out if t is not None]
+    head_module = model.get_output_embeddings()
+    device = head_module.weight.device
+    done = 0
+    total = sum(len(v) for v in todo.values())
+    for length, members in todo.items():
+        for start in range(0, len(members), batch_size):
+            batch = members[start:start + batch_size]
+            t0 = time.perf_counter()
+            captured: list[torch.Tensor] = []
+            hook = head_module.register_forward_pre_hook(lambda _m, args: captured.append(args[0][:, -1]))
+            try:
+                with torch.no_grad():
+                    kv = DynamicCache(config=model.config)
+                    ids = torch.tensor([list(prompts[n]) for n in batch], dtype=torch.long, device=device)
+                    tokens, hidden = [], []
+                    step_ids = ids
+                    for _ in range(num_tokens):
+                        logits = model(input_ids=step_ids, past_key_values=kv, use_cache=True,
+                                       logits_to_keep=1).logits[:, -1]
+                        hidden.append(captured.pop())
+                        step_ids = logits.argmax(dim=-1, keepdim=True)
+                        tokens.append(step_ids[:, 0])
+            finally:
+                hook.remove()
+            t1 = time.perf_counter()
+            hidden_t = torch.stack(hidden, dim=1)  # (B, N, d)
+            conts = torch.stack(tokens, dim=1).cpu()
+            for b, n in enumerate(batch):
+                out[n] = _lattices(heads, hidden_t[b], list(prompts[n]), conts[b].tolist(), k)
+                if cache is not None:
+                    out[n].save(cache / f"{_trace_key(description, prompts[n], num_tokens, k)}.npz")
+            done += len(batch)
+            if progress:
+                progress(f"traced {done}/{total} prompts (greedy {t1 - t0:.1f} s, heads "
+                         f"{time.perf_counter() - t1:.1f} s for {len(batch)})")
+    return [t for t in out if t is not None]
+
+
+def _lattices(heads: Any, hidden: Any, prompt: list[int], continuation: list[int], k: int,
+              chunk: int = 32) -> Trace:
+    import torch
+
+    t0 = time.perf_counter()
+    parts = []
+    entropies = []
+    with torch.no_grad():
+        for s in range(0, hidden.shape[0], chunk):
+            logits = heads(hidden[s:s + chunk]).float()  # (n, h, V)
+            logp = torch.log_softmax(logits, dim=-1)
+            entropies.append((-(logp.exp() * logp).sum(dim=-1)).double().cpu().numpy())
+            parts.append(SausageLattice.from_logits(logits, k, fix_first=True))
+    tokens = np.concatenate([p.tokens for p in parts])
+    scores = np.concatenate([p.scores for p in parts])
+    widths = np.concatenate([p.widths for p in parts])
+    roots = np.asarray(continuation, dtype=np.int32)
+    if not np.array_equal(tokens[:, 0, 0], roots):
+        # head 1 is the model's own head: its arg-max is the greedy token by construction
+        raise DecoderConfigError("heads(hidden)[0] does not reproduce the model's greedy token: are these "
+                                 "heads for this model?")
+    return Trace(prompt, continuation, tokens, scores, widths, np.concatenate(entropies),
+                 (time.perf_counter() - t0) / max(1, len(continuation)))
+
+
+def accepted_length(drafts: Sequence[Sequence[int]], greedy: Sequence[int]) -> int:
+    """Draft tokens a greedy tree pass accepts: the longest prefix any draft shares with the
+    greedy continuation ``greedy`` (the tokens after the root)."""
+    best = 0
+    for draft in drafts:
+        n = 0
+        for a, b in zip(draft, greedy):
+            if a != b:
+                break
+            n += 1
+        best = max(best, n)
+    return best
+
+
+def _neural_drafts(trace: Trace, config: DecoderConfig, rescorer: Any) -> np.ndarray:
+    """Algorithm 2's draft at every position of the trace, `(N, h - 1)`, batched over positions."""
+    import torch
+
+    from latticekit.bpd.rescorer import neural_drafts
+
+    sequence = trace.prompt + trace.continuation
+    ends = np.arange(len(trace.continuation)) + len(trace.prompt)
+    k = config.k
+    return neural_drafts(rescorer, torch.tensor(sequence), torch.from_numpy(ends),
+                         torch.from_numpy(trace.lattice_tokens[:, :, :k].astype(np.int64)),
+                         torch.from_numpy(trace.lattice_scores[:, :, :k]), config.alpha,
+                         trace.num_heads).numpy()
+
+
+def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = None,
+           rescorer: Any = None, eos_token_id: Optional[int] = None) -> Decoding:
+    """The steps :func:`latticekit.bpd.decode` takes with ``config`` (greedy mode), from a trace.
+
+    Args:
+        trace: from :func:`trace_prompts`, with at least ``max_new_tokens + h - 1`` tokens.
+        config: a greedy-mode decoder (``temperature == 0``); ``greedy`` gives one token a step.
+        max_new_tokens: tokens to decode.
+        lms: the n-gram model(s), as for ``decode``.
+        rescorer: the :class:`~latticekit.bpd.rescorer.NeuralRescorer` (``neural``).
+        eos_token_id: stop after emitting it.
+
+    Returns:
+        A :class:`Decoding` with ``replayed = True``: its steps (drafts, accepted tokens,
+        lattices, entropies, heads and search seconds; no target seconds) and tokens.
+    """
+    from latticekit.bpd.decoders import _oracle_draft, _select_lm
+
+    if config.temperature > 0:
+        raise DecoderConfigError("replay covers greedy decoding only; sampling needs real decodes")
+    h = trace.num_heads
+    cont = trace.continuation
+    if max_new_tokens < 1 or max_new_tokens + h - 1 > len(cont):
+        raise DecoderConfigError(f"replaying {max_new_tokens} tokens needs a trace of at least "
+                                 f"{max_new_tokens + h - 1} tokens, this one has {len(cont)}")
+    lm: Optional[NGramLM] = _select_lm(config, lms)
+    neural = None
+    t_neural = 0.0
+    if config.method == "neural":
+        if rescorer is None:
+            raise DecoderConfigError(f"decoder {config.label!r} needs a neural rescorer")
+        t0 = time.perf_counter()
+        neural = _neural_drafts(trace, config, rescorer)
+        t_neural = (time.perf_counter() - t0) / len(cont)
+    prompt = list(trace.prompt)
+    reference = prompt + list(cont)
+    steps = [StepRecord(root_token=prompt[-1], drafts=[], vanilla_draft=(), emitted=(cont[0],), num_accepted=0)]
+    i = 0
+    while i + 1 < max_new_tokens and (eos_token_id is None or eos_token_id not in steps[-1].emitted):
+        if config.method == "greedy":
+            i += 1
+            steps.append(StepRecord(root_token=cont[i - 1], drafts=[], vanilla_draft=(), emitted=(cont[i],),
+                                    num_accepted=0))
+            continue
+        lattice = trace.lattice(i, config.k)
+        t0 = time.perf_counter()
+        vanilla = tuple(int(t) for t in lattice.tokens[1:, 0])
+        if config.method == "vanilla":
+            drafts = [vanilla]
+        elif config.method == "oracle":
+            drafts = [_oracle_draft(lattice, reference, len(prompt) + i)]
+        elif config.method == "neural":
+            assert neural is not None
+            drafts = [tuple(int(t) for t in neural[i])]
+        else:
+            assert lm is not None
+            end = len(prompt) + i  # position of the root in the reference
+            context = reference[max(0, end + 1 - lm.order): end]
+            drafts = [tuple(path.tokens[1:]) for path in pbest(lattice, lm, config.p, config.alpha, context=context)]
+        search_s = time.perf_counter() - t0 + t_neural
+        a = accepted_length(drafts, cont[i + 1: i + h])
+        emitted = tuple(cont[i + 1: i + 2 + a])
+        steps.append(StepRecord(
+            root_token=cont[i], drafts=drafts, vanilla_draft=vanilla, emitted=emitted, num_accepted=a,
+            lattice_tokens=lattice.tokens.copy(), lattice_scores=lattice.scores.copy(),
+            head_entropy=trace.head_entropy[i].copy(), heads_s=trace.heads_s, search_s=search_s,
+        ))
+        i += 1 + a
+    tokens = list(cont[:max_new_tokens])
+    if eos_token_id is not None and eos_token_id in tokens:
+        tokens = tokens[: tokens.index(eos_token_id) + 1]
+    return Decoding(config=config, prompt=prompt, tokens=tokens, steps=steps, replayed=True)
+
+
+def replay_all(traces: Sequence[Trace], domains: Sequence[str], configs: Sequence[DecoderConfig],
+               max_new_tokens: int, lms: Any = None, rescorer: Any = None,
+               eos_token_id: Optional[int] = None) -> dict[str, dict[str, list[Decoding]]]:
+    """:func:`replay` of every config (and the greedy baseline first) over traces, grouped as
+    ``latticekit eval`` reports them: domain -> decoder label -> one decoding per prompt."""
+    results: dict[str, dict[str, list[Decoding]]] = {}
+    greedy = DecoderConfig("greedy")
+    for trace, domain in zip(traces, domains):
+        per = results.setdefault(domain, {"greedy": []})
+        per["greedy"].append(replay(trace, greedy, max_new_tokens, eos_token_id=eos_token_id))
+        for config in configs:
+            per.setdefault(config.label, []).append(
+                replay(trace, config, max_new_tokens, lms, rescorer, eos_token_id))
+    return results
+
+
+def tune_alpha(traces: Sequence[Trace], config: DecoderConfig, alphas: Sequence[float], max_new_tokens: int,
+               lms: Any = None, rescorer: Any = None, eos_token_id: Optional[int] = None) -> dict[float, float]:
+    """Block efficiency of ``config`` at every alpha over ``traces`` (the tuning prompts)."""
+    from dataclasses import replace
+
+    from latticekit.bpd.analysis import block_efficiency
+
+    table = {}
+    for alpha in alphas:
+        tuned = replace(config, alpha=float(alpha), name=None)
+        table[float(alpha)] = block_efficiency(
+            replay(t, tuned, max_new_tokens, lms, rescorer, eos_token_id) for t in traces)
+    return table
+
+
+def by_domain(traces: Sequence[Trace], domains: Sequence[str]) -> Mapping[str, list[Trace]]:
+    out: dict[str, list[Trace]] = {}
+    for trace, domain in zip(traces, domains):
+        out.setdefault(domain, []).append(trace)
+    return out

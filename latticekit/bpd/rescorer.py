@@ -1,0 +1,353 @@
+"""The neural rescorer of local rescoring (the reference paper's Algorithm 2).
+
+A small causal transformer language model over the target's token ids. It re-ranks each
+head's top-k set: for heads j = 2..h, ``x_j = argmax over S_j of z_j + alpha * r_j``, where
+``z_j`` are head j's log-probabilities and ``r_j`` the rescorer's log-probabilities after the
+decoded prefix and the already chosen draft tokens ``x_2 .. x_{j-1}``.
+
+To stay cheap to train on a CPU, the rescorer predicts a *restricted vocabulary*: the
+``num_classes - 1`` most frequent training tokens get a class each, every other token id shares
+one "other" class. A token of the other class is scored ``log p(other) - log(#other ids)``
+(the class's mass spread evenly), so scores are log-probabilities of a proper distribution over
+the full vocabulary.
+
+Two ways to run it give the same numbers:
+
+* :meth:`NeuralRescorer.forward`: plain causal language modelling over `(batch, T)` ids
+  (training, and the obviously-correct reference);
+* :meth:`NeuralRescorer.prefix_state` once over a sequence, then
+  :meth:`NeuralRescorer.continuation_logprobs` for many (prefix end, draft tokens) rows at
+  once: each row attends to its own prefix of the shared sequence and to its own draft tokens.
+  This is what makes rescoring every position of a decode cheap.
+
+This module needs torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from latticekit.errors import LatticeKitError
+
+__all__ = ["NeuralRescorer", "PrefixState", "RescorerFormatError", "context_window", "local_rescore", "neural_drafts"]
+
+FORMAT_NAME = "latticekit-neural-rescorer"
+FORMAT_VERSION = 1
+_CONFIG_KEYS = ("vocab_size", "num_classes", "d_model", "num_layers", "num_heads", "d_ff", "max_len")
+
+
+class RescorerFormatError(LatticeKitError, ValueError):
+    """A rescorer file is missing, damaged, or not a latticekit rescorer file."""
+
+
+@dataclass
+class PrefixState:
+    """Keys and values of every layer over a sequence, and its per-position log-probabilities.
+
+    Attributes:
+        keys, values: one `(num_heads, T, head_dim)` tensor per layer.
+        logprobs (`torch.Tensor` of shape `(T, num_classes)`): class log-probabilities of the
+            token after each position.
+    """
+
+    keys: list[Tensor]
+    values: list[Tensor]
+    logprobs: Tensor
+
+    @property
+    def length(self) -> int:
+        return int(self.logprobs.shape[0])
+
+
+class _Layer(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, d_ff: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.ff1 = nn.Linear(d_model, d_ff)
+        self.ff2 = nn.Linear(d_ff, d_model)
+
+    def split(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """`(..., n, d)` -> q, k, v of shape `(..., heads, n, head_dim)`."""
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        shape = x.shape[:-1] + (self.num_heads, -1)
+        return tuple(t.reshape(shape).transpose(-3, -2) for t in (q, k, v))  # type: ignore[return-value]
+
+    def finish(self, x: Tensor, attended: Tensor) -> Tensor:
+        """Residual attention output then the feed-forward block; ``attended`` is `(..., heads, n, hd)`."""
+        merged = attended.transpose(-3, -2).flatten(-2)
+        x = x + self.out(merged)
+        return x + self.ff2(F.gelu(self.ff1(self.norm2(x))))
+
+
+class NeuralRescorer(nn.Module):
+    """A small pre-norm causal transformer LM with learned positions and a tied output layer.
+
+    Args:
+        vocab_map (`torch.LongTensor` of shape `(vocab_size,)`): the class of every token id of
+            the target's vocabulary, in ``[0, num_classes)``; class ``num_classes - 1`` is "other".
+        d_model, num_layers, num_heads, d_ff: transformer sizes.
+        max_len: the longest sequence (prefix plus draft) the position table covers.
+        metadata: free-form JSON-able facts saved with the weights (training recipe, ...).
+    """
+
+    def __init__(self, vocab_map: Tensor, d_model: int = 256, num_layers: int = 4, num_heads: int = 4,
+                 d_ff: int = 1024, max_len: int = 256, metadata: Optional[dict[str, Any]] = None) -> None:
+        super().__init__()
+        if vocab_map.dim() != 1 or vocab_map.dtype != torch.long:
+            raise ValueError("vocab_map must be a 1-D LongTensor")
+        num_classes = int(vocab_map.max()) + 1
+        if int(vocab_map.min()) < 0:
+            raise ValueError("vocab_map holds a negative class")
+        if d_model % num_heads:
+            raise ValueError(f"d_model ({d_model}) must be a multiple of num_heads ({num_heads})")
+        self.config = dict(vocab_size=int(vocab_map.numel()), num_classes=num_classes, d_model=d_model,
+                           num_layers=num_layers, num_heads=num_heads, d_ff=d_ff, max_len=max_len)
+        self.metadata = dict(metadata or {})
+        self.register_buffer("vocab_map", vocab_map.clone())
+        other = vocab_map == num_classes - 1
+        # log of how many ids share the "other" class: its mass is spread evenly over them.
+        penalty = torch.zeros(num_classes)
+        penalty[-1] = math.log(max(1, int(other.sum())))
+        self.register_buffer("class_penalty", penalty)
+        self.embed = nn.Embedding(num_classes, d_model)
+        self.position = nn.Embedding(max_len, d_model)
+        self.layers = nn.ModuleList(_Layer(d_model, num_heads, d_ff) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(d_model)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        nn.init.normal_(self.position.weight, std=0.01)
+
+    @property
+    def max_len(self) -> int:
+        return int(self.config["max_len"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config["vocab_size"])
+
+    def classes(self, ids: Tensor) -> Tensor:
+        """Token ids -> classes; ids outside the vocabulary fall into "other"."""
+        ids = ids.long()
+        inside = (ids >= 0) & (ids < self.vocab_size)
+        other = torch.full_like(ids, int(self.config["num_classes"]) - 1)
+        return torch.where(inside, self.vocab_map[ids.clamp(0, self.vocab_size - 1)], other)
+
+    def _logprobs(self, x: Tensor) -> Tensor:
+        return torch.log_softmax(self.norm(x) @ self.embed.weight.T, dim=-1)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """Class logits `(batch, T, num_classes)` of the token after each position of ids
+        `(batch, T)`, T <= ``max_len`` (plain causal attention; training and reference)."""
+        T = ids.shape[-1]
+        if T > self.max_len:
+            raise ValueError(f"sequence of {T} tokens; the rescorer covers {self.max_len}")
+        x = self.embed(self.classes(ids)) + self.position.weight[:T]
+        for layer in self.layers:
+            q, k, v = layer.split(x)
+            x = layer.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return self.norm(x) @ self.embed.weight.T
+
+    def token_logprobs(self, class_logprobs: Tensor, tokens: Tensor) -> Tensor:
+        """Full-vocabulary log-probabilities of ``tokens`` from class log-probabilities:
+        ``class_logprobs[..., class(t)] - log(#ids of that class)`` (broadcast over the last axis
+        of ``tokens`` against the rows of ``class_logprobs``)."""
+        cls = self.classes(tokens)
+        return class_logprobs.gather(-1, cls) - self.class_penalty[cls]
+
+    @torch.no_grad()
+    def prefix_state(self, ids: Tensor) -> PrefixState:
+        """Runs a `(T,)` sequence, T <= ``max_len``, and keeps every layer's keys and values."""
+        if ids.dim() != 1 or not 1 <= ids.shape[0] <= self.max_len:
+            raise ValueError(f"prefix_state needs 1..{self.max_len} ids in a 1-D tensor, got shape {tuple(ids.shape)}")
+        T = ids.shape[0]
+        x = self.embed(self.classes(ids)) + self.position.weight[:T]
+        keys, values = [], []
+        for layer in self.layers:
+            q, k, v = layer.split(x)
+            keys.append(k)
+            values.append(v)
+            x = layer.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return PrefixState(keys, values, self._logprobs(x))
+
+    @torch.no_grad()
+    def continuation_logprobs(self, state: PrefixState, ends: Tensor, drafts: Tensor) -> Tensor:
+        """Class log-probabilities after ``sequence[: ends[n] + 1] + drafts[n]`` for every row n.
+
+        Args:
+            state: :meth:`prefix_state` of the shared sequence.
+            ends (`torch.LongTensor` of shape `(N,)`): the last prefix position of each row.
+            drafts (`torch.LongTensor` of shape `(N, m)`): each row's tokens after its prefix
+                (m may be 0).
+
+        Returns:
+            `(N, num_classes)` log-probabilities of the token after each row's last token;
+            equal (to float rounding) to :meth:`forward` on that row's concatenation.
+        """
+        N, m = drafts.shape
+        if m == 0:
+            return state.logprobs[ends]
+        if int(ends.max()) + m >= self.max_len or int(ends.min()) < 0 or int(ends.max()) >= state.length:
+            raise ValueError("a row's prefix plus draft leaves the rescorer's position table or the sequence")
+        positions = ends[:, None] + 1 + torch.arange(m, device=ends.device)
+        x = self.embed(self.classes(drafts)) + self.position(positions)  # (N, m, d)
+        visible = torch.arange(state.length, device=ends.device)[None, :] <= ends[:, None]  # (N, T)
+        causal = torch.ones(m, m, dtype=torch.bool, device=ends.device).tril()
+        mask = torch.cat([visible[:, None, :].expand(N, m, -1), causal[None].expand(N, -1, -1)], dim=-1)
+        for layer, k_prefix, v_prefix in zip(self.layers, state.keys, state.values):
+            q, k, v = layer.split(x)  # (N, heads, m, hd)
+            keys = torch.cat([k_prefix[None].expand(N, -1, -1, -1), k], dim=2)
+            vals = torch.cat([v_prefix[None].expand(N, -1, -1, -1), v], dim=2)
+            attended = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask[:, None])
+            x = layer.finish(x, attended)
+        return self._logprobs(x[:, -1])
+
+    def save(self, path: Union[str, os.PathLike], dtype: Optional[torch.dtype] = torch.float16) -> None:
+        """Writes weights, vocabulary map and metadata to a safetensors file, atomically
+        (temporary file in the same folder, then rename)."""
+        from safetensors.torch import save as st_save
+
+        tensors = {name: (t.detach().cpu().contiguous() if name == "vocab_map" or dtype is None
+                          else t.detach().to("cpu", dtype).contiguous())
+                   for name, t in self.state_dict().items() if name != "class_penalty"}
+        header = {**self.metadata, **self.config, "format": FORMAT_NAME, "version": FORMAT_VERSION}
+        data = st_save(tensors, metadata={"latticekit": json.dumps(header)})
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), 0o644)
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike], device: Any = "cpu") -> "NeuralRescorer":
+        """A rescorer written by :meth:`save`, in float32 and eval mode.
+
+        Raises:
+            RescorerFormatError: the file is missing, damaged, or its tensors do not match its header.
+        """
+        from safetensors.torch import load as st_load
+
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise RescorerFormatError(f"cannot read rescorer file {path}: {exc}") from exc
+        try:
+            tensors = st_load(data)
+            header_len = int.from_bytes(data[:8], "little")
+            ours = (json.loads(data[8:8 + header_len]).get("__metadata__") or {}).get("latticekit")
+            header = None if ours is None else json.loads(ours)
+        except Exception as exc:  # safetensors raises its own error types
+            raise RescorerFormatError(f"{path} is not a readable rescorer file: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+            raise RescorerFormatError(f"{path} is not a latticekit rescorer file")
+        if header.get("version") != FORMAT_VERSION:
+            raise RescorerFormatError(f"{path} has rescorer format version {header.get('version')}, "
+                                      f"this latticekit reads {FORMAT_VERSION}")
+        if any(not isinstance(header.get(key), int) or header[key] < 1 for key in _CONFIG_KEYS):
+            raise RescorerFormatError(f"{path}: header lacks a valid {_CONFIG_KEYS} field")
+        vocab_map = tensors.get("vocab_map")
+        if vocab_map is None or vocab_map.dim() != 1 or vocab_map.numel() != header["vocab_size"] \
+                or int(vocab_map.max()) + 1 != header["num_classes"] or int(vocab_map.min()) < 0:
+            raise RescorerFormatError(f"{path}: vocab_map does not match the header")
+        metadata = {k: v for k, v in header.items() if k not in _CONFIG_KEYS + ("format", "version")}
+        try:
+            model = cls(vocab_map.long(), header["d_model"], header["num_layers"], header["num_heads"],
+                        header["d_ff"], header["max_len"], metadata=metadata)
+            weights = {k: v.float() for k, v in tensors.items() if k != "vocab_map"}
+            weights["vocab_map"] = vocab_map.long()
+            weights["class_penalty"] = model.class_penalty
+            model.load_state_dict(weights)
+        except (RuntimeError, ValueError) as exc:
+            raise RescorerFormatError(f"{path}: tensors do not match the header: {exc}") from exc
+        return model.to(device).eval()
+
+
+@torch.no_grad()
+def local_rescore(rescorer: NeuralRescorer, state: PrefixState, ends: Tensor, lattice_tokens: Tensor,
+                  lattice_scores: Tensor, alpha: float) -> Tensor:
+    """Algorithm 2 for N lattices at once: for heads j = 2..h, pick
+    ``argmax over the arcs of column j of score + alpha * r_j`` greedily, left to right.
+
+    Args:
+        rescorer: the rescoring LM.
+        state: :meth:`NeuralRescorer.prefix_state` of a sequence holding every row's prefix.
+        ends (`torch.LongTensor` of shape `(N,)`): position of each row's last prefix token (the
+            lattice's fixed first token, the root).
+        lattice_tokens, lattice_scores (`(N, h, k)`): the rows' lattices (column 1 is the root).
+        alpha: rescorer weight; 0 gives the heads' arg-max (vanilla) drafts.
+
+    Returns:
+        `torch.LongTensor` of shape `(N, h - 1)`: each row's draft for positions 2..h. Ties go to
+        the earlier (better-ranked) arc.
+    """
+    N, h, _ = lattice_tokens.shape
+    tokens = lattice_tokens.long()
+    chosen = torch.empty(N, 0, dtype=torch.long, device=tokens.device)
+    rows = torch.arange(N, device=tokens.device)
+    for j in range(1, h):
+        arcs = tokens[:, j]
+        if alpha == 0:
+            best = lattice_scores[:, j].argmax(dim=-1)
+        else:
+            r = rescorer.token_logprobs(rescorer.continuation_logprobs(state, ends, chosen), arcs)
+            best = (lattice_scores[:, j].to(r.dtype) + alpha * r).argmax(dim=-1)
+        chosen = torch.cat([chosen, arcs[rows, best][:, None]], dim=1)
+    return chosen
+
+
+def context_window(rescorer: NeuralRescorer, num_heads: int) -> int:
+    """The most prefix tokens the rescorer reads: its position table must also hold the
+    ``num_heads - 2`` draft tokens after them."""
+    window = rescorer.max_len - max(0, num_heads - 2)
+    if window < 1:
+        raise ValueError(f"a rescorer of {rescorer.max_len} positions cannot rescore {num_heads} heads")
+    return window
+
+
+@torch.no_grad()
+def neural_drafts(rescorer: NeuralRescorer, sequence: Tensor, ends: Tensor, lattice_tokens: Tensor,
+                  lattice_scores: Tensor, alpha: float, num_heads: int) -> Tensor:
+    """:func:`local_rescore` for rows whose prefixes are ``sequence[: ends[n] + 1]``, each read
+    through the last :func:`context_window` tokens (positions restart at 0 in the window, as in
+    training). Rows whose whole prefix fits share one prefix pass; longer ones get their own.
+
+    Returns:
+        `torch.LongTensor` of shape `(N, h - 1)`: the drafts for positions 2..h.
+    """
+    window = context_window(rescorer, num_heads)
+    sequence = sequence.to(rescorer.vocab_map.device).long()
+    ends = ends.to(sequence.device).long()
+    lattice_tokens = lattice_tokens.to(sequence.device)
+    lattice_scores = lattice_scores.to(sequence.device)
+    out = torch.empty(ends.shape[0], lattice_tokens.shape[1] - 1, dtype=torch.long, device=sequence.device)
+    short = ends < window
+    if bool(short.any()):
+        rows = short.nonzero()[:, 0]
+        state = rescorer.prefix_state(sequence[: min(int(ends[rows].max()) + 1, window)])
+        out[rows] = local_rescore(rescorer, state, ends[rows], lattice_tokens[rows], lattice_scores[rows], alpha)
+    for row in (~short).nonzero()[:, 0].tolist():
+        end = int(ends[row])
+        state = rescorer.prefix_state(sequence[end + 1 - window: end + 1])
+        out[row] = local_rescore(rescorer, state, torch.tensor([window - 1], device=sequence.device),
+                                 lattice_tokens[row:row + 1], lattice_scores[row:row + 1], alpha)[0]
+    return out
