@@ -196,7 +196,9 @@ def prompts_from_files(files: Mapping[str, Sequence[Any]], tokenizer: Tokenizer,
     With ``windows_per_file == 1`` each file gives one window of ``prompt_tokens`` tokens at a
     seeded random offset such that ``tail_tokens`` more tokens of the file follow it; with more,
     a file gives up to that many non-overlapping windows (each with its own ``tail_tokens``
-    after it), at seeded random slots. Files too short are skipped.
+    after it), at seeded random slots, taken in rounds over the files (every file's first
+    window, then every file's second, ...) so that prompts spread over as many files as they
+    can. Files too short are skipped.
 
     Args:
         files: domain -> text file paths.
@@ -206,20 +208,27 @@ def prompts_from_files(files: Mapping[str, Sequence[Any]], tokenizer: Tokenizer,
     rng = np.random.default_rng(seed)
     out = []
     for domain, paths in files.items():
-        taken = 0
+        if windows_per_file == 1:
+            taken = 0
+            for path in paths:
+                if taken >= num_prompts:
+                    break
+                text = Path(path).read_text(encoding="utf-8", errors="replace")
+                one = _window(tokenizer.encode(text), prompt_tokens, tail_tokens, rng)
+                if one is not None:
+                    out.append(Prompt(domain, str(path), one))
+                    taken += 1
+            continue
+        # Several windows per file: taken in rounds (every file's first window, then every
+        # file's second, ...), so that the prompts spread over as many files as they can.
+        per_file = []
         for path in paths:
-            if taken >= num_prompts:
-                break
             text = Path(path).read_text(encoding="utf-8", errors="replace")
             ids = tokenizer.encode(text)
-            if windows_per_file == 1:
-                one = _window(ids, prompt_tokens, tail_tokens, rng)
-                windows = [] if one is None else [one]
-            else:
-                windows = _windows(ids, prompt_tokens, prompt_tokens + tail_tokens, windows_per_file, rng)
-            for window in windows[: num_prompts - taken]:
-                out.append(Prompt(domain, str(path), window))
-                taken += 1
+            per_file.append((path, _windows(ids, prompt_tokens, prompt_tokens + tail_tokens, windows_per_file, rng)))
+        mine = [Prompt(domain, str(path), windows[r]) for r in range(windows_per_file)
+                for path, windows in per_file if r < len(windows)]
+        out += mine[:num_prompts]
     return out
 
 

@@ -36,7 +36,7 @@ from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 from latticekit.search import pbest
 
-__all__ = ["Trace", "trace_prompts", "replay", "accepted_length"]
+__all__ = ["Trace", "trace_prompts", "replay", "replay_all", "tune_alpha", "by_domain", "accepted_length"]
 
 
 @dataclass
