@@ -215,6 +215,7 @@ struct PBestSearch::Impl {
   std::vector<int32_t> same_word_next;  // next arc j with the same word, or -1
   std::vector<int32_t> chain_tail;      // last arc j of the chain a first arc starts
   std::vector<std::pair<WordId, int32_t>> sorted_words;
+  std::vector<std::pair<uint32_t, uint32_t>> blocks;  // per sorted word: arcs that may hold it
   std::vector<int32_t> seq_a, seq_b;
   std::vector<double> root_value, top;
   std::vector<int32_t> root_order;
@@ -376,9 +377,36 @@ struct PBestSearch::Impl {
 
   void AddUse(uint32_t x, int32_t j, uint32_t a) { uses.push_back(Use{x, j, a, kNoState, kUnreached, 0.0}); }
 
+  // A long arc list [begin, end), longer than S = Model::kFenceStride: for every column
+  // word, the block of at most S arcs that may hold it, the one after the last fence word
+  // not above it (or before the list's first fence word), found by a branch-free binary
+  // search of the fence that starts where the previous, smaller word's ended. The blocks
+  // are prefetched, to be scanned next, so that their cache misses overlap.
+  template <typename Word>
+  void FenceBlocks(const Word *fence, uint32_t begin, uint32_t end) {
+    constexpr uint32_t kS = Model::kFenceStride;
+    const uint32_t g0 = (begin + kS - 1) / kS, g1 = (end - 1) / kS;  // g0 <= g1
+    blocks.resize(sorted_words.size());
+    uint32_t g = g0;
+    for (size_t i = 0; i < sorted_words.size(); ++i) {
+      const WordId w = sorted_words[i].first;
+      for (uint32_t len = g1 - g + 1; len > 1;) {
+        const uint32_t half = len / 2;
+        g = fence[g + half] <= w ? g + half : g;
+        len -= half;
+      }
+      blocks[i] = fence[g] <= w ? std::make_pair(g * kS, std::min(end, g * kS + kS))
+                                : std::make_pair(begin, g0 * kS);
+      if (blocks[i].first < blocks[i].second) {
+        model.PrefetchArc(blocks[i].first);
+        model.PrefetchArc(blocks[i].second - 1);
+      }
+    }
+  }
+
   // The consuming cells of column t: for every node, the column arcs whose word it has.
-  template <typename Records>
-  void FindArcs(int t, const Records &arc_words) {
+  template <typename Records, typename Word>
+  void FindArcs(int t, const Records &arc_words, const Word *fence) {
     const Column &col = columns[t];
     const int width = col.width;
     const WordId *row = &words[static_cast<size_t>(t) * k];
@@ -400,7 +428,8 @@ struct PBestSearch::Impl {
     std::sort(sorted_words.begin(), sorted_words.end());
     word_bits.resize((model.num_words() + 63) / 64, 0);
     for (const auto &wj : sorted_words) word_bits[wj.first >> 6] |= uint64_t(1) << (wj.first & 63);
-    const uint32_t scan_limit = static_cast<uint32_t>(8 * sorted_words.size());
+    const uint32_t scan_limit = static_cast<uint32_t>(
+        std::max<size_t>(8 * sorted_words.size(), Model::kFenceStride));
     for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
       TreeNode &node = nodes[x];
       node.use_begin = static_cast<uint32_t>(uses.size());
@@ -416,24 +445,17 @@ struct PBestSearch::Impl {
           Prefetch(a);
         }
       } else {
-        const uint32_t end = node.arc_end;
-        uint32_t lo = node.arc_begin;
-        for (const auto &wj : sorted_words) {
-          // First arc in [lo, end) whose word is >= wj.first.
-          uint32_t len = end - lo;
-          while (len > 0) {
-            const uint32_t half = len / 2;
-            if (arc_words.word(lo + half) < wj.first) {
-              lo += half + 1;
-              len -= half + 1;
-            } else {
-              len = half;
+        FenceBlocks(fence, node.arc_begin, node.arc_end);
+        for (size_t i = 0; i < sorted_words.size(); ++i) {
+          const WordId w = sorted_words[i].first;
+          for (uint32_t a = blocks[i].first; a < blocks[i].second; ++a) {
+            const WordId v = arc_words.word(a);
+            if (v < w) continue;
+            if (v == w) {
+              for (int32_t j = sorted_words[i].second; j >= 0; j = same_word_next[j]) AddUse(x, j, a);
+              Prefetch(a);
             }
-          }
-          if (lo == end) break;
-          if (arc_words.word(lo) == wj.first) {
-            for (int32_t i = wj.second; i >= 0; i = same_word_next[i]) AddUse(x, i, lo);
-            Prefetch(lo);
+            break;
           }
         }
       }
@@ -500,9 +522,9 @@ struct PBestSearch::Impl {
   void Forward(int t) {
     BuildTree(t);
     if (model.WideWords())
-      FindArcs(t, model.Arcs32());
+      FindArcs(t, model.Arcs32(), model.Fence32());
     else
-      FindArcs(t, model.Arcs16());
+      FindArcs(t, model.Arcs16(), model.Fence16());
     const Column &col = columns[t];
     const uint32_t nb = col.node_begin, n = col.node_end - nb;
     const int width = col.width;
