@@ -332,7 +332,10 @@ struct PBestSearch::Impl {
       if (state == kRootState) continue;
       const StateId lower = model.BackoffState(state);
       node_of_state.FindOrInsert(lower, static_cast<uint32_t>(pending.size()), &inserted);
-      if (inserted) pending.push_back(Pending{lower, -1, 0});
+      if (inserted) {
+        pending.push_back(Pending{lower, -1, 0});
+        model.PrefetchState(lower);  // read when the loop reaches it
+      }
     }
     // Counting sort by history length: a parent's history is shorter than its child's.
     uint32_t at = 0;
