@@ -192,7 +192,10 @@ struct PBestSearch::Impl {
 
   std::vector<Column> columns;
   std::vector<TreeNode> nodes;
-  std::vector<Use> uses;  // every column's consuming cells, grouped by node
+  // Every column's consuming cells, grouped by node: the first num_uses of uses (which
+  // only grows, so that adding a cell is a plain store).
+  std::vector<Use> uses;
+  uint32_t num_uses = 0;
 
   // Scratch, per column; node-indexed arrays are local (index - node_begin).
   StampedMap node_of_state, slot_of_state;
@@ -378,7 +381,10 @@ struct PBestSearch::Impl {
     if (!model.IsTopArc(a)) model.PrefetchState(a + 1);
   }
 
-  void AddUse(uint32_t x, int32_t j, uint32_t a) { uses.push_back(Use{x, j, a, kNoState, kUnreached, 0.0}); }
+  void AddUse(uint32_t x, int32_t j, uint32_t a) {
+    if (num_uses == uses.size()) uses.resize(std::max<size_t>(1024, 2 * uses.size()));
+    uses[num_uses++] = Use{x, j, a, kNoState, kUnreached, 0.0};
+  }
 
   // A long arc list [begin, end), longer than S = Model::kFenceStride: for every column
   // word, the block of at most S arcs that may hold it, the one after the last fence word
@@ -435,7 +441,7 @@ struct PBestSearch::Impl {
         std::max<size_t>(8 * sorted_words.size(), Model::kFenceStride));
     for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
       TreeNode &node = nodes[x];
-      node.use_begin = static_cast<uint32_t>(uses.size());
+      node.use_begin = num_uses;
       if (node.state == kRootState) {
         for (int j = 0; j < width; ++j) AddUse(x, j, row[j]);
       } else if (node.arc_end - node.arc_begin <= scan_limit) {
@@ -462,7 +468,7 @@ struct PBestSearch::Impl {
           }
         }
       }
-      node.use_end = static_cast<uint32_t>(uses.size());
+      node.use_end = num_uses;
     }
     for (const auto &wj : sorted_words) word_bits[wj.first >> 6] = 0;
   }
@@ -555,7 +561,7 @@ struct PBestSearch::Impl {
 
     // The consuming cells of other nodes than the root, by arc.
     const TreeNode &root = nodes[nb];
-    GroupByKey(root.use_end, static_cast<uint32_t>(uses.size()), width,
+    GroupByKey(root.use_end, num_uses, width,
                [&](uint32_t u) { return uses[u].j; }, &word_begin, &word_uses);
     if (involved.size() < n) {
       involved.assign(n, 0);
@@ -782,7 +788,7 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   s.slot_begin[1] = 1;
   s.columns.resize(h);
   s.nodes.clear();
-  s.uses.clear();
+  s.num_uses = 0;
   for (int t = 0; t < h; ++t) {
     s.slot_node.resize(s.slot_state.size());
     s.Forward(t);
