@@ -220,10 +220,8 @@ struct PBestSearch::Impl {
   std::vector<std::pair<WordId, int32_t>> sorted_words;
   std::vector<std::pair<uint32_t, uint32_t>> blocks;  // per sorted word: arcs that may hold it
   std::vector<int32_t> seq_a, seq_b;
-  std::vector<double> root_value, top;
-  std::vector<int32_t> root_order;
-  std::vector<uint32_t> arc_mark;
-  uint32_t arc_epoch = 0;
+  std::vector<double> top;
+  std::vector<double> rows;  // pass 2: [column nodes, width]
 
   // Pass 3.
   std::vector<PathNode> path_nodes;
@@ -622,58 +620,39 @@ struct PBestSearch::Impl {
 
   // ---- Pass 2: best completion per slot, and tau.
   //
-  // From node x, arc j continues at the nearest consuming cell on x's back-off chain: one
-  // of the few cells of x's non-root ancestors, or else the root's, after the chain's
-  // back-off weights. tau is the p-th best of V + W over the slots of a column (distinct
-  // states, so distinct paths), the best over columns.
+  // From node x, arc j continues at the nearest consuming cell on x's back-off chain, after
+  // the chain's back-off weights: per node and arc, the cell's value if x consumes the arc,
+  // else its parent's after x's back-off weight (parents first, one row of the column's
+  // arcs per node). W(d) is the best of d's row. tau is the p-th best of V + W over the
+  // slots of a column (distinct states, so distinct paths), the best over columns.
   double Backward() {
     const uint32_t total = static_cast<uint32_t>(slot_state.size());
     completion.assign(total, kNegInf);
     for (uint32_t s = slot_begin[h]; s < slot_begin[h + 1]; ++s) completion[s] = 0.0;
-    if (arc_mark.size() < static_cast<size_t>(k)) {
-      arc_mark.assign(k, 0);
-      arc_epoch = 0;
-    }
     double tau = kNegInf;
     for (int t = h - 1; t >= 0; --t) {
       const Column &col = columns[t];
+      const uint32_t nb = col.node_begin, n = col.node_end - nb;
       const int width = col.width;
-      const TreeNode &root = nodes[col.node_begin];
-      root_value.resize(width);
-      root_order.resize(width);
-      for (int j = 0; j < width; ++j) {
-        const Use &use = uses[root.use_begin + j];
-        root_value[j] = use.next >= 0 ? use.add + completion[use.next] : kNegInf;
-        root_order[j] = j;
-      }
-      std::sort(root_order.begin(), root_order.end(),
-                [&](int32_t a, int32_t b) { return root_value[a] > root_value[b]; });
+      rows.resize(static_cast<size_t>(n) * width);
       top.clear();  // min-heap of the p best V + W of this column
-      for (uint32_t s = slot_begin[t]; s < slot_begin[t + 1]; ++s) {
-        if (++arc_epoch == 0) {
-          std::fill(arc_mark.begin(), arc_mark.end(), 0);
-          arc_epoch = 1;
+      for (uint32_t x = 0; x < n; ++x) {
+        const TreeNode &node = nodes[nb + x];
+        double *row = &rows[static_cast<size_t>(x) * width];
+        if (x > 0) {
+          const double bo = al * node.log10_bo;
+          const double *parent_row = &rows[static_cast<size_t>(node.parent - nb) * width];
+          for (int j = 0; j < width; ++j) row[j] = parent_row[j] + bo;
         }
-        uint32_t x = static_cast<uint32_t>(slot_node[s]);
-        double cum = 0.0, w = kNegInf;
-        while (nodes[x].parent >= 0) {
-          for (uint32_t u = nodes[x].use_begin; u < nodes[x].use_end; ++u) {
-            const Use &use = uses[u];
-            if (arc_mark[use.j] == arc_epoch) continue;  // a nearer node consumes it
-            arc_mark[use.j] = arc_epoch;
-            if (use.next >= 0) w = std::max(w, cum + use.add + completion[use.next]);
-          }
-          cum += al * nodes[x].log10_bo;
-          x = static_cast<uint32_t>(nodes[x].parent);
+        for (uint32_t u = node.use_begin; u < node.use_end; ++u) {
+          const Use &use = uses[u];
+          row[use.j] = use.next >= 0 ? use.add + completion[use.next] : kNegInf;
         }
-        for (int r = 0; r < width; ++r) {
-          const int32_t j = root_order[r];
-          if (arc_mark[j] == arc_epoch) continue;
-          w = std::max(w, cum + root_value[j]);
-          break;
-        }
-        completion[s] = w;
-        const double v = best[s] + w;
+        if (node.slot < 0) continue;
+        double w = kNegInf;
+        for (int j = 0; j < width; ++j) w = std::max(w, row[j]);
+        completion[node.slot] = w;
+        const double v = best[node.slot] + w;
         if (static_cast<int>(top.size()) < p) {
           top.push_back(v);
           std::push_heap(top.begin(), top.end(), std::greater<double>());
