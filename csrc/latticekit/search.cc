@@ -222,6 +222,8 @@ struct PBestSearch::Impl {
   std::vector<int32_t> seq_a, seq_b;
   std::vector<double> top;
   std::vector<double> rows;  // pass 2: [column nodes, width]
+  // [nodes, k]: the consuming cell that arc j reaches from node x (passes 2 and 3).
+  std::vector<int32_t> cell_of;
 
   // Pass 3.
   std::vector<PathNode> path_nodes;
@@ -630,6 +632,7 @@ struct PBestSearch::Impl {
     completion.assign(total, kNegInf);
     for (uint32_t s = slot_begin[h]; s < slot_begin[h + 1]; ++s) completion[s] = 0.0;
     double tau = kNegInf;
+    cell_of.resize(nodes.size() * k);
     for (int t = h - 1; t >= 0; --t) {
       const Column &col = columns[t];
       const uint32_t nb = col.node_begin, n = col.node_end - nb;
@@ -639,14 +642,17 @@ struct PBestSearch::Impl {
       for (uint32_t x = 0; x < n; ++x) {
         const TreeNode &node = nodes[nb + x];
         double *row = &rows[static_cast<size_t>(x) * width];
+        int32_t *cell = &cell_of[static_cast<size_t>(nb + x) * k];
         if (x > 0) {
           const double bo = al * node.log10_bo;
           const double *parent_row = &rows[static_cast<size_t>(node.parent - nb) * width];
           for (int j = 0; j < width; ++j) row[j] = parent_row[j] + bo;
+          std::copy_n(&cell_of[static_cast<size_t>(node.parent) * k], width, cell);
         }
         for (uint32_t u = node.use_begin; u < node.use_end; ++u) {
           const Use &use = uses[u];
           row[use.j] = use.next >= 0 ? use.add + completion[use.next] : kNegInf;
+          cell[use.j] = static_cast<int32_t>(u);
         }
         if (node.slot < 0) continue;
         double w = kNegInf;
@@ -684,13 +690,10 @@ struct PBestSearch::Impl {
         if (list.empty() || list[0].g + completion[s] < threshold) continue;
         const uint32_t x = static_cast<uint32_t>(slot_node[s]);
         for (int j = 0; j < width; ++j) {
-          uint32_t y = x;
+          const uint32_t u = static_cast<uint32_t>(cell_of[static_cast<size_t>(x) * k + j]);
           int n_hops = 0;
-          int64_t u;
-          while ((u = FindUse(y, j)) < 0) {
+          for (uint32_t y = x; y != uses[u].node; y = static_cast<uint32_t>(nodes[y].parent))
             hops[n_hops++] = al * nodes[y].log10_bo;
-            y = static_cast<uint32_t>(nodes[y].parent);
-          }
           const int32_t next = uses[u].next;
           if (next < 0) continue;  // no prefix reaches the cell
           const double add = uses[u].add;
