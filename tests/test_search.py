@@ -68,6 +68,58 @@ def test_pbest_equals_brute_force(tmp_path_factory, model, lattice, p, alpha, co
         assert g.score == pytest.approx(g.draft_score + alpha * g.lm_score, rel=1e-12, abs=1e-12)
 
 
+@settings(max_examples=40)
+@given(seed=st.integers(0, 2**32 - 1), fan_out=st.lists(st.integers(0, 300), min_size=1, max_size=4),
+       h=st.integers(1, 3), k=st.integers(1, 6), p=st.integers(1, 8), bos=st.booleans())
+def test_pbest_with_long_arc_lists_equals_brute_force(tmp_path_factory, seed, fan_out, h, k, p, bos):
+    # Histories with hundreds of continuations (the search finds their arcs through the
+    # model's fence, a block at a time) next to short lists, and lattice words both
+    # present in and missing from them.
+    rng = np.random.default_rng(seed)
+    words = [str(i) for i in range(300)]
+
+    def logprob():
+        return round(float(rng.uniform(-5.0, -0.01)), 4)
+
+    def backoff():
+        return round(float(rng.uniform(-2.0, 2.0)), 4)
+
+    ngrams = {("<s>",): (-99.0, backoff()), ("</s>",): (logprob(), 0.0)}
+    ngrams.update({(w,): (logprob(), backoff()) for w in words})
+    heads = [words[i] for i in rng.choice(300, size=len(fan_out), replace=False)]
+    for head, n in zip(heads, fan_out):
+        ngrams.update({(head, words[i]): (logprob(), backoff()) for i in rng.choice(300, size=n, replace=False)})
+    bigrams = [g for g in ngrams if len(g) == 2]
+    if bigrams:  # a long trigram list after one bigram
+        history = bigrams[int(rng.integers(len(bigrams)))]
+        ngrams.update({history + (words[i],): (logprob(), 0.0)
+                       for i in rng.choice(300, size=int(rng.integers(0, 200)), replace=False)})
+    order = max(len(g) for g in ngrams)
+    if order == 2:
+        ngrams = {g: (lp, bo if len(g) < 2 else 0.0) for g, (lp, bo) in ngrams.items()}
+    path = tmp_path_factory.mktemp("m") / "m.arpa"
+    path.write_text(to_arpa(ngrams))
+    lm = lk.NGramLM.from_arpa(path)
+    # Every list's first and last words and those around the first block boundaries, so
+    # that the partial blocks at both ends of a list are searched too.
+    lists = {}
+    for g in ngrams:
+        if len(g) > 1:
+            lists.setdefault(g[:-1], []).append(int(g[-1]))
+    edges = sorted({w for ws in lists.values() for i in (0, 1, 6, 7, 8, 9, -1)
+                    for w in [sorted(ws)[i % len(ws)]]} | {int(w) for w in heads})
+    others = [int(w) for w in rng.choice(300, size=k)]
+    tokens = np.array([rng.permutation(np.unique(list(rng.choice(edges, size=k)) + others))[:k]
+                       for _ in range(h)], dtype=np.int32)
+    scores = rng.normal(-2.0, 1.5, (h, k)).astype(np.float32)
+    widths = np.full(h, k, dtype=np.int32)
+    context = [int(heads[0])] if rng.random() < 0.5 else []
+    got = lk.pbest(lk.SausageLattice(tokens, scores), lm, p, 1.0, context, bos)
+    ranked = brute_force_pbest(tokens, scores, widths, ReferenceLM(ngrams, float32=True), None, 1.0,
+                               context, bos)
+    assert_same_paths(got, ranked, p, tol=1e-6)
+
+
 @settings(max_examples=60)
 @given(lattice=lattices(tie_prone=True), p=st.integers(1, 30))
 def test_ties_break_by_tokens_ascending(tmp_path_factory, lattice, p):

@@ -154,6 +154,7 @@ class ModelBuilder {
     FillTokensAndText();
     FileHeader *h = reinterpret_cast<FileHeader *>(model_->storage_->mutable_data());
     h->checksum = Checksum64(model_->storage_->data() + kHeaderSize, h->file_size - kHeaderSize);
+    model_->BuildFence();
     return std::move(model_);
   }
 
@@ -545,6 +546,17 @@ void Model::BindViews() {
   text_ = base + off[kText];
 }
 
+void Model::BuildFence() {
+  const uint64_t n = (num_arcs_ + kFenceStride - 1) / kFenceStride;
+  if (wide_words_) {
+    fence32_.resize(n);
+    for (uint64_t g = 0; g < n; ++g) fence32_[g] = Arcs32().word(static_cast<uint32_t>(g * kFenceStride));
+  } else {
+    fence16_.resize(n);
+    for (uint64_t g = 0; g < n; ++g) fence16_[g] = Arcs16().word(static_cast<uint32_t>(g * kFenceStride));
+  }
+}
+
 uint64_t Model::count(int n) const {
   return (n < order_ ? state_begin_[n + 1] : num_arcs_ + 1) - state_begin_[n];
 }
@@ -595,6 +607,7 @@ std::unique_ptr<Model> Model::Load(const std::string &path) {
   } catch (const ModelFileError &e) {
     throw fail(e.what());
   }
+  model->BuildFence();
   return model;
 }
 

@@ -192,7 +192,10 @@ struct PBestSearch::Impl {
 
   std::vector<Column> columns;
   std::vector<TreeNode> nodes;
-  std::vector<Use> uses;  // every column's consuming cells, grouped by node
+  // Every column's consuming cells, grouped by node: the first num_uses of uses (which
+  // only grows, so that adding a cell is a plain store).
+  std::vector<Use> uses;
+  uint32_t num_uses = 0;
 
   // Scratch, per column; node-indexed arrays are local (index - node_begin).
   StampedMap node_of_state, slot_of_state;
@@ -215,11 +218,12 @@ struct PBestSearch::Impl {
   std::vector<int32_t> same_word_next;  // next arc j with the same word, or -1
   std::vector<int32_t> chain_tail;      // last arc j of the chain a first arc starts
   std::vector<std::pair<WordId, int32_t>> sorted_words;
+  std::vector<std::pair<uint32_t, uint32_t>> blocks;  // per sorted word: arcs that may hold it
   std::vector<int32_t> seq_a, seq_b;
-  std::vector<double> root_value, top;
-  std::vector<int32_t> root_order;
-  std::vector<uint32_t> arc_mark;
-  uint32_t arc_epoch = 0;
+  std::vector<double> top;
+  std::vector<double> rows;  // pass 2: [column nodes, width]
+  // [nodes, k]: the consuming cell that arc j reaches from node x (passes 2 and 3).
+  std::vector<int32_t> cell_of;
 
   // Pass 3.
   std::vector<PathNode> path_nodes;
@@ -331,7 +335,10 @@ struct PBestSearch::Impl {
       if (state == kRootState) continue;
       const StateId lower = model.BackoffState(state);
       node_of_state.FindOrInsert(lower, static_cast<uint32_t>(pending.size()), &inserted);
-      if (inserted) pending.push_back(Pending{lower, -1, 0});
+      if (inserted) {
+        pending.push_back(Pending{lower, -1, 0});
+        model.PrefetchState(lower);  // read when the loop reaches it
+      }
     }
     // Counting sort by history length: a parent's history is shorter than its child's.
     uint32_t at = 0;
@@ -374,11 +381,41 @@ struct PBestSearch::Impl {
     if (!model.IsTopArc(a)) model.PrefetchState(a + 1);
   }
 
-  void AddUse(uint32_t x, int32_t j, uint32_t a) { uses.push_back(Use{x, j, a, kNoState, kUnreached, 0.0}); }
+  void AddUse(uint32_t x, int32_t j, uint32_t a) {
+    if (num_uses == uses.size()) uses.resize(std::max<size_t>(1024, 2 * uses.size()));
+    uses[num_uses++] = Use{x, j, a, kNoState, kUnreached, 0.0};
+  }
+
+  // A long arc list [begin, end), longer than S = Model::kFenceStride: for every column
+  // word, the block of at most S arcs that may hold it, the one after the last fence word
+  // not above it (or before the list's first fence word), found by a branch-free binary
+  // search of the fence that starts where the previous, smaller word's ended. The blocks
+  // are prefetched, to be scanned next, so that their cache misses overlap.
+  template <typename Word>
+  void FenceBlocks(const Word *fence, uint32_t begin, uint32_t end) {
+    constexpr uint32_t kS = Model::kFenceStride;
+    const uint32_t g0 = (begin + kS - 1) / kS, g1 = (end - 1) / kS;  // g0 <= g1
+    blocks.resize(sorted_words.size());
+    uint32_t g = g0;
+    for (size_t i = 0; i < sorted_words.size(); ++i) {
+      const WordId w = sorted_words[i].first;
+      for (uint32_t len = g1 - g + 1; len > 1;) {
+        const uint32_t half = len / 2;
+        g = fence[g + half] <= w ? g + half : g;
+        len -= half;
+      }
+      blocks[i] = fence[g] <= w ? std::make_pair(g * kS, std::min(end, g * kS + kS))
+                                : std::make_pair(begin, g0 * kS);
+      if (blocks[i].first < blocks[i].second) {
+        model.PrefetchArc(blocks[i].first);
+        model.PrefetchArc(blocks[i].second - 1);
+      }
+    }
+  }
 
   // The consuming cells of column t: for every node, the column arcs whose word it has.
-  template <typename Records>
-  void FindArcs(int t, const Records &arc_words) {
+  template <typename Records, typename Word>
+  void FindArcs(int t, const Records &arc_words, const Word *fence) {
     const Column &col = columns[t];
     const int width = col.width;
     const WordId *row = &words[static_cast<size_t>(t) * k];
@@ -400,10 +437,11 @@ struct PBestSearch::Impl {
     std::sort(sorted_words.begin(), sorted_words.end());
     word_bits.resize((model.num_words() + 63) / 64, 0);
     for (const auto &wj : sorted_words) word_bits[wj.first >> 6] |= uint64_t(1) << (wj.first & 63);
-    const uint32_t scan_limit = static_cast<uint32_t>(8 * sorted_words.size());
+    const uint32_t scan_limit = static_cast<uint32_t>(
+        std::max<size_t>(8 * sorted_words.size(), Model::kFenceStride));
     for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
       TreeNode &node = nodes[x];
-      node.use_begin = static_cast<uint32_t>(uses.size());
+      node.use_begin = num_uses;
       if (node.state == kRootState) {
         for (int j = 0; j < width; ++j) AddUse(x, j, row[j]);
       } else if (node.arc_end - node.arc_begin <= scan_limit) {
@@ -416,28 +454,21 @@ struct PBestSearch::Impl {
           Prefetch(a);
         }
       } else {
-        const uint32_t end = node.arc_end;
-        uint32_t lo = node.arc_begin;
-        for (const auto &wj : sorted_words) {
-          // First arc in [lo, end) whose word is >= wj.first.
-          uint32_t len = end - lo;
-          while (len > 0) {
-            const uint32_t half = len / 2;
-            if (arc_words.word(lo + half) < wj.first) {
-              lo += half + 1;
-              len -= half + 1;
-            } else {
-              len = half;
+        FenceBlocks(fence, node.arc_begin, node.arc_end);
+        for (size_t i = 0; i < sorted_words.size(); ++i) {
+          const WordId w = sorted_words[i].first;
+          for (uint32_t a = blocks[i].first; a < blocks[i].second; ++a) {
+            const WordId v = arc_words.word(a);
+            if (v < w) continue;
+            if (v == w) {
+              for (int32_t j = sorted_words[i].second; j >= 0; j = same_word_next[j]) AddUse(x, j, a);
+              Prefetch(a);
             }
-          }
-          if (lo == end) break;
-          if (arc_words.word(lo) == wj.first) {
-            for (int32_t i = wj.second; i >= 0; i = same_word_next[i]) AddUse(x, i, lo);
-            Prefetch(lo);
+            break;
           }
         }
       }
-      node.use_end = static_cast<uint32_t>(uses.size());
+      node.use_end = num_uses;
     }
     for (const auto &wj : sorted_words) word_bits[wj.first >> 6] = 0;
   }
@@ -500,9 +531,9 @@ struct PBestSearch::Impl {
   void Forward(int t) {
     BuildTree(t);
     if (model.WideWords())
-      FindArcs(t, model.Arcs32());
+      FindArcs(t, model.Arcs32(), model.Fence32());
     else
-      FindArcs(t, model.Arcs16());
+      FindArcs(t, model.Arcs16(), model.Fence16());
     const Column &col = columns[t];
     const uint32_t nb = col.node_begin, n = col.node_end - nb;
     const int width = col.width;
@@ -530,7 +561,7 @@ struct PBestSearch::Impl {
 
     // The consuming cells of other nodes than the root, by arc.
     const TreeNode &root = nodes[nb];
-    GroupByKey(root.use_end, static_cast<uint32_t>(uses.size()), width,
+    GroupByKey(root.use_end, num_uses, width,
                [&](uint32_t u) { return uses[u].j; }, &word_begin, &word_uses);
     if (involved.size() < n) {
       involved.assign(n, 0);
@@ -591,58 +622,43 @@ struct PBestSearch::Impl {
 
   // ---- Pass 2: best completion per slot, and tau.
   //
-  // From node x, arc j continues at the nearest consuming cell on x's back-off chain: one
-  // of the few cells of x's non-root ancestors, or else the root's, after the chain's
-  // back-off weights. tau is the p-th best of V + W over the slots of a column (distinct
-  // states, so distinct paths), the best over columns.
+  // From node x, arc j continues at the nearest consuming cell on x's back-off chain, after
+  // the chain's back-off weights: per node and arc, the cell's value if x consumes the arc,
+  // else its parent's after x's back-off weight (parents first, one row of the column's
+  // arcs per node). W(d) is the best of d's row. tau is the p-th best of V + W over the
+  // slots of a column (distinct states, so distinct paths), the best over columns.
   double Backward() {
     const uint32_t total = static_cast<uint32_t>(slot_state.size());
     completion.assign(total, kNegInf);
     for (uint32_t s = slot_begin[h]; s < slot_begin[h + 1]; ++s) completion[s] = 0.0;
-    if (arc_mark.size() < static_cast<size_t>(k)) {
-      arc_mark.assign(k, 0);
-      arc_epoch = 0;
-    }
     double tau = kNegInf;
+    cell_of.resize(nodes.size() * k);
     for (int t = h - 1; t >= 0; --t) {
       const Column &col = columns[t];
+      const uint32_t nb = col.node_begin, n = col.node_end - nb;
       const int width = col.width;
-      const TreeNode &root = nodes[col.node_begin];
-      root_value.resize(width);
-      root_order.resize(width);
-      for (int j = 0; j < width; ++j) {
-        const Use &use = uses[root.use_begin + j];
-        root_value[j] = use.next >= 0 ? use.add + completion[use.next] : kNegInf;
-        root_order[j] = j;
-      }
-      std::sort(root_order.begin(), root_order.end(),
-                [&](int32_t a, int32_t b) { return root_value[a] > root_value[b]; });
+      rows.resize(static_cast<size_t>(n) * width);
       top.clear();  // min-heap of the p best V + W of this column
-      for (uint32_t s = slot_begin[t]; s < slot_begin[t + 1]; ++s) {
-        if (++arc_epoch == 0) {
-          std::fill(arc_mark.begin(), arc_mark.end(), 0);
-          arc_epoch = 1;
+      for (uint32_t x = 0; x < n; ++x) {
+        const TreeNode &node = nodes[nb + x];
+        double *row = &rows[static_cast<size_t>(x) * width];
+        int32_t *cell = &cell_of[static_cast<size_t>(nb + x) * k];
+        if (x > 0) {
+          const double bo = al * node.log10_bo;
+          const double *parent_row = &rows[static_cast<size_t>(node.parent - nb) * width];
+          for (int j = 0; j < width; ++j) row[j] = parent_row[j] + bo;
+          std::copy_n(&cell_of[static_cast<size_t>(node.parent) * k], width, cell);
         }
-        uint32_t x = static_cast<uint32_t>(slot_node[s]);
-        double cum = 0.0, w = kNegInf;
-        while (nodes[x].parent >= 0) {
-          for (uint32_t u = nodes[x].use_begin; u < nodes[x].use_end; ++u) {
-            const Use &use = uses[u];
-            if (arc_mark[use.j] == arc_epoch) continue;  // a nearer node consumes it
-            arc_mark[use.j] = arc_epoch;
-            if (use.next >= 0) w = std::max(w, cum + use.add + completion[use.next]);
-          }
-          cum += al * nodes[x].log10_bo;
-          x = static_cast<uint32_t>(nodes[x].parent);
+        for (uint32_t u = node.use_begin; u < node.use_end; ++u) {
+          const Use &use = uses[u];
+          row[use.j] = use.next >= 0 ? use.add + completion[use.next] : kNegInf;
+          cell[use.j] = static_cast<int32_t>(u);
         }
-        for (int r = 0; r < width; ++r) {
-          const int32_t j = root_order[r];
-          if (arc_mark[j] == arc_epoch) continue;
-          w = std::max(w, cum + root_value[j]);
-          break;
-        }
-        completion[s] = w;
-        const double v = best[s] + w;
+        if (node.slot < 0) continue;
+        double w = kNegInf;
+        for (int j = 0; j < width; ++j) w = std::max(w, row[j]);
+        completion[node.slot] = w;
+        const double v = best[node.slot] + w;
         if (static_cast<int>(top.size()) < p) {
           top.push_back(v);
           std::push_heap(top.begin(), top.end(), std::greater<double>());
@@ -674,13 +690,10 @@ struct PBestSearch::Impl {
         if (list.empty() || list[0].g + completion[s] < threshold) continue;
         const uint32_t x = static_cast<uint32_t>(slot_node[s]);
         for (int j = 0; j < width; ++j) {
-          uint32_t y = x;
+          const uint32_t u = static_cast<uint32_t>(cell_of[static_cast<size_t>(x) * k + j]);
           int n_hops = 0;
-          int64_t u;
-          while ((u = FindUse(y, j)) < 0) {
+          for (uint32_t y = x; y != uses[u].node; y = static_cast<uint32_t>(nodes[y].parent))
             hops[n_hops++] = al * nodes[y].log10_bo;
-            y = static_cast<uint32_t>(nodes[y].parent);
-          }
           const int32_t next = uses[u].next;
           if (next < 0) continue;  // no prefix reaches the cell
           const double add = uses[u].add;
@@ -757,7 +770,7 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   s.slot_begin[1] = 1;
   s.columns.resize(h);
   s.nodes.clear();
-  s.uses.clear();
+  s.num_uses = 0;
   for (int t = 0; t < h; ++t) {
     s.slot_node.resize(s.slot_state.size());
     s.Forward(t);
