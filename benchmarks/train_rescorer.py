@@ -14,10 +14,11 @@ The fixed recipe (every number is a command-line default, recorded in the result
   tied output layer; 5.3M parameters.
 * Optimiser: AdamW (lr 2e-3, weight decay 0.01, betas 0.9/0.98), 50 warm-up steps then cosine
   decay to 10%, gradient clipping at 1.0, batches of 16 windows, ``--steps`` steps, seed 0.
-* Held-out: per domain, the first ``--heldout-tokens`` tokens of the held-out files (whole
+* Held-out: per domain, the first ``--heldout-tokens`` (16,384) tokens of the held-out files (whole
   files, never trained on; the evaluation prompts come from them), scored in windows of
-  ``--seq-len`` tokens; reported as full-vocabulary perplexity next to the Katz 4-gram's
-  (``benchmarks/cache/eval_lm/katz4.arpa.gz``) on the same tokens.
+  ``--seq-len`` tokens; reported as full-vocabulary perplexity of the saved (float16) file next
+  to the Katz 4-gram's (``benchmarks/cache/eval_lm/katz4.arpa.gz``) on the same tokens; the
+  curves are the float32 model's during training.
 
 Outputs: ``benchmarks/results/rescorer/rescorer.safetensors`` (float16, ~11 MB),
 ``train_rescorer.{json,md}`` and ``curves.png`` beside it. Re-running resumes from the last
@@ -171,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             opt.load_state_dict(state["opt"])
             step, curve, train_s = state["step"], state["curve"], state["train_s"]
             log(f"resumed at step {step}")
-    rng = np.random.default_rng(args.seed + step)
+    rng = np.random.default_rng(args.seed)
+    if step and "rng" in state:
+        rng.bit_generator.state = state["rng"]  # the same batches as an uninterrupted run
     data = torch.from_numpy(corpus.astype(np.int64))
     model.train()
     last_loss = float("nan")
@@ -198,12 +201,14 @@ def main(argv: list[str] | None = None) -> int:
             log(f"step {step}/{args.steps}: train class CE {last_loss:.3f}, held-out nats "
                 + ", ".join(f"{n} {point[f'{n}_nats']:.3f}" for n in held) + f" ({train_s / step:.2f} s/step)")
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "curve": curve,
-                        "train_s": train_s, "recipe": recipe}, CACHE / "checkpoint.tmp")
+                        "train_s": train_s, "recipe": recipe, "rng": rng.bit_generator.state},
+                       CACHE / "checkpoint.tmp")
             os.replace(CACHE / "checkpoint.tmp", ckpt)
 
     model.eval()
     model.save(args.out)
-    final = {name: heldout_nats(model, ids, args.seq_len, args.device) for name, ids in held.items()}
+    shipped = NeuralRescorer.load(args.out, args.device)  # the float16 file, as evaluations load it
+    final = {name: heldout_nats(shipped, ids, args.seq_len, args.device) for name, ids in held.items()}
     ngram = {name: ngram_nats(args.ngram, ids, args.seq_len) for name, ids in held.items()} if args.ngram.exists() else {}
     result = {
         "recipe": recipe, "parameters": params, "class_coverage": coverage, "steps": step,

@@ -191,7 +191,8 @@ def decode(
         The new tokens and one :class:`StepRecord` per target call.
 
     Raises:
-        DecoderConfigError: bad prompt, ``max_new_tokens``, a missing n-gram model or rescorer.
+        DecoderConfigError: bad prompt, ``max_new_tokens`` or a missing n-gram model.
+        latticekit.bpd.rescorer.RescorerError: ``neural`` without a fitting rescorer.
         HeadsError: heads missing, or their logits not `(h >= 2, vocab)`.
         latticekit.torch errors: an unsupported model (see :func:`latticekit.torch.verify`).
     """
@@ -203,13 +204,12 @@ def decode(
     lm = _select_lm(config, lms)
     if config.method != "greedy" and heads is None:
         raise HeadsError(f"decoder {config.label!r} needs draft heads")
-    if config.method == "neural":
-        from latticekit.bpd.rescorer import NeuralRescorer, neural_drafts
-
-        if not isinstance(rescorer, NeuralRescorer):
-            raise DecoderConfigError(f"decoder {config.label!r} needs rescorer=NeuralRescorer, got "
-                                     f"{type(rescorer).__name__}")
     target = _Target(model)
+    if config.method == "neural":
+        from latticekit.bpd.rescorer import check_rescorer, neural_drafts
+
+        num_heads = getattr(heads, "num_heads", None)
+        check_rescorer(rescorer, target.vocab_size, num_heads if isinstance(num_heads, int) else 2)
     if config.method == "oracle" and reference is None:
         num_heads = getattr(heads, "num_heads", None)
         if not isinstance(num_heads, int):

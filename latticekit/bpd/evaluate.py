@@ -332,7 +332,10 @@ def summarize(results: Mapping[str, Mapping[str, list[Decoding]]]) -> dict[str, 
                 "prompts": len(runs), "tokens": tokens, "calls": sum(r.calls for r in runs),
                 "block_efficiency": be,
                 "vs_vanilla_pct": None if not vanilla_be else 100.0 * (be / vanilla_be - 1.0),
-                "heads_ms": times.heads_ms, "search_ms": times.search_ms,
+                # a replay's heads and neural-rescorer seconds are batched costs divided per
+                # position, not what a step costs: left out
+                "heads_ms": None if replayed else times.heads_ms,
+                "search_ms": None if replayed and config.method == "neural" else times.search_ms,
                 "model_ms": None if replayed else times.model_ms,
                 "tokens_per_s": tokens / wall if wall and not replayed else None,
                 "exact": _exact(runs, greedy), "replayed": replayed,
@@ -552,8 +555,13 @@ def agreement(replayed: Mapping[str, Mapping[str, list[Decoding]]],
     out: dict[str, dict[str, Any]] = {}
     for domain, per in decoded.items():
         for label, runs in per.items():
-            mine = replayed.get(domain, {}).get(label, [])
-            pairs = [(r, d) for d in runs for r in mine if r.prompt == d.prompt]
+            mine = list(replayed.get(domain, {}).get(label, []))
+            pairs = []
+            for d in runs:  # each replayed decode pairs with at most one real one
+                match = next((r for r in mine if r.prompt == d.prompt), None)
+                if match is not None:
+                    mine.remove(match)
+                    pairs.append((match, d))
             if not pairs:
                 continue
             out.setdefault(domain, {})[label] = {
@@ -599,6 +607,18 @@ def machine() -> str:
     return f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus, {platform.python_version()}"
 
 
+def _tuned_label(config: DecoderConfig, alpha: str) -> str:
+    """``ngram k=16 p=16 alpha=<alpha> lm=4gram``: the label with the alpha part spelled out and
+    the n-gram model always named (a plain label drops it at alpha 0)."""
+    parts = [config.method, f"k={config.k}"]
+    if config.method == "ngram":
+        parts.append(f"p={config.p}")
+    parts.append(f"alpha={alpha}")
+    if config.method == "ngram" and config.lm is not None:
+        parts.append(f"lm={config.lm}")
+    return " ".join(parts)
+
+
 def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM], prompts: Sequence[Prompt],
                     configs: Sequence[DecoderConfig], max_new_tokens: int, eos_token_id: Optional[int] = None, *,
                     rescorer: Any = None, tune: Sequence[DecoderConfig] = (), alphas: Sequence[float] = (),
@@ -623,7 +643,14 @@ def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM]
     k = max([c.k for c in list(configs) + list(tune)] or [1])
     if tune and not tune_prompts:
         raise DecoderConfigError("tuning alpha needs tuning prompts (--tune-prompts)")
+    for config in tune:
+        if config.method not in ("ngram", "neural"):
+            raise DecoderConfigError(f"only ngram and neural decoders have an alpha to tune, got {config.method!r}")
     tune_set, report = split_by_file(prompts, tune_prompts, seed) if tune else ([], list(prompts))
+    missing = sorted(set(p.domain for p in tune_set) - set(p.domain for p in report))
+    if missing:
+        raise DecoderConfigError(f"domain(s) {missing}: every file went to tuning; give more prompts "
+                                 "(--num-prompts, --windows-per-file) or fewer --tune-prompts")
     everything = tune_set + report
     traces = rp.trace_prompts(model, heads, [p.ids for p in everything], max_new_tokens + h - 1, k,
                               batch_size=trace_batch, cache_dir=trace_cache, description=description,
@@ -635,17 +662,20 @@ def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM]
         for config in tune:
             table = rp.tune_alpha(mine, config, alphas, max_new_tokens, lms, rescorer, eos_token_id)
             chosen = max(table, key=lambda a: (table[a], -a))
-            base = dc_replace(config, alpha=chosen, name=None).label
-            tables.setdefault(domain, {})[base.replace(f"alpha={chosen:g}", "alpha=tuned")] = {
+            tables.setdefault(domain, {})[_tuned_label(config, "tuned")] = {
                 "table": {f"{a:g}": be for a, be in table.items()}, "chosen": chosen, "prompts": len(mine)}
             extra.setdefault(domain, []).append(
-                dc_replace(config, alpha=chosen, name=base.replace(f"alpha={chosen:g}", f"alpha=tuned:{chosen:g}")))
+                dc_replace(config, alpha=chosen, name=_tuned_label(config, f"tuned:{chosen:g}")))
             if progress:
                 progress(f"{domain}: {config.label}: alpha {chosen:g} (" +
                          ", ".join(f"{a:g}: {be:.3f}" for a, be in table.items()) + ")")
     report_traces = traces[len(tune_set):]
     results: dict[str, dict[str, list[Decoding]]] = {}
     for domain, mine in rp.by_domain(report_traces, [p.domain for p in report]).items():
+        labels = [c.label for c in list(configs) + extra.get(domain, [])]
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise DecoderConfigError(f"decoders {repeated} are listed twice; give them distinct name= values")
         part = rp.replay_all(mine, [domain] * len(mine), list(configs) + extra.get(domain, []), max_new_tokens,
                              lms, rescorer, eos_token_id)
         results[domain] = part[domain]
@@ -661,7 +691,17 @@ def main(args: Any) -> int:
         torch.set_num_threads(args.threads)
     configs = [DecoderConfig.parse(spec) for spec in (args.decoders or DEFAULT_DECODERS)]
     tune = [DecoderConfig.parse(spec) for spec in args.tune]
-    alphas = [float(a) for a in args.alphas.split(",")]
+    try:
+        alphas = [float(a) for a in args.alphas.split(",")]
+    except ValueError as exc:
+        raise DecoderConfigError(f"--alphas must be comma-separated numbers, got {args.alphas!r}") from exc
+    if any(not np.isfinite(a) or a < 0 for a in alphas):
+        raise DecoderConfigError(f"--alphas must be finite and >= 0, got {args.alphas!r}")
+    if args.engine == "decode" and (tune or args.tune_prompts):
+        raise DecoderConfigError("--tune / --tune-prompts need --engine replay or both")
+    for config in tune:
+        if config.method not in ("ngram", "neural"):
+            raise DecoderConfigError(f"only ngram and neural decoders have an alpha to tune, got {config.method!r}")
     lms = load_lms(args.lm)
     from latticekit.bpd.decoders import _select_lm
 
@@ -678,9 +718,10 @@ def main(args: Any) -> int:
         rescorer = NeuralRescorer.load(args.rescorer, args.device)
     model, tokenizer, description = load_target(args.model, args.device)
     heads = load_heads(args.heads, model)
-    tail = args.max_new_tokens if args.need_continuation else 0
-    if args.engine != "decode":
-        tail = args.max_new_tokens + int(heads.num_heads) - 1
+    # Windows are followed by the tokens a decode could read past them (the replay engine always
+    # asks for it, so that --engine decode --need-continuation picks the same prompts).
+    need = args.need_continuation or args.engine != "decode"
+    tail = args.max_new_tokens + int(heads.num_heads) - 1 if need else 0
     if args.manifest:
         prompts = prompts_from_manifest(args.manifest, tokenizer, args.prompt_tokens, args.num_prompts, tail,
                                         args.seed, args.domain, args.windows_per_file)
@@ -704,7 +745,7 @@ def main(args: Any) -> int:
         results, tables, reported = run_replay_eval(
             model, heads, lms, prompts, configs, args.max_new_tokens, eos, rescorer=rescorer, tune=tune,
             alphas=alphas, tune_prompts=args.tune_prompts, seed=args.seed, trace_batch=args.trace_batch,
-            trace_cache=args.trace_cache, description=f"{description}|heads={args.heads}", progress=log)
+            trace_cache=args.trace_cache, description=f"{description}|{args.device}", progress=log)
         if args.engine == "both":
             check = [p for d in dict.fromkeys(p.domain for p in reported)
                      for p in [q for q in reported if q.domain == d][: args.decode_prompts]]
@@ -754,7 +795,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--need-continuation", action="store_true",
-                   help="only take windows with --max-new-tokens more tokens of the file after them")
+                   help="only take windows with --max-new-tokens + h - 1 more tokens of the file after them "
+                        "(always on with the replay engine)")
     p.add_argument("--windows-per-file", type=int, default=1,
                    help="up to this many non-overlapping prompts per held-out file (default 1)")
     p.add_argument("--engine", choices=("decode", "replay", "both"), default="decode",

@@ -22,6 +22,8 @@ rescoring search only.
 from __future__ import annotations
 
 import hashlib
+import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +38,17 @@ from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 from latticekit.search import pbest
 
-__all__ = ["Trace", "trace_prompts", "replay", "replay_all", "tune_alpha", "by_domain", "accepted_length"]
+__all__ = [
+    "TRACE_VERSION",
+    "Trace",
+    "trace_prompts",
+    "heads_fingerprint",
+    "replay",
+    "replay_all",
+    "tune_alpha",
+    "by_domain",
+    "accepted_length",
+]
 
 
 @dataclass
@@ -79,20 +91,55 @@ class Trace:
                               np.minimum(self.widths[i], k))
 
     def save(self, path: Any) -> None:
-        np.savez_compressed(path, prompt=np.asarray(self.prompt, dtype=np.int64),
-                            continuation=np.asarray(self.continuation, dtype=np.int64),
-                            lattice_tokens=self.lattice_tokens, lattice_scores=self.lattice_scores,
-                            widths=self.widths, head_entropy=self.head_entropy, heads_s=np.float64(self.heads_s))
+        """Writes a compressed ``.npz`` atomically (temporary file in the same folder, then rename)."""
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez_compressed(f, prompt=np.asarray(self.prompt, dtype=np.int64),
+                                    continuation=np.asarray(self.continuation, dtype=np.int64),
+                                    lattice_tokens=self.lattice_tokens, lattice_scores=self.lattice_scores,
+                                    widths=self.widths, head_entropy=self.head_entropy,
+                                    heads_s=np.float64(self.heads_s))
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
     @classmethod
     def load(cls, path: Any) -> "Trace":
-        with np.load(path) as z:
-            return cls(z["prompt"].tolist(), z["continuation"].tolist(), z["lattice_tokens"], z["lattice_scores"],
-                       z["widths"], z["head_entropy"], float(z["heads_s"]))
+        """Reads :meth:`save`'s file.
+
+        Raises:
+            DecoderConfigError: the file is missing, damaged or not a trace.
+        """
+        try:
+            with np.load(path) as z:
+                return cls(z["prompt"].tolist(), z["continuation"].tolist(), z["lattice_tokens"],
+                           z["lattice_scores"], z["widths"], z["head_entropy"], float(z["heads_s"]))
+        except Exception as exc:  # zipfile, pickle and key errors alike
+            raise DecoderConfigError(f"{path} is not a readable trace: {type(exc).__name__}: {exc}") from exc
+
+
+#: Bumped whenever what a trace holds, or how it is computed, changes: old cache files then miss.
+TRACE_VERSION = 1
+
+
+def heads_fingerprint(heads: Any) -> str:
+    """A hash of the heads' parameters and buffers: retrained heads at the same path miss the cache."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(heads.state_dict().items()):
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _trace_key(description: str, prompt: Sequence[int], num_tokens: int, k: int) -> str:
-    text = f"{description}|{num_tokens}|{k}|{','.join(map(str, prompt))}"
+    text = f"v{TRACE_VERSION}|{description}|{num_tokens}|{k}|{','.join(map(str, prompt))}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -112,17 +159,29 @@ def trace_prompts(model: Any, heads: Any, prompts: Sequence[Sequence[int]], num_
         batch_size: prompts per batched greedy pass.
         cache_dir: keep traces there as ``.npz`` keyed by ``description``, prompt, N and k, and
             reuse them.
-        description: names the model and heads in the cache key.
+        description: names the target model (weights, dtype, device) in the cache key; the
+            heads' own fingerprint (:func:`heads_fingerprint`) is added to it. Required with
+            ``cache_dir``.
         progress: called with a line per batch.
+
+    Raises:
+        DecoderConfigError: an empty prompt, ``num_tokens < 1``, ``cache_dir`` without
+            ``description``, a model that is not an HF causal LM, or heads whose first row
+            does not reproduce the model's greedy token.
     """
     import torch
-    from transformers import DynamicCache
+    from transformers import DynamicCache, PreTrainedModel
+
+    from latticekit.torch.verify import _keeps_logits
 
     if num_tokens < 1:
         raise DecoderConfigError(f"num_tokens must be >= 1, got {num_tokens}")
     cache = Path(cache_dir) if cache_dir is not None else None
     if cache is not None:
+        if not description:
+            raise DecoderConfigError("a trace cache needs a description of the target model for its keys")
         cache.mkdir(parents=True, exist_ok=True)
+        description = f"{description}|heads={heads_fingerprint(heads)}"
     out: list[Optional[Trace]] = [None] * len(prompts)
     todo: dict[int, list[int]] = {}
     for n, prompt in enumerate(prompts):
@@ -130,13 +189,20 @@ def trace_prompts(model: Any, heads: Any, prompts: Sequence[Sequence[int]], num_
             raise DecoderConfigError("an empty prompt cannot be traced")
         path = cache / f"{_trace_key(description, prompt, num_tokens, k)}.npz" if cache is not None else None
         if path is not None and path.exists():
-            out[n] = Trace.load(path)
-        else:
-            todo.setdefault(len(prompt), []).append(n)
+            try:
+                out[n] = Trace.load(path)
+                continue
+            except DecoderConfigError:
+                pass  # a damaged cache file is traced again and overwritten
+        todo.setdefault(len(prompt), []).append(n)
     if not todo:
         return [t for t in out if t is not None]
+    if not isinstance(model, PreTrainedModel):
+        raise DecoderConfigError(f"tracing needs an HF causal LM, got {type(model).__name__}; "
+                                 "use latticekit.bpd.decode for protocol modules")
     head_module = model.get_output_embeddings()
     device = head_module.weight.device
+    keep = {"logits_to_keep": 1} if _keeps_logits(type(model)) else {}
     done = 0
     total = sum(len(v) for v in todo.values())
     for length, members in todo.items():
@@ -153,7 +219,7 @@ def trace_prompts(model: Any, heads: Any, prompts: Sequence[Sequence[int]], num_
                     step_ids = ids
                     for _ in range(num_tokens):
                         logits = model(input_ids=step_ids, past_key_values=kv, use_cache=True,
-                                       logits_to_keep=1).logits[:, -1]
+                                       **keep).logits[:, -1]
                         hidden.append(captured.pop())
                         step_ids = logits.argmax(dim=-1, keepdim=True)
                         tokens.append(step_ids[:, 0])
@@ -180,20 +246,27 @@ def _lattices(heads: Any, hidden: Any, prompt: list[int], continuation: list[int
     t0 = time.perf_counter()
     parts = []
     entropies = []
+    roots = torch.tensor(continuation, dtype=torch.long)
+    gaps = []
     with torch.no_grad():
         for s in range(0, hidden.shape[0], chunk):
             logits = heads(hidden[s:s + chunk]).float()  # (n, h, V)
             logp = torch.log_softmax(logits, dim=-1)
             entropies.append((-(logp.exp() * logp).sum(dim=-1)).double().cpu().numpy())
             parts.append(SausageLattice.from_logits(logits, k, fix_first=True))
+            head1 = logp[:, 0].cpu()
+            gaps.append(head1.max(dim=-1).values - head1.gather(-1, roots[s:s + chunk, None])[:, 0])
     tokens = np.concatenate([p.tokens for p in parts])
     scores = np.concatenate([p.scores for p in parts])
     widths = np.concatenate([p.widths for p in parts])
-    roots = np.asarray(continuation, dtype=np.int32)
-    if not np.array_equal(tokens[:, 0, 0], roots):
-        # head 1 is the model's own head: its arg-max is the greedy token by construction
-        raise DecoderConfigError("heads(hidden)[0] does not reproduce the model's greedy token: are these "
-                                 "heads for this model?")
+    # Head 1 is the model's own head, so its arg-max is the greedy token, up to ties (top-k and
+    # arg-max may break them differently) and rounding (another batch shape): the lattice's
+    # fixed first column is the greedy token itself, as in decode().
+    worst = float(torch.cat(gaps).max())
+    if worst > 1e-3:
+        raise DecoderConfigError(f"heads(hidden)[0] does not reproduce the model's greedy token (log-prob "
+                                 f"{worst:.3g} below the best): are these heads for this model?")
+    tokens[:, 0, 0] = roots.numpy()
     return Trace(prompt, continuation, tokens, scores, widths, np.concatenate(entropies),
                  (time.perf_counter() - t0) / max(1, len(continuation)))
 
@@ -241,23 +314,35 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
 
     Returns:
         A :class:`Decoding` with ``replayed = True``: its steps (drafts, accepted tokens,
-        lattices, entropies, heads and search seconds; no target seconds) and tokens.
+        lattices, entropies, heads and search seconds; no target seconds) and tokens. Heads
+        seconds, and a neural rescorer's, are the batched cost over the trace divided per
+        position; an n-gram search is timed step by step.
+
+    Raises:
+        DecoderConfigError: a sampling config, ``max_new_tokens`` beyond the trace, k beyond
+            the traced k, a missing n-gram model or rescorer.
+        latticekit.bpd.rescorer.RescorerError: a rescorer with too few positions for the heads.
     """
     from latticekit.bpd.decoders import _oracle_draft, _select_lm
 
     if config.temperature > 0:
         raise DecoderConfigError("replay covers greedy decoding only; sampling needs real decodes")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise DecoderConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     h = trace.num_heads
     cont = trace.continuation
-    if max_new_tokens < 1 or max_new_tokens + h - 1 > len(cont):
+    if max_new_tokens + h - 1 > len(cont):
         raise DecoderConfigError(f"replaying {max_new_tokens} tokens needs a trace of at least "
                                  f"{max_new_tokens + h - 1} tokens, this one has {len(cont)}")
     lm: Optional[NGramLM] = _select_lm(config, lms)
     neural = None
     t_neural = 0.0
     if config.method == "neural":
+        from latticekit.bpd.rescorer import check_rescorer
+
         if rescorer is None:
             raise DecoderConfigError(f"decoder {config.label!r} needs a neural rescorer")
+        check_rescorer(rescorer, rescorer.vocab_size, h)
         t0 = time.perf_counter()
         neural = _neural_drafts(trace, config, rescorer)
         t_neural = (time.perf_counter() - t0) / len(cont)

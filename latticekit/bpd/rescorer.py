@@ -39,14 +39,28 @@ from torch import Tensor, nn
 
 from latticekit.errors import LatticeKitError
 
-__all__ = ["NeuralRescorer", "PrefixState", "RescorerFormatError", "context_window", "local_rescore", "neural_drafts"]
+__all__ = [
+    "NeuralRescorer",
+    "PrefixState",
+    "RescorerError",
+    "RescorerFormatError",
+    "check_rescorer",
+    "context_window",
+    "local_rescore",
+    "neural_drafts",
+]
 
 FORMAT_NAME = "latticekit-neural-rescorer"
 FORMAT_VERSION = 1
 _CONFIG_KEYS = ("vocab_size", "num_classes", "d_model", "num_layers", "num_heads", "d_ff", "max_len")
 
 
-class RescorerFormatError(LatticeKitError, ValueError):
+class RescorerError(LatticeKitError, ValueError):
+    """A rescorer was built or called with arguments that do not fit it (sizes, positions,
+    vocabulary)."""
+
+
+class RescorerFormatError(RescorerError):
     """A rescorer file is missing, damaged, or not a latticekit rescorer file."""
 
 
@@ -107,13 +121,13 @@ class NeuralRescorer(nn.Module):
     def __init__(self, vocab_map: Tensor, d_model: int = 256, num_layers: int = 4, num_heads: int = 4,
                  d_ff: int = 1024, max_len: int = 256, metadata: Optional[dict[str, Any]] = None) -> None:
         super().__init__()
-        if vocab_map.dim() != 1 or vocab_map.dtype != torch.long:
-            raise ValueError("vocab_map must be a 1-D LongTensor")
+        if vocab_map.dim() != 1 or vocab_map.dtype != torch.long or vocab_map.numel() == 0:
+            raise RescorerError("vocab_map must be a non-empty 1-D LongTensor")
         num_classes = int(vocab_map.max()) + 1
         if int(vocab_map.min()) < 0:
-            raise ValueError("vocab_map holds a negative class")
+            raise RescorerError("vocab_map holds a negative class")
         if d_model % num_heads:
-            raise ValueError(f"d_model ({d_model}) must be a multiple of num_heads ({num_heads})")
+            raise RescorerError(f"d_model ({d_model}) must be a multiple of num_heads ({num_heads})")
         self.config = dict(vocab_size=int(vocab_map.numel()), num_classes=num_classes, d_model=d_model,
                            num_layers=num_layers, num_heads=num_heads, d_ff=d_ff, max_len=max_len)
         self.metadata = dict(metadata or {})
@@ -153,7 +167,7 @@ class NeuralRescorer(nn.Module):
         `(batch, T)`, T <= ``max_len`` (plain causal attention; training and reference)."""
         T = ids.shape[-1]
         if T > self.max_len:
-            raise ValueError(f"sequence of {T} tokens; the rescorer covers {self.max_len}")
+            raise RescorerError(f"sequence of {T} tokens; the rescorer covers {self.max_len}")
         x = self.embed(self.classes(ids)) + self.position.weight[:T]
         for layer in self.layers:
             q, k, v = layer.split(x)
@@ -171,7 +185,8 @@ class NeuralRescorer(nn.Module):
     def prefix_state(self, ids: Tensor) -> PrefixState:
         """Runs a `(T,)` sequence, T <= ``max_len``, and keeps every layer's keys and values."""
         if ids.dim() != 1 or not 1 <= ids.shape[0] <= self.max_len:
-            raise ValueError(f"prefix_state needs 1..{self.max_len} ids in a 1-D tensor, got shape {tuple(ids.shape)}")
+            raise RescorerError(f"prefix_state needs 1..{self.max_len} ids in a 1-D tensor, got shape "
+                                f"{tuple(ids.shape)}")
         T = ids.shape[0]
         x = self.embed(self.classes(ids)) + self.position.weight[:T]
         keys, values = [], []
@@ -197,10 +212,13 @@ class NeuralRescorer(nn.Module):
             equal (to float rounding) to :meth:`forward` on that row's concatenation.
         """
         N, m = drafts.shape
+        if N and (int(ends.min()) < 0 or int(ends.max()) >= state.length):
+            raise RescorerError(f"prefix ends must lie in 0..{state.length - 1}")
         if m == 0:
             return state.logprobs[ends]
-        if int(ends.max()) + m >= self.max_len or int(ends.min()) < 0 or int(ends.max()) >= state.length:
-            raise ValueError("a row's prefix plus draft leaves the rescorer's position table or the sequence")
+        if int(ends.max()) + m >= self.max_len:
+            raise RescorerError(f"a prefix ending at {int(ends.max())} plus {m} draft tokens leaves the "
+                                f"rescorer's {self.max_len} positions")
         positions = ends[:, None] + 1 + torch.arange(m, device=ends.device)
         x = self.embed(self.classes(drafts)) + self.position(positions)  # (N, m, d)
         visible = torch.arange(state.length, device=ends.device)[None, :] <= ends[:, None]  # (N, T)
@@ -299,6 +317,9 @@ def local_rescore(rescorer: NeuralRescorer, state: PrefixState, ends: Tensor, la
     Returns:
         `torch.LongTensor` of shape `(N, h - 1)`: each row's draft for positions 2..h. Ties go to
         the earlier (better-ranked) arc.
+
+    Raises:
+        RescorerError: a row's prefix plus draft leaves the rescorer's positions.
     """
     N, h, _ = lattice_tokens.shape
     tokens = lattice_tokens.long()
@@ -320,8 +341,24 @@ def context_window(rescorer: NeuralRescorer, num_heads: int) -> int:
     ``num_heads - 2`` draft tokens after them."""
     window = rescorer.max_len - max(0, num_heads - 2)
     if window < 1:
-        raise ValueError(f"a rescorer of {rescorer.max_len} positions cannot rescore {num_heads} heads")
+        raise RescorerError(f"a rescorer of {rescorer.max_len} positions cannot rescore {num_heads} heads")
     return window
+
+
+def check_rescorer(rescorer: Any, vocab_size: int, num_heads: int) -> "NeuralRescorer":
+    """The rescorer, checked against the target's vocabulary and the heads.
+
+    Raises:
+        RescorerError: not a :class:`NeuralRescorer`, made for another vocabulary size, or too
+            few positions for ``num_heads`` heads.
+    """
+    if not isinstance(rescorer, NeuralRescorer):
+        raise RescorerError(f"neural decoders need a NeuralRescorer, got {type(rescorer).__name__}")
+    if rescorer.vocab_size != vocab_size:
+        raise RescorerError(f"the rescorer covers a vocabulary of {rescorer.vocab_size} ids, the target has "
+                            f"{vocab_size}: it was trained for another tokenizer")
+    context_window(rescorer, num_heads)
+    return rescorer
 
 
 @torch.no_grad()
@@ -333,6 +370,9 @@ def neural_drafts(rescorer: NeuralRescorer, sequence: Tensor, ends: Tensor, latt
 
     Returns:
         `torch.LongTensor` of shape `(N, h - 1)`: the drafts for positions 2..h.
+
+    Raises:
+        RescorerError: the rescorer has too few positions for ``num_heads`` heads.
     """
     window = context_window(rescorer, num_heads)
     sequence = sequence.to(rescorer.vocab_map.device).long()

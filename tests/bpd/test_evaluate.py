@@ -127,3 +127,20 @@ def test_cli_replay_engine_with_tuning(tmp_path: Path, capsys: pytest.CaptureFix
     assert agree["vanilla"]["prompts"] == 2 and agree["vanilla"]["identical"] == 2
     assert "Replay vs real decoding" in (tmp_path / "eval.md").read_text()
     assert list((tmp_path / "traces").glob("*.npz"))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--engine", "decode", "--tune", "ngram:k=4,lm=3gram", "--tune-prompts", "2"], "need --engine replay"),
+    (["--engine", "replay", "--tune", "vanilla", "--tune-prompts", "2"], "only ngram and neural"),
+    (["--engine", "replay", "--tune", "ngram:k=4,lm=3gram", "--tune-prompts", "2", "--alphas", "1,x"], "--alphas"),
+    (["--engine", "replay", "--tune", "ngram:k=4,lm=3gram", "--tune-prompts", "50"], "every file went to tuning"),
+    (["--engine", "replay", "--decoders", "vanilla", "vanilla"], "listed twice"),
+    (["--engine", "replay", "--decoders", "ngram:temperature=1,lm=3gram"], "greedy decoders only"),
+    (["--engine", "replay", "--decoders", "neural:k=4"], "--rescorer"),
+])
+def test_cli_replay_errors(tmp_path: Path, capsys: pytest.CaptureFixture, extra: list, message: str) -> None:
+    argv = ["eval", "--model", "tiny-llama", "--heads", "untrained:3", "--lm", f"3gram={ARPA}",
+            "--prompts", *map(str, SOURCES[:3]), "--num-prompts", "6", "--windows-per-file", "2",
+            "--prompt-tokens", "16", "--max-new-tokens", "6", "--decoders", "vanilla", "--out", str(tmp_path), *extra]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

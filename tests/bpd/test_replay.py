@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import latticekit as lk
 from bpd_helpers import ARPA, VOCAB, PeekingHeads, tiny_gpt2, tiny_llama
 from latticekit.bpd import DecoderConfig, DecoderConfigError, decode, greedy_decode
 from latticekit.bpd.replay import Trace, accepted_length, replay, trace_prompts, tune_alpha
-from latticekit.bpd.rescorer import NeuralRescorer
+from latticekit.bpd.rescorer import NeuralRescorer, RescorerError
 from test_rescorer import tiny_rescorer
 
 PROMPTS = [[3, 17, 42, 8, 25, 60, 11], [5, 9, 33, 2, 47, 19, 30], [7, 7, 7]]
@@ -101,11 +102,24 @@ def test_trace_cache_and_round_trip(tmp_path: Path) -> None:
     cached = trace_prompts(model, heads, PROMPTS[:2], NEW_TOKENS + H - 1, k=8, cache_dir=tmp_path, description="x")
     assert len(list(tmp_path.glob("*.npz"))) == 2
     # everything cached: the model is not even consulted
-    again = trace_prompts(None, None, PROMPTS[:2], NEW_TOKENS + H - 1, k=8, cache_dir=tmp_path, description="x")
+    again = trace_prompts(None, heads, PROMPTS[:2], NEW_TOKENS + H - 1, k=8, cache_dir=tmp_path, description="x")
     for a, b in zip(cached, again):
         assert a.continuation == b.continuation
         np.testing.assert_array_equal(a.lattice_scores, b.lattice_scores)
     np.testing.assert_array_equal(cached[0].lattice_tokens, traces[0].lattice_tokens)
+    # other heads (same class, other weights) miss the cache
+    other = PeekingHeads(model, traces[0].prompt + traces[0].continuation, num_heads=H, seed=5)
+    trace_prompts(model, other, PROMPTS[:1], NEW_TOKENS + H - 1, k=8, cache_dir=tmp_path, description="x")
+    assert len(list(tmp_path.glob("*.npz"))) == 3
+    # a damaged cache file is traced again, not a crash
+    victim = sorted(tmp_path.glob("*.npz"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])
+    with pytest.raises(DecoderConfigError, match="not a readable trace"):
+        Trace.load(victim)
+    redone = trace_prompts(model, heads, PROMPTS[:2], NEW_TOKENS + H - 1, k=8, cache_dir=tmp_path, description="x")
+    assert [t.continuation for t in redone] == [t.continuation for t in cached]
+    with pytest.raises(DecoderConfigError, match="needs a description"):
+        trace_prompts(model, heads, PROMPTS[:1], 4, 4, cache_dir=tmp_path)
 
 
 def test_tune_alpha_is_block_efficiency_per_alpha(lm: lk.NGramLM) -> None:
@@ -134,7 +148,47 @@ def test_bad_arguments(lm: lk.NGramLM) -> None:
     with pytest.raises(DecoderConfigError, match="neural rescorer"):
         replay(traces[0], DecoderConfig("neural", k=4), 10)
     model, heads, _ = setup("llama")
-    with pytest.raises(DecoderConfigError, match="NeuralRescorer"):
+    with pytest.raises(RescorerError, match="NeuralRescorer"):
         decode(model, heads, PROMPTS[0], DecoderConfig("neural", k=4), max_new_tokens=4)
     with pytest.raises(DecoderConfigError, match="empty prompt"):
         trace_prompts(model, heads, [[]], 4, 4)
+
+
+def test_neural_replay_equals_decode_past_the_rescorer_window() -> None:
+    model, heads, traces = setup("llama")
+    short = tiny_rescorer(0, max_len=24)  # reads the last 21 tokens: prompts of 7 + 40 tokens exceed it
+    config = DecoderConfig.parse("neural:k=4,alpha=2")
+    for prompt, trace in zip(PROMPTS, traces):
+        real = decode(model, heads, prompt, config, max_new_tokens=NEW_TOKENS, rescorer=short)
+        again = replay(trace, config, NEW_TOKENS, rescorer=short)
+        assert [s.drafts for s in again.steps] == [s.drafts for s in real.steps]
+        assert [s.emitted for s in again.steps] == [s.emitted for s in real.steps]
+
+
+class TiedHeads(torch.nn.Module):
+    """Head 1 ties token 3 with token 7 (arg-max says 3; top-k may say 7); or, with ``wrong``,
+    puts the greedy token far below the best."""
+
+    num_heads = 2
+
+    def __init__(self, wrong: bool = False) -> None:
+        super().__init__()
+        self.wrong = wrong
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(hidden.shape[0], 2, VOCAB)
+        out[:, 0, 3] = out[:, 0, 7] = 5.0
+        if self.wrong:
+            out[:, 0, 9] = 9.0
+        out[:, 1] = torch.arange(VOCAB, dtype=torch.float32)
+        return out
+
+
+def test_lattices_take_the_greedy_token_on_a_tie() -> None:
+    from latticekit.bpd.replay import _lattices
+
+    hidden = torch.zeros(4, 8)
+    trace = _lattices(TiedHeads(), hidden, [1], [3, 3, 3, 3], k=2)
+    assert (trace.lattice_tokens[:, 0, 0] == 3).all()
+    with pytest.raises(DecoderConfigError, match="heads for this model"):
+        _lattices(TiedHeads(wrong=True), hidden, [1], [3, 3, 3, 3], k=2)

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from latticekit.bpd.rescorer import (
     NeuralRescorer,
+    RescorerError,
     RescorerFormatError,
+    check_rescorer,
     context_window,
     local_rescore,
     neural_drafts,
@@ -143,10 +145,20 @@ def test_bad_files_are_typed_errors(tmp_path: Path) -> None:
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="1-D LongTensor"):
+    with pytest.raises(RescorerError, match="1-D LongTensor"):
         NeuralRescorer(torch.zeros(4))
     model = tiny_rescorer(max_len=16)
-    with pytest.raises(ValueError, match="covers 16"):
+    with pytest.raises(RescorerError, match="covers 16"):
         model(torch.zeros(1, 17, dtype=torch.long))
-    with pytest.raises(ValueError, match="cannot rescore"):
+    with pytest.raises(RescorerError, match="cannot rescore"):
         context_window(model, 40)
+    state = model.prefix_state(torch.tensor([1, 2, 3]))
+    for ends in ([-1], [3]):
+        for m in (0, 2):
+            with pytest.raises(RescorerError, match="prefix ends"):
+                model.continuation_logprobs(state, torch.tensor(ends), torch.zeros(1, m, dtype=torch.long))
+    with pytest.raises(RescorerError, match="another tokenizer"):
+        check_rescorer(model, VOCAB + 1, 4)
+    with pytest.raises(RescorerError, match="NeuralRescorer"):
+        check_rescorer(object(), VOCAB, 4)
+    assert check_rescorer(model, VOCAB, 4) is model
