@@ -80,6 +80,8 @@ def _select_lm(config: DecoderConfig, lms: LMs) -> Optional[NGramLM]:
         chosen: Optional[NGramLM] = lms
     elif lms is None:
         chosen = None
+    elif config.lm is None and config.alpha == 0:
+        chosen = None  # the 0-gram ranks by the heads alone: no model of the mapping is needed
     else:
         if config.lm is None and len(lms) == 1:
             chosen = next(iter(lms.values()))

@@ -128,10 +128,14 @@ def test_eos_stops_the_decode(lm: lk.NGramLM) -> None:
     assert out.tokens == new[: new.index(eos) + 1]
 
 
-def test_zero_gram_needs_no_lm() -> None:
+def test_zero_gram_needs_no_lm(lm: lk.NGramLM) -> None:
     model, reference, heads = setup("llama")
-    out = decode(model, heads, PROMPT, DecoderConfig("ngram", k=4, p=4, alpha=0.0), max_new_tokens=20)
+    config = DecoderConfig("ngram", k=4, p=4, alpha=0.0)
+    out = decode(model, heads, PROMPT, config, max_new_tokens=20)
     assert out.tokens == reference[len(PROMPT): len(PROMPT) + 20]
+    # nor picks one of several named models: its drafts are the same as with none
+    named = decode(model, heads, PROMPT, config, max_new_tokens=20, lms={"a": lm, "b": lm})
+    assert [s.drafts for s in named.steps] == [s.drafts for s in out.steps]
 
 
 # -- sampling ------------------------------------------------------------------------------
