@@ -749,9 +749,17 @@ def main(args: Any) -> int:
         if args.engine == "both":
             check = [p for d in dict.fromkeys(p.domain for p in reported)
                      for p in [q for q in reported if q.domain == d][: args.decode_prompts]]
+            t0 = time.perf_counter()
             decoded = run_eval(model, heads, lms, check, configs, args.max_new_tokens, eos, args.seed, log,
                                rescorer=rescorer)
             agree = agreement(results, decoded)
+            # the real decodes' own report: wall-clock figures, which a replay cannot give
+            write_report(decoded, Path(args.out) / "decoded", {
+                "engine": "decode (the real decodes of --engine both)",
+                "prompts": {d: sum(p.domain == d for p in check) for d in dict.fromkeys(p.domain for p in check)},
+                "max_new_tokens": args.max_new_tokens, "device": args.device,
+                "torch_threads": torch.get_num_threads(), "machine": machine(),
+                "seconds": round(time.perf_counter() - t0, 1)}, tokenizer=tokenizer)
     counts = {d: sum(p.domain == d for p in reported) for d in dict.fromkeys(p.domain for p in reported)}
     meta = {
         "model": description, "heads": args.heads, "heads_num": int(heads.num_heads),
@@ -802,7 +810,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--engine", choices=("decode", "replay", "both"), default="decode",
                    help="decode: run every decoder (wall-clock figures); replay: one greedy trace per prompt "
                         "gives every greedy decoder's steps (block efficiency only, fast); both: replay, plus "
-                        "real decodes of --decode-prompts prompts per domain to check they agree")
+                        "real decodes of --decode-prompts prompts per domain to check they agree (their own "
+                        "report, with wall-clock figures, goes to OUT/decoded)")
     p.add_argument("--decode-prompts", type=int, default=4, help="--engine both: prompts per domain decoded for real")
     p.add_argument("--tune", nargs="*", default=[], metavar="SPEC",
                    help="replay engine: decoders whose alpha is tuned per domain on --tune-prompts prompts "

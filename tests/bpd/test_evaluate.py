@@ -126,6 +126,8 @@ def test_cli_replay_engine_with_tuning(tmp_path: Path, capsys: pytest.CaptureFix
     agree = block["replay_vs_decode"]
     assert agree["vanilla"]["prompts"] == 2 and agree["vanilla"]["identical"] == 2
     assert "Replay vs real decoding" in (tmp_path / "eval.md").read_text()
+    decoded = json.loads((tmp_path / "decoded" / "eval.json").read_text())["summary"]["prompts"]["decoders"]
+    assert all(r["tokens_per_s"] and not r["replayed"] for r in decoded)
     assert list((tmp_path / "traces").glob("*.npz"))
 
 
