@@ -221,14 +221,19 @@ class NeuralRescorer(nn.Module):
                                 f"rescorer's {self.max_len} positions")
         positions = ends[:, None] + 1 + torch.arange(m, device=ends.device)
         x = self.embed(self.classes(drafts)) + self.position(positions)  # (N, m, d)
-        visible = torch.arange(state.length, device=ends.device)[None, :] <= ends[:, None]  # (N, T)
-        causal = torch.ones(m, m, dtype=torch.bool, device=ends.device).tril()
-        mask = torch.cat([visible[:, None, :].expand(N, m, -1), causal[None].expand(N, -1, -1)], dim=-1)
+        T = state.length
+        hidden_prefix = torch.arange(T, device=ends.device)[None, :] > ends[:, None]  # (N, T): not visible
+        future = torch.ones(m, m, dtype=torch.bool, device=ends.device).triu(1)
         for layer, k_prefix, v_prefix in zip(self.layers, state.keys, state.values):
             q, k, v = layer.split(x)  # (N, heads, m, hd)
-            keys = torch.cat([k_prefix[None].expand(N, -1, -1, -1), k], dim=2)
-            vals = torch.cat([v_prefix[None].expand(N, -1, -1, -1), v], dim=2)
-            attended = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask[:, None])
+            scale = q.shape[-1] ** -0.5
+            # Scores against the shared prefix as one matmul per head (the prefix's keys are never
+            # copied per row), then against the row's own draft tokens; one softmax over both.
+            on_prefix = torch.einsum("nhmd,htd->nhmt", q, k_prefix) * scale
+            on_prefix = on_prefix.masked_fill(hidden_prefix[:, None, None, :], float("-inf"))
+            on_draft = (q @ k.transpose(-1, -2) * scale).masked_fill(future, float("-inf"))
+            weights = torch.softmax(torch.cat([on_prefix, on_draft], dim=-1), dim=-1)
+            attended = torch.einsum("nhmt,htd->nhmd", weights[..., :T], v_prefix) + weights[..., T:] @ v
             x = layer.finish(x, attended)
         return self._logprobs(x[:, -1])
 
