@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
+from latticekit._files import atomic_write
 from latticekit.errors import LatticeKitError
 
 __all__ = [
@@ -216,19 +216,8 @@ class BlockHeads(nn.Module):
             "intermediate_size": self.intermediate_size,
         }
         data = st_save(tensors, metadata={"latticekit": json.dumps(header)})
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; a heads file is ordinary data
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_write(path) as f:
+            f.write(data)
 
     @staticmethod
     def read_metadata(path: Union[str, os.PathLike]) -> dict[str, Any]:

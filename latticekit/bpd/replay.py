@@ -22,8 +22,6 @@ rescoring search only.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +30,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from latticekit._files import atomic_write
 from latticekit.bpd.errors import DecoderConfigError
 from latticekit.bpd.records import DecoderConfig, Decoding, StepRecord
 from latticekit.lattice import SausageLattice
@@ -92,21 +91,12 @@ class Trace:
 
     def save(self, path: Any) -> None:
         """Writes a compressed ``.npz`` atomically (temporary file in the same folder, then rename)."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez_compressed(f, prompt=np.asarray(self.prompt, dtype=np.int64),
-                                    continuation=np.asarray(self.continuation, dtype=np.int64),
-                                    lattice_tokens=self.lattice_tokens, lattice_scores=self.lattice_scores,
-                                    widths=self.widths, head_entropy=self.head_entropy,
-                                    heads_s=np.float64(self.heads_s))
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_write(path) as f:
+            np.savez_compressed(f, prompt=np.asarray(self.prompt, dtype=np.int64),
+                                continuation=np.asarray(self.continuation, dtype=np.int64),
+                                lattice_tokens=self.lattice_tokens, lattice_scores=self.lattice_scores,
+                                widths=self.widths, head_entropy=self.head_entropy,
+                                heads_s=np.float64(self.heads_s))
 
     @classmethod
     def load(cls, path: Any) -> "Trace":

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -37,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from latticekit._files import atomic_write
 from latticekit.errors import LatticeKitError
 
 __all__ = [
@@ -247,19 +247,8 @@ class NeuralRescorer(nn.Module):
                    for name, t in self.state_dict().items() if name != "class_penalty"}
         header = {**self.metadata, **self.config, "format": FORMAT_NAME, "version": FORMAT_VERSION}
         data = st_save(tensors, metadata={"latticekit": json.dumps(header)})
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                os.fchmod(f.fileno(), 0o644)
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_write(path) as f:
+            f.write(data)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike], device: Any = "cpu") -> "NeuralRescorer":

@@ -15,8 +15,6 @@ from __future__ import annotations
 import functools
 import gzip
 import io
-import os
-import tempfile
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -24,6 +22,7 @@ from typing import IO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from latticekit import _core
+from latticekit._files import atomic_write
 from latticekit.errors import ArpaFormatError
 from latticekit.lm.model import BackoffModel
 from latticekit.lm.trie import EOS, SPECIAL_WORDS
@@ -99,19 +98,11 @@ def write_arpa(path: str, words: Sequence[str], tables: Sequence[Table]) -> None
             raise ValueError(f"table of order {k} must be ids [n, {k}], log10_prob [n], log10_backoff [n]")
         if len(ids) and (ids.min() < 0 or ids.max() >= len(words)):
             raise ValueError(f"table of order {k} has word ids outside the word table")
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".arpa-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            binary: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb") if path.endswith(".gz") else raw
-            _write_tables(binary, words, tables)
-            if binary is not raw:
-                binary.close()
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_write(path) as raw:
+        binary: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb") if str(path).endswith(".gz") else raw
+        _write_tables(binary, words, tables)
+        if binary is not raw:
+            binary.close()
 
 
 def _model_tables(model: BackoffModel) -> List[Table]:
