@@ -87,7 +87,6 @@ def test_run_eval_and_report(tmp_path: Path) -> None:
     assert "| vanilla |" in (tmp_path / "eval.md").read_text()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("latticekit.heads") is None, reason="latticekit.heads not merged yet")
 def test_cli_smoke(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     argv = ["eval", "--model", "tiny-llama", "--heads", "untrained:3", "--lm", f"3gram={ARPA}",
             "--prompts", *map(str, SOURCES[:2]), "--num-prompts", "2", "--prompt-tokens", "16",
