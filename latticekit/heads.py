@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from latticekit._files import atomic_write
+from latticekit._files import atomic_write, read_tagged_safetensors
 from latticekit.errors import LatticeKitError
 
 __all__ = [
@@ -276,25 +276,7 @@ class BlockHeads(nn.Module):
 
 def _read(path: Union[str, os.PathLike]) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """Header and tensors of a heads file, with every failure as a HeadsFormatError."""
-    from safetensors.torch import load as st_load
-
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise HeadsFormatError(f"cannot read heads file {path}: {exc}") from exc
-    try:
-        tensors = st_load(data)
-        # safetensors.torch.load drops the metadata; it is JSON in the 8-byte-length-prefixed header.
-        header_len = int.from_bytes(data[:8], "little")
-        st_header = json.loads(data[8:8 + header_len])
-        header = json.loads(st_header["__metadata__"]["latticekit"])
-    except Exception as exc:  # safetensors raises its own error types (and OverflowError, ...)
-        raise HeadsFormatError(f"{path} is not a readable heads file: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-        raise HeadsFormatError(f"{path} is not a latticekit heads file")
-    if header.get("version") != FORMAT_VERSION:
-        raise HeadsFormatError(f"{path} has heads format version {header.get('version')}, "
-                               f"this latticekit reads {FORMAT_VERSION}")
+    header, tensors = read_tagged_safetensors(path, FORMAT_NAME, FORMAT_VERSION, "heads", HeadsFormatError)
     for key in ("num_heads", "hidden_size", "vocab_size", "intermediate_size"):
         if not isinstance(header.get(key), int) or header[key] < 1:
             raise HeadsFormatError(f"{path}: header field {key!r} is missing or invalid")

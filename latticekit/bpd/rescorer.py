@@ -29,14 +29,13 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from latticekit._files import atomic_write
+from latticekit._files import atomic_write, read_tagged_safetensors
 from latticekit.errors import LatticeKitError
 
 __all__ = [
@@ -257,24 +256,8 @@ class NeuralRescorer(nn.Module):
         Raises:
             RescorerFormatError: the file is missing, damaged, or its tensors do not match its header.
         """
-        from safetensors.torch import load as st_load
-
-        try:
-            data = Path(path).read_bytes()
-        except OSError as exc:
-            raise RescorerFormatError(f"cannot read rescorer file {path}: {exc}") from exc
-        try:
-            tensors = st_load(data)
-            header_len = int.from_bytes(data[:8], "little")
-            ours = (json.loads(data[8:8 + header_len]).get("__metadata__") or {}).get("latticekit")
-            header = None if ours is None else json.loads(ours)
-        except Exception as exc:  # safetensors raises its own error types
-            raise RescorerFormatError(f"{path} is not a readable rescorer file: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-            raise RescorerFormatError(f"{path} is not a latticekit rescorer file")
-        if header.get("version") != FORMAT_VERSION:
-            raise RescorerFormatError(f"{path} has rescorer format version {header.get('version')}, "
-                                      f"this latticekit reads {FORMAT_VERSION}")
+        header, tensors = read_tagged_safetensors(path, FORMAT_NAME, FORMAT_VERSION, "rescorer",
+                                                  RescorerFormatError)
         if any(not isinstance(header.get(key), int) or header[key] < 1 for key in _CONFIG_KEYS):
             raise RescorerFormatError(f"{path}: header lacks a valid {_CONFIG_KEYS} field")
         vocab_map = tensors.get("vocab_map")
