@@ -14,12 +14,15 @@ from libcpp.string cimport string
 from libcpp.utility cimport move
 from libcpp.vector cimport vector
 
+from libc.math cimport isfinite
 from libc.string cimport memcpy
+from libcpp.algorithm cimport sort
 
 from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountTableOutput,
                               CountTableView, FormatArpaLines, RowMap,
                               MergeCountOrder, Model, NGramTables, OrderTable, ParseArpa,
-                              LookupChildren, ParseIdLines, PBestBatch, StateId)
+                              LookupChildren, ParseIdLines, PBestBatch, PBestOne, LatticeView,
+                              PathsOut, StateId)
 
 
 cdef string _path_bytes(path):
@@ -197,6 +200,85 @@ cdef class CoreModel:
                        c_ptr, co_ptr, bos, p, alpha, threads, &ot[0, 0, 0], &os[0, 0], &od[0, 0],
                        &ol[0, 0], &oc[0], &op[0], &otr[0])
         return out_tokens, out_score, out_draft, out_lm, out_count, out_pops, out_transitions
+
+
+    def pbest_one(self, const int32_t[:, ::1] tokens, const float[:, ::1] scores,
+                  const int32_t[::1] widths, context, bint bos, int p, double alpha, path_type):
+        """Raw search of one lattice, straight to a list of path_type(tokens, score, draft,
+        lm); the Python layer validates every argument first. context: int32 array or None."""
+        cdef LatticeView lattice
+        lattice.tokens = &tokens[0, 0]
+        lattice.scores = &scores[0, 0]
+        lattice.widths = &widths[0]
+        lattice.h = tokens.shape[0]
+        lattice.k = tokens.shape[1]
+        cdef int h = lattice.h
+        cdef const int32_t[::1] c_view
+        cdef const int32_t* c_ptr = NULL
+        cdef size_t c_size = 0
+        cdef int32_t dummy = 0
+        if context is not None:
+            c_view = context
+            c_size = c_view.shape[0]
+            c_ptr = &c_view[0] if c_size > 0 else &dummy
+        cdef vector[int32_t] out_tokens
+        cdef vector[double] out_score, out_draft, out_lm
+        out_tokens.resize(<size_t> p * h)
+        out_score.resize(p)
+        out_draft.resize(p)
+        out_lm.resize(p)
+        cdef PathsOut out
+        out.tokens = out_tokens.data()
+        out.score = out_score.data()
+        out.draft_score = out_draft.data()
+        out.lm_score = out_lm.data()
+        cdef int n
+        with nogil:
+            n = PBestOne(self.model.get()[0], lattice, c_ptr, c_size, bos, p, alpha, out)
+        cdef int r, d
+        return [path_type(tuple([out_tokens[r * h + d] for d in range(h)]), out_score[r],
+                          out_draft[r], out_lm[r]) for r in range(n)]
+
+
+def lattice_problem(const int32_t[:, :, ::1] tokens, const float[:, :, ::1] scores,
+                    const int32_t[:, ::1] widths):
+    """The first problem of a batch of lattices (shapes and widths already checked), as
+    (kind, b, i, j), or None; only arcs below the width count. Kinds, checked in this order
+    over the whole batch: 0 a negative token id, 1 a score that is NaN or infinite, 2 a
+    token listed twice within one position (j is then its second arc)."""
+    cdef Py_ssize_t nb = tokens.shape[0], h = tokens.shape[1], b, i, j, j2
+    cdef int32_t w
+    cdef vector[int32_t] row
+    with nogil:
+        for b in range(nb):
+            for i in range(h):
+                for j in range(widths[b, i]):
+                    if tokens[b, i, j] < 0:
+                        with gil:
+                            return 0, b, i, j
+        for b in range(nb):
+            for i in range(h):
+                for j in range(widths[b, i]):
+                    if not isfinite(scores[b, i, j]):
+                        with gil:
+                            return 1, b, i, j
+        for b in range(nb):
+            for i in range(h):
+                w = widths[b, i]
+                if w <= 32:
+                    for j in range(1, w):
+                        for j2 in range(j):
+                            if tokens[b, i, j] == tokens[b, i, j2]:
+                                with gil:
+                                    return 2, b, i, j
+                else:
+                    row.assign(&tokens[b, i, 0], &tokens[b, i, 0] + w)
+                    sort(row.begin(), row.end())
+                    for j in range(1, w):
+                        if row[j] == row[j - 1]:
+                            with gil:
+                                return 2, b, i, -1
+    return None
 
 
 cdef _table_arrays(CountTable* table):

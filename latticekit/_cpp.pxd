@@ -126,6 +126,22 @@ cdef extern from "latticekit/model.h" namespace "latticekit" nogil:
 
 
 cdef extern from "latticekit/search.h" namespace "latticekit" nogil:
+    cdef cppclass LatticeView:
+        const int32_t* tokens
+        const float* scores
+        const int32_t* widths
+        int h
+        int k
+
+    cdef cppclass PathsOut:
+        int32_t* tokens
+        double* score
+        double* draft_score
+        double* lm_score
+
+    int PBestOne(const Model& model, const LatticeView& lattice, const int32_t* context,
+                 size_t context_size, bool bos, int p, double alpha,
+                 const PathsOut& out) except +raise_core_error
     void PBestBatch(const Model& model, const int32_t* tokens, const float* scores,
                     const int32_t* widths, int64_t batch, int h, int k, const int32_t* context,
                     const int64_t* context_offsets, bool bos, int p, double alpha, int threads,

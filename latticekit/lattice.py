@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import numpy as np
 
 from latticekit._arrays import to_numpy
+from latticekit._core import lattice_problem
 from latticekit.errors import LatticeError, VocabularyError
 
 __all__ = ["SausageLattice"]
@@ -52,10 +54,11 @@ class SausageLattice:
             raise LatticeError(f"tokens must be integers, got dtype {tokens.dtype}")
         if not np.issubdtype(scores.dtype, np.floating):
             raise LatticeError(f"scores must be floating point, got dtype {scores.dtype}")
-        if tokens.size and tokens.min() < 0:
-            raise VocabularyError(f"negative token id {int(tokens.min())} in the lattice")
-        if tokens.size and tokens.max() > np.iinfo(np.int32).max:
-            raise VocabularyError(f"token id {int(tokens.max())} does not fit int32")
+        if tokens.dtype != np.int32 and tokens.size:
+            if tokens.min() < 0:
+                raise VocabularyError(f"negative token id {int(tokens.min())} in the lattice")
+            if tokens.max() > np.iinfo(np.int32).max:
+                raise VocabularyError(f"token id {int(tokens.max())} does not fit int32")
         k = tokens.shape[-1]
         if widths is None:
             widths = np.full(tokens.shape[:-1], k, dtype=np.int32)
@@ -68,19 +71,27 @@ class SausageLattice:
             if widths.size and (widths.min() < 1 or widths.max() > k):
                 raise LatticeError(f"widths must lie in 1..{k}")
             widths = np.ascontiguousarray(widths, dtype=np.int32)
-        used = np.arange(k) < widths[..., None]
-        if not np.all(np.isfinite(scores[used])):
-            raise LatticeError("lattice scores must be finite (found NaN or inf)")
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
-        # A token twice within one position would make two paths spell the same draft.
-        marked = np.where(used, tokens.astype(np.int64), -1 - np.arange(k))
-        ordered = np.sort(marked, axis=-1)
-        repeated = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)
-        if repeated.any():
-            where = tuple(int(i) for i in np.argwhere(repeated)[0][:-1])
+        # Scores are checked as stored: a float64 beyond float32's range would become inf.
+        with np.errstate(over="ignore"):
+            scores = np.ascontiguousarray(scores, dtype=np.float32)
+        h = tokens.shape[-2]
+        problem = lattice_problem(tokens.reshape(-1, h, k), scores.reshape(-1, h, k),
+                                  widths.reshape(-1, h))
+        if problem is not None:
+            kind, b, i, j = problem
+            where = (b, i) if tokens.ndim == 3 else (i,)
+            if kind == 0:
+                raise VocabularyError(f"negative token id {int(tokens[where][j])} in the lattice")
+            if kind == 1:
+                value = float(scores[where][j])
+                beyond = "" if math.isnan(value) else " (or beyond float32's range, ~3.4e38)"
+                raise LatticeError(f"lattice scores must be finite: {value}{beyond} at position "
+                                   f"{where}, arc {j}")
+            # A token twice within one position would make two paths spell the same draft.
             raise LatticeError(f"position {where} lists a token twice; each arc of a position must differ")
         self.tokens = tokens
-        self.scores = np.ascontiguousarray(scores, dtype=np.float32)
+        self.scores = scores
         self.widths = widths
 
     @classmethod

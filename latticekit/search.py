@@ -8,6 +8,8 @@ from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
 from latticekit._arrays import token_array
 from latticekit.errors import LatticeError
 from latticekit.lattice import SausageLattice
@@ -113,8 +115,9 @@ def pbest(
     if lattice.is_batch:
         raise LatticeError("pbest takes one lattice; use pbest_batch for a batch")
     _check_search_args(lm, p, alpha)
-    return _search(lattice.tokens[None], lattice.scores[None], lattice.widths[None], lm, p, alpha,
-                   [context], bos, threads=1)[0]
+    tail = _context_tail(context, lm.order - 1)
+    return lm._core.pbest_one(lattice.tokens, lattice.scores, lattice.widths, tail, bool(bos),
+                              int(p), float(alpha), Path)
 
 
 def pbest_batch(
@@ -157,10 +160,8 @@ def _search(tokens, scores, widths, lm, p, alpha, contexts, bos, threads) -> PBe
     else:
         if len(contexts) != batch:
             raise LatticeError(f"{len(contexts)} contexts for {batch} lattices")
-        parts = [token_array(c, "context") for c in contexts]
-        # Only the last order - 1 tokens of a context matter.
         keep = lm.order - 1
-        parts = [c[len(c) - min(len(c), keep):] for c in parts]
+        parts = [_context_tail(c, keep) for c in contexts]
         offsets = np.zeros(batch + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([len(c) for c in parts])
         flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
@@ -170,6 +171,18 @@ def _search(tokens, scores, widths, lm, p, alpha, contexts, bos, threads) -> PBe
     out = lm._core.pbest_batch(tokens, scores, widths, flat, offsets, bool(bos), int(p),
                                float(alpha), int(threads))
     return PBestResult(*out)
+
+
+def _context_tail(context: Any, keep: int) -> np.ndarray:
+    """The last ``keep`` tokens of a decoded prefix (the only ones that matter), validated,
+    as contiguous int32. Only those are checked, so a long context costs nothing extra."""
+    if isinstance(context, (list, tuple)):
+        tail = context[len(context) - min(len(context), keep):]
+        if all(type(t) is int and 0 <= t <= _INT32_MAX for t in tail):
+            return np.array(tail, dtype=np.int32)
+        return token_array(tail, "context")
+    arr = token_array(context, "context") if not hasattr(context, "shape") or len(context.shape) != 1 else context
+    return token_array(arr[len(arr) - min(len(arr), keep):], "context")
 
 
 def _stack(lattices: Any):

@@ -98,6 +98,11 @@ def lm():
 @pytest.mark.parametrize("tokens,scores,widths,error,pattern", [
     ([[1, 2]], [[0.0, np.nan]], None, lk.LatticeError, "finite"),
     ([[1, 2]], [[0.0, -np.inf]], None, lk.LatticeError, "finite"),
+    ([[1, 2]], np.array([[0.0, 1e300]]), None, lk.LatticeError, "beyond float32"),
+    (np.array([[[1, 2]], [[3, 3]]], dtype=np.int32), np.zeros((2, 1, 2)), None, lk.LatticeError,
+     r"position \(1, 0\) lists a token twice"),
+    (np.array([[1, 2], [5, 5]], dtype=np.int64), np.zeros((2, 2)), None, lk.LatticeError, r"position \(1,\) lists"),
+    ([list(range(40)) + [7]], np.zeros((1, 41)), None, lk.LatticeError, "twice"),
     ([[1, 2]], [[0.0]], None, lk.LatticeError, "differs"),
     ([1, 2], [0.0, 1.0], None, lk.LatticeError, r"shape \(h, k\)"),
     ([[1.5, 2]], [[0.0, 0.0]], None, lk.LatticeError, "integers"),

@@ -172,6 +172,25 @@ def test_batch_equals_single_calls_and_threads_agree():
     assert list(lk.pbest_batch(stacked, lm, 8, 0.7, contexts)) == singles
 
 
+def test_context_forms_agree_and_only_the_tail_is_read():
+    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    (lat, context), = golden_lattices(lm, 1, 4, 5, seed=3)
+    want = lk.pbest(lat, lm, 4, 0.7, context)
+    assert want == lk.pbest(lat, lm, 4, 0.7, tuple(context))
+    assert want == lk.pbest(lat, lm, 4, 0.7, np.array(context, dtype=np.int64))
+    assert want == lk.pbest(lat, lm, 4, 0.7, [np.int64(t) for t in context])
+    assert want == lk.pbest(lat, lm, 4, 0.7, context[-2:])  # a 3-gram reads 2 tokens
+    # Tokens before the last order - 1 cannot change the result and are not checked.
+    assert want == lk.pbest(lat, lm, 4, 0.7, [-5, 10**12] + context)
+    assert list(lk.pbest_batch([lat], lm, 4, 0.7, [[-5] + context])) == [want]
+    with pytest.raises(lk.VocabularyError, match="negative"):
+        lk.pbest(lat, lm, 4, 0.7, context + [-1])
+    with pytest.raises(lk.LatticeError, match="integer"):
+        lk.pbest(lat, lm, 4, 0.7, context[:-1] + [1.5])
+    with pytest.raises(lk.LatticeError, match="1-D"):
+        lk.pbest(lat, lm, 4, 0.7, np.array([context]))
+
+
 def test_batch_pads_different_widths():
     lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
     a = lk.SausageLattice([[5, 6, 7], [8, 9, 10]], np.full((2, 3), -1.0))

@@ -822,6 +822,29 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   return static_cast<int>(found);
 }
 
+namespace {
+
+// A searcher's buffers grow to fit; a thread keeps its last one for the next call on the
+// same model, so single-lattice calls do not start cold.
+PBestSearch &ThreadSearcher(const Model &model) {
+  thread_local std::unique_ptr<PBestSearch> kept;
+  thread_local uint64_t kept_serial = 0;
+  if (!kept || kept_serial != model.serial()) {
+    kept.reset(new PBestSearch(model));
+    kept_serial = model.serial();
+  }
+  return *kept;
+}
+
+}  // namespace
+
+int PBestOne(const Model &model, const LatticeView &lattice, const int32_t *context,
+             size_t context_size, bool bos, int p, double alpha, const PathsOut &out) {
+  const StateId start = context != nullptr ? model.ContextState(context, context_size, bos)
+                                           : model.StartState(bos);
+  return ThreadSearcher(model).Run(lattice, start, p, alpha, out);
+}
+
 void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,
                 const int32_t *widths, int64_t batch, int h, int k, const int32_t *context,
                 const int64_t *context_offsets, bool bos, int p, double alpha, int threads,
@@ -834,15 +857,7 @@ void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,
   std::mutex error_mutex;
   auto work = [&]() {
     try {
-      // A searcher's buffers grow to fit; a thread keeps its last one for the next call
-      // on the same model, so single-lattice calls do not start cold.
-      thread_local std::unique_ptr<PBestSearch> kept;
-      thread_local uint64_t kept_serial = 0;
-      if (!kept || kept_serial != model.serial()) {
-        kept.reset(new PBestSearch(model));
-        kept_serial = model.serial();
-      }
-      PBestSearch &search = *kept;
+      PBestSearch &search = ThreadSearcher(model);
       while (true) {
         const int64_t b = next.fetch_add(1);
         if (b >= batch) break;

@@ -60,6 +60,11 @@ class PBestSearch {
   SearchStats stats_;
 };
 
+// The p best paths of one lattice, from the state after context (null: no context), on
+// the calling thread; returns how many were written.
+int PBestOne(const Model &model, const LatticeView &lattice, const int32_t *context,
+             size_t context_size, bool bos, int p, double alpha, const PathsOut &out);
+
 // The p best paths of each of a batch of equally shaped lattices, spread over threads.
 // tokens/scores [batch, h, k]; widths [batch, h] or null; contexts: tokens of lattice b are
 // context[context_offsets[b] .. context_offsets[b + 1]) (context null: no context).
