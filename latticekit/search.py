@@ -8,9 +8,7 @@ from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
-_INT32_MAX = int(np.iinfo(np.int32).max)
-
-from latticekit._arrays import token_array
+from latticekit._arrays import _INT32_MAX, token_array
 from latticekit.errors import LatticeError
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
@@ -181,8 +179,9 @@ def _context_tail(context: Any, keep: int) -> np.ndarray:
         if all(type(t) is int and 0 <= t <= _INT32_MAX for t in tail):
             return np.array(tail, dtype=np.int32)
         return token_array(tail, "context")
-    arr = token_array(context, "context") if not hasattr(context, "shape") or len(context.shape) != 1 else context
-    return token_array(arr[len(arr) - min(len(arr), keep):], "context")
+    if getattr(context, "ndim", None) != 1:  # not a 1-D array or tensor: convert it whole
+        context = token_array(context, "context")
+    return token_array(context[len(context) - min(len(context), keep):], "context")
 
 
 def _stack(lattices: Any):
