@@ -24,6 +24,8 @@ from latticekit.errors import VocabularyError
 from latticekit.lm.counting import CorpusError
 from latticekit.lm.trie import BOS, EOS, SPECIAL_WORDS
 
+_INT32_LIMIT = int(np.iinfo(np.int32).max) + 1
+
 __all__ = [
     "WordTable",
     "TokenIdTable",
@@ -72,13 +74,21 @@ class WordTable:
 class TokenIdTable:
     """Token ids to internal ids, in order of first appearance; words are decimal strings.
 
+    Ids below ``DENSE_LIMIT`` map through a dense array (fast for any real tokenizer's
+    vocabulary); larger ones, up to int32's maximum, through a sorted one, so that a stray
+    huge id costs neither memory nor time.
+
     Args:
         vocab_size: when given, ids must be in ``[0, vocab_size)``.
     """
 
+    DENSE_LIMIT = 1 << 22
+
     def __init__(self, vocab_size: Optional[int] = None) -> None:
         self.vocab_size = vocab_size
-        self._internal = np.full(0, -1, np.int64)
+        self._internal = np.full(0, -1, np.int64)  # dense: token id -> internal id, or -1
+        self._big_tokens = np.zeros(0, np.int64)    # sorted token ids >= DENSE_LIMIT
+        self._big_internal = np.zeros(0, np.int64)
         self.token_of_word: List[int] = [-1, -1, -1]
 
     @property
@@ -105,39 +115,69 @@ class TokenIdTable:
             first_line: 1-based line of the first id.
 
         Raises:
-            VocabularyError: for a negative id or one beyond ``vocab_size``.
+            VocabularyError: for a negative id, one beyond ``vocab_size``, or one beyond
+                int32 (token ids are int32 everywhere in latticekit).
         """
         tokens = np.asarray(tokens, dtype=np.int64)
         if len(tokens) == 0:
             return tokens
-        bad = tokens < 0
-        if self.vocab_size is not None:
-            bad |= tokens >= self.vocab_size
+        limit = _INT32_LIMIT if self.vocab_size is None else min(self.vocab_size, _INT32_LIMIT)
+        bad = (tokens < 0) | (tokens >= limit)
         if bad.any():
             at = int(np.argmax(bad))
             line = 0
             if line_lengths is not None:
                 line = first_line + int(np.searchsorted(np.cumsum(line_lengths), at, side="right"))
             where = f"{path}:{line}: " if path else ""
+            value = int(tokens[at])
+            if value >= _INT32_LIMIT:
+                # The parser saturates ids of 19 digits or more at int64's maximum.
+                shown = "with 19 digits or more" if value == np.iinfo(np.int64).max else str(value)
+                raise VocabularyError(f"{where}token id {shown} does not fit int32")
             raise VocabularyError(
-                f"{where}token id {int(tokens[at])} is outside the vocabulary"
+                f"{where}token id {value} is outside the vocabulary"
                 + (f" of {self.vocab_size} ids" if self.vocab_size is not None else "")
             )
-        top = int(tokens.max()) + 1
-        if top > len(self._internal):
-            grown = np.full(max(top, 2 * len(self._internal)), -1, np.int64)
-            grown[: len(self._internal)] = self._internal
-            self._internal = grown
-        mapped = self._internal[tokens]
+        mapped = self._lookup(tokens)
         new = mapped < 0
         if new.any():
             uniq, first = np.unique(tokens[new], return_index=True)
             uniq = uniq[np.argsort(first, kind="stable")]
             start = len(self.token_of_word)
-            self._internal[uniq] = np.arange(start, start + len(uniq))
+            self._insert(uniq, np.arange(start, start + len(uniq), dtype=np.int64))
             self.token_of_word.extend(uniq.tolist())
-            mapped = self._internal[tokens]
+            mapped = self._lookup(tokens)
         return mapped
+
+    def _lookup(self, tokens: np.ndarray) -> np.ndarray:
+        """Internal ids, -1 for tokens not seen yet."""
+        if tokens.max() < len(self._internal):
+            return self._internal[tokens]
+        out = np.full(len(tokens), -1, np.int64)
+        dense = tokens < len(self._internal)
+        out[dense] = self._internal[tokens[dense]]
+        big = tokens >= self.DENSE_LIMIT
+        if big.any() and len(self._big_tokens):
+            at = np.searchsorted(self._big_tokens, tokens[big])
+            at_c = np.minimum(at, len(self._big_tokens) - 1)
+            hit = self._big_tokens[at_c] == tokens[big]
+            out[np.flatnonzero(big)[hit]] = self._big_internal[at_c[hit]]
+        return out
+
+    def _insert(self, tokens: np.ndarray, internal: np.ndarray) -> None:
+        small = tokens < self.DENSE_LIMIT
+        if small.any():
+            top = int(tokens[small].max()) + 1
+            if top > len(self._internal):
+                grown = np.full(min(max(top, 2 * len(self._internal)), self.DENSE_LIMIT), -1, np.int64)
+                grown[: len(self._internal)] = self._internal
+                self._internal = grown
+            self._internal[tokens[small]] = internal[small]
+        if not small.all():
+            keys = np.concatenate([self._big_tokens, tokens[~small]])
+            values = np.concatenate([self._big_internal, internal[~small]])
+            order = np.argsort(keys, kind="stable")
+            self._big_tokens, self._big_internal = keys[order], values[order]
 
 
 def lines_to_stream(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:

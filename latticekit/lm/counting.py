@@ -374,7 +374,8 @@ def count_corpus(
         order: highest order to count.
         vocab_size_hint: lower bound of the word-id space (grown to fit every chunk).
         workers: threads counting chunks.
-        spill_dir: where runs go (a fresh temporary directory when None).
+        spill_dir: where runs go: a private temporary folder is made inside it (or in the
+            system's temporary directory when None) and removed at the end.
         merge_fan_in: how many spilled runs are merged at once.
         progress: optional object with ``update(n_tokens)`` (e.g. a tqdm bar).
         run_memory: bytes of count runs held in memory before spilling.
@@ -392,18 +393,18 @@ def count_corpus(
     if order < 1:
         raise ValueError(f"order must be >= 1, got {order}")
     _effective_min_counts(order, min_counts)  # reject bad minimums before counting
-    own_tmp = None
-    if spill_dir is None:
-        own_tmp = tempfile.TemporaryDirectory(prefix="latticekit-counts-")
-        spill_dir = own_tmp.name
+    # A private folder (inside spill_dir when given), so that builds sharing a spill_dir
+    # never touch each other's runs; removed at the end, whatever happens.
+    if spill_dir is not None:
+        os.makedirs(spill_dir, exist_ok=True)
+    own_tmp = tempfile.TemporaryDirectory(prefix="latticekit-counts-", dir=spill_dir)
     try:
-        runs = _RunStore(spill_dir, run_memory, merge_fan_in)
+        runs = _RunStore(own_tmp.name, run_memory, merge_fan_in)
         _count_into(runs, streams, order, vocab_size_hint, max(1, workers), progress)
         _core.release_free_memory()  # what the counting threads freed
         return runs.finish(min_counts)
     finally:
-        if own_tmp is not None:
-            own_tmp.cleanup()
+        own_tmp.cleanup()
 
 
 class _RunStore:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+
+import latticekit as lk
 import pytest
 
 from latticekit.errors import ArpaFormatError, LatticeKitError, VocabularyError
@@ -42,6 +44,38 @@ def test_ids_beyond_vocabulary(tmp_path):
     path.write_text("1 2 3\n4 99 5\n")
     with pytest.raises(VocabularyError, match=r":2: token id 99"):
         build_katz([str(path)], 2, tokenized=True, vocab_size=50, workers=1)
+
+
+def test_ids_beyond_int32_without_a_vocabulary_size(tmp_path):
+    path = tmp_path / "ids.txt"
+    path.write_text("1 2 3\n4 2147483648 5\n")
+    with pytest.raises(VocabularyError, match=r":2: token id 2147483648 does not fit int32"):
+        build_katz([str(path)], 2, tokenized=True, workers=1)
+    path.write_text("1 2 3\n\n4 5 99999999999999999999999\n")
+    with pytest.raises(VocabularyError, match=r":3: token id with 19 digits or more does not fit"):
+        build_katz([str(path)], 2, tokenized=True, workers=1)
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+def test_sparse_huge_ids_count_like_small_ones(tmp_path, compile_):
+    # Ids far apart (up to int32's maximum) must not allocate a table up to the largest id,
+    # and must count exactly like the same corpus with the ids renamed to small ones.
+    # (A compiled model takes token ids below 2**26 without a vocab; counting takes any int32.)
+    big = [5, 2**26 - 1, 4194304, 70, 50_000_000] if compile_ else [5, 2**31 - 1, 4194304, 70, 2 * 10**9]
+    rename = {b: i + 10 for i, b in enumerate(big)}
+    rng = np.random.default_rng(2)
+    lines = [[big[i] for i in rng.integers(0, len(big), rng.integers(1, 9))] for _ in range(200)]
+    (tmp_path / "big.txt").write_text("".join(" ".join(map(str, l)) + "\n" for l in lines))
+    (tmp_path / "small.txt").write_text("".join(" ".join(str(rename[t]) for t in l) + "\n" for l in lines))
+    a = build_katz([str(tmp_path / "big.txt")], 3, tokenized=True, workers=1)
+    b = build_katz([str(tmp_path / "small.txt")], 3, tokenized=True, workers=1)
+    assert a.counts == b.counts
+    assert [np.array_equal(x[1], y[1]) for x, y in zip(a.tables(), b.tables())] == [True] * 3
+    if not compile_:
+        return
+    lm_a, lm_b = (lk.NGramLM.from_ngrams(m.words, m.tables()) for m in (a, b))
+    sentence = [big[i] for i in (0, 1, 2, 1, 4, 3)]
+    assert lm_a.score(sentence, bos=True) == lm_b.score([rename[t] for t in sentence], bos=True)
 
 
 def test_not_decimal_ids(tmp_path):

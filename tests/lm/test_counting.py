@@ -4,6 +4,7 @@ ARPA line formatter, each against a slow, obviously-correct reference."""
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -90,6 +91,26 @@ def test_spilled_runs_equal_in_memory_count(tmp_path, workers):
                           merge_fan_in=3, run_memory=1, min_counts=[1, 1, 2, 4])
     expected = in_memory.prune_min_counts([1, 1, 2, 4])
     assert count_tables_as_dict(pruned) == count_tables_as_dict(expected)
+
+
+def test_concurrent_counts_sharing_a_spill_dir(tmp_path):
+    # Each count keeps its runs in its own folder inside spill_dir, removed at the end.
+    corpora = [_random_corpus(seed) for seed in (3, 4, 5)]
+    results = [None] * len(corpora)
+
+    def count(i):
+        chunks = [_stream(corpora[i][j : j + 100]) for j in range(0, len(corpora[i]), 100)]
+        results[i] = count_corpus(chunks, 4, 40, spill_dir=str(tmp_path / "shared"),
+                                  merge_fan_in=2, run_memory=1)
+
+    threads = [threading.Thread(target=count, args=(i,)) for i in range(len(corpora))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for sents, got in zip(corpora, results):
+        assert count_tables_as_dict(got) == count_tables_as_dict(count_stream(_stream(sents), 4, 40))
+    assert os.listdir(tmp_path / "shared") == []
 
 
 def test_spilled_run_round_trip(tmp_path):
