@@ -133,8 +133,8 @@ def main(argv=None) -> int:
                        "latticekit_context_ms_median": statistics.median(with_ctx) * 1e3,
                        "pops_median": float(np.median(res.pops)),
                        "transitions_median": float(np.median(res.transitions))}
-                if rescorer is not None:
-                    n = min(args.openfst_lattices, len(lattices))
+                n = min(args.openfst_lattices, len(lattices))
+                if rescorer is not None and n > 0:
                     fst_times, differ = [], 0
                     for i, (l, _) in enumerate(lattices[:n]):
                         t = time.perf_counter()
