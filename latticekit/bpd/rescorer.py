@@ -65,21 +65,22 @@ class RescorerFormatError(RescorerError):
 
 @dataclass
 class PrefixState:
-    """Keys and values of every layer over a sequence, and its per-position log-probabilities.
+    """Keys and values of every layer over a sequence, and its last layer's output.
 
     Attributes:
         keys, values: one `(num_heads, T, head_dim)` tensor per layer.
-        logprobs (`torch.Tensor` of shape `(T, num_classes)`): class log-probabilities of the
-            token after each position.
+        hidden (`torch.Tensor` of shape `(T, d_model)`): the last layer's output at every
+            position (the output layer runs only where a caller asks, see
+            :meth:`NeuralRescorer.continuation_logprobs`).
     """
 
     keys: list[Tensor]
     values: list[Tensor]
-    logprobs: Tensor
+    hidden: Tensor
 
     @property
     def length(self) -> int:
-        return int(self.logprobs.shape[0])
+        return int(self.hidden.shape[0])
 
 
 class _Layer(nn.Module):
@@ -194,7 +195,7 @@ class NeuralRescorer(nn.Module):
             keys.append(k)
             values.append(v)
             x = layer.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        return PrefixState(keys, values, self._logprobs(x))
+        return PrefixState(keys, values, x)
 
     @torch.no_grad()
     def continuation_logprobs(self, state: PrefixState, ends: Tensor, drafts: Tensor) -> Tensor:
@@ -210,11 +211,34 @@ class NeuralRescorer(nn.Module):
             `(N, num_classes)` log-probabilities of the token after each row's last token;
             equal (to float rounding) to :meth:`forward` on that row's concatenation.
         """
+        return self._logprobs(self._continuation_hidden(state, ends, drafts))
+
+    @torch.no_grad()
+    def continuation_token_scores(self, state: PrefixState, ends: Tensor, drafts: Tensor,
+                                  tokens: Tensor) -> Tensor:
+        """:meth:`token_logprobs` of ``tokens[n]`` after row n's continuation, *less a
+        constant per row* (the log of the row's softmax normaliser): what ranking a row's
+        candidate tokens needs, for k output rows instead of all ``num_classes``.
+
+        Args:
+            state, ends, drafts: as in :meth:`continuation_logprobs`.
+            tokens (`torch.LongTensor` of shape `(N, k)`): each row's candidates.
+
+        Returns:
+            `(N, k)`: ``token_logprobs(continuation_logprobs(...), tokens) + c[n]``.
+        """
+        x = self.norm(self._continuation_hidden(state, ends, drafts))  # (N, d)
+        cls = self.classes(tokens)
+        logits = torch.einsum("nd,nkd->nk", x, self.embed.weight[cls])
+        return logits - self.class_penalty[cls]
+
+    def _continuation_hidden(self, state: PrefixState, ends: Tensor, drafts: Tensor) -> Tensor:
+        """The last layer's output `(N, d_model)` after each row's prefix and draft."""
         N, m = drafts.shape
         if N and (int(ends.min()) < 0 or int(ends.max()) >= state.length):
             raise RescorerError(f"prefix ends must lie in 0..{state.length - 1}")
         if m == 0:
-            return state.logprobs[ends]
+            return state.hidden[ends]
         if int(ends.max()) + m >= self.max_len:
             raise RescorerError(f"a prefix ending at {int(ends.max())} plus {m} draft tokens leaves the "
                                 f"rescorer's {self.max_len} positions")
@@ -234,7 +258,7 @@ class NeuralRescorer(nn.Module):
             weights = torch.softmax(torch.cat([on_prefix, on_draft], dim=-1), dim=-1)
             attended = torch.einsum("nhmt,htd->nhmd", weights[..., :T], v_prefix) + weights[..., T:] @ v
             x = layer.finish(x, attended)
-        return self._logprobs(x[:, -1])
+        return x[:, -1]
 
     def save(self, path: Union[str, os.PathLike], dtype: Optional[torch.dtype] = torch.float16) -> None:
         """Writes weights, vocabulary map and metadata to a safetensors file, atomically
@@ -307,7 +331,9 @@ def local_rescore(rescorer: NeuralRescorer, state: PrefixState, ends: Tensor, la
         if alpha == 0:
             best = lattice_scores[:, j].argmax(dim=-1)
         else:
-            r = rescorer.token_logprobs(rescorer.continuation_logprobs(state, ends, chosen), arcs)
+            # Token log-probabilities up to a constant per row, which cannot change the row's
+            # arg-max: the output layer runs for the k arcs only, not for every class.
+            r = rescorer.continuation_token_scores(state, ends, chosen, arcs)
             best = (lattice_scores[:, j].to(r.dtype) + alpha * r).argmax(dim=-1)
         chosen = torch.cat([chosen, arcs[rows, best][:, None]], dim=1)
     return chosen

@@ -54,6 +54,14 @@ def test_continuation_equals_plain_forward(data: st.DataObject) -> None:
     for row in range(n):
         want = full_logprobs(model, seq[: ends[row] + 1] + drafts[row])
         torch.testing.assert_close(got[row], want, rtol=1e-5, atol=1e-5)
+    # The k-candidate scores are those token log-probabilities less one constant per row.
+    k = data.draw(st.integers(1, 6))
+    tokens = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, VOCAB + 3), min_size=k, max_size=k),
+                                             min_size=n, max_size=n)))
+    scores = model.continuation_token_scores(state, torch.tensor(ends),
+                                             torch.tensor(drafts, dtype=torch.long).reshape(n, m), tokens)
+    shift = model.token_logprobs(got, tokens) - scores
+    torch.testing.assert_close(shift, shift[:, :1].expand(n, k), rtol=1e-5, atol=1e-5)
 
 
 def test_token_logprobs_form_a_distribution() -> None:
