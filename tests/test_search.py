@@ -120,6 +120,55 @@ def test_pbest_with_long_arc_lists_equals_brute_force(tmp_path_factory, seed, fa
     assert_same_paths(got, ranked, p, tol=1e-6)
 
 
+@pytest.fixture(scope="module", params=[40_000, 70_000])  # 16-bit and 32-bit word ids
+def very_long_lists(tmp_path_factory, request):
+    # Histories with thousands of continuations: past 2,048 arcs the search reads the upper
+    # fence first (counted up to 16,384 arcs, binary-searched beyond).
+    rng = np.random.default_rng(11)
+    vocab = request.param
+    words = [str(i) for i in range(vocab)]
+    ngrams = {("<s>",): (-99.0, 0.3), ("</s>",): (-2.0, 0.0)}
+    ngrams.update({(w,): (round(float(rng.uniform(-6.0, -1.0)), 4), round(float(rng.uniform(-1.0, 1.0)), 4))
+                   for w in words})
+    heads = {}
+    for head, n in zip(rng.choice(vocab, size=4, replace=False), (2_100, 5_000, 16_500, 30_000)):
+        cont = np.sort(rng.choice(vocab, size=n, replace=False))
+        heads[int(head)] = cont
+        ngrams.update({(words[head], words[c]): (round(float(rng.uniform(-5.0, -0.01)), 4), 0.0) for c in cont})
+    path = tmp_path_factory.mktemp("long") / "long.arpa"
+    path.write_text(to_arpa(ngrams))
+    return lk.NGramLM.from_arpa(path), ReferenceLM(ngrams, float32=True), heads, vocab
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pbest_with_very_long_arc_lists_equals_brute_force(very_long_lists, seed):
+    lm, reference, heads, vocab = very_long_lists
+    rng = np.random.default_rng(seed)
+    head = list(heads)[seed % len(heads)]
+    cont = heads[head]
+    # Words at and around fence (8-arc) and upper fence (64-arc) boundaries of the list,
+    # present words anywhere, and words the list lacks (between and beyond its words).
+    at = [0, 1, 7, 8, 9, 63, 64, 65, 511, 512, 513, len(cont) - 2, len(cont) - 1]
+    at += list(rng.integers(0, len(cont), 6))
+    present = [int(cont[i]) for i in at if 0 <= i < len(cont)]
+    absent = [w for w in rng.integers(0, vocab, 40).tolist() if w not in set(cont.tolist())][:6]
+    absent += [int(cont[0]) - 1, int(cont[-1]) + 1] if cont[0] > 0 else [int(cont[-1]) + 1]
+    pool = np.unique([w for w in present + absent if 0 <= w < vocab])
+    # One column of 130 consecutive list words (every position modulo 64, so every kind of
+    # boundary, wherever the list starts in the model), and two columns of mixed words.
+    start = int(rng.integers(0, len(cont) - 130))
+    one = np.unique(np.concatenate([cont[start:start + 130], pool]))[None]
+    two = np.stack([rng.permutation(pool)[:12] for _ in range(2)])
+    for tokens in (one.astype(np.int32), two.astype(np.int32)):
+        h, k = tokens.shape
+        scores = rng.normal(-2.0, 1.5, (h, k)).astype(np.float32)
+        for p in (1, 5):
+            got = lk.pbest(lk.SausageLattice(tokens, scores), lm, p, 1.0, [head])
+            ranked = brute_force_pbest(tokens, scores, np.full(h, k, dtype=np.int32), reference, None, 1.0,
+                                       [head], False)
+            assert_same_paths(got, ranked, p, tol=1e-6)
+
+
 @settings(max_examples=60)
 @given(lattice=lattices(tie_prone=True), p=st.integers(1, 30))
 def test_ties_break_by_tokens_ascending(tmp_path_factory, lattice, p):

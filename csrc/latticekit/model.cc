@@ -555,6 +555,14 @@ void Model::BuildFence() {
     fence16_.resize(n);
     for (uint64_t g = 0; g < n; ++g) fence16_[g] = Arcs16().word(static_cast<uint32_t>(g * kFenceStride));
   }
+  const uint64_t n_upper = (n + kFenceStride - 1) / kFenceStride;
+  if (wide_words_) {
+    upper32_.resize(n_upper);
+    for (uint64_t g = 0; g < n_upper; ++g) upper32_[g] = fence32_[g * kFenceStride];
+  } else {
+    upper16_.resize(n_upper);
+    for (uint64_t g = 0; g < n_upper; ++g) upper16_[g] = fence16_[g * kFenceStride];
+  }
 }
 
 uint64_t Model::count(int n) const {

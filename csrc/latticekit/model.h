@@ -139,12 +139,16 @@ class Model {
   ArcRecords<uint32_t> Arcs32() const { return ArcRecords<uint32_t>{arcs_}; }
   // The fence: the word of every kFenceStride-th arc (arcs 0, S, 2S, ...), built in memory
   // when the model is built or loaded (1/S of the arc words). In a long arc list a word
-  // lies in the block of S arcs after the last fence word not above it, so a binary search
-  // of this small, mostly cached array and a scan of one block replace a binary search
-  // over the arc records (one cache miss per word instead of a dependent chain of them).
+  // lies in the block of S arcs after the last fence word not above it, so a search of
+  // this small, mostly cached array and a scan of one block replace a binary search over
+  // the arc records (one cache miss per word instead of a dependent chain of them).
   static constexpr uint32_t kFenceStride = 8;
   const uint16_t *Fence16() const { return fence16_.data(); }  // when !WideWords()
   const uint32_t *Fence32() const { return fence32_.data(); }  // when WideWords()
+  // The upper fence: every kFenceStride-th fence word (the word of every S * S-th arc), for
+  // lists so long that their stretch of the fence is long itself.
+  const uint16_t *UpperFence16() const { return upper16_.data(); }
+  const uint32_t *UpperFence32() const { return upper32_.data(); }
 
   // Introspection.
   std::string WordText(WordId w) const;
@@ -174,6 +178,8 @@ class Model {
   const char *text_ = nullptr;
   std::vector<uint16_t> fence16_;
   std::vector<uint32_t> fence32_;
+  std::vector<uint16_t> upper16_;
+  std::vector<uint32_t> upper32_;
 };
 
 }  // namespace latticekit

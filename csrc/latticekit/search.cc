@@ -8,6 +8,10 @@
 #include <mutex>
 #include <thread>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #include "latticekit/errors.h"
 
 namespace latticekit {
@@ -119,6 +123,33 @@ struct Use {
   int32_t next;     // successor slot, or kUnreached
   double add;       // draft + al * log10 p(word | node), plus any back-off paid on arrival
 };
+
+// How many of the n words at f are <= key (n < 2^19).
+inline uint32_t CountNotAbove(const uint32_t *f, uint32_t n, WordId key) {
+  uint32_t count = 0;
+  for (uint32_t i = 0; i < n; ++i) count += f[i] <= key;
+  return count;
+}
+
+inline uint32_t CountNotAbove(const uint16_t *f, uint32_t n, WordId key) {
+  uint32_t count = 0, i = 0;
+#ifdef __SSE2__
+  // x <= key exactly when the unsigned saturating difference x - key is 0. Each 16-bit lane
+  // counts at most n / 8 words.
+  const __m128i k = _mm_set1_epi16(static_cast<short>(key)), zero = _mm_setzero_si128();
+  __m128i acc = zero;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i *>(f + i));
+    acc = _mm_sub_epi16(acc, _mm_cmpeq_epi16(_mm_subs_epu16(x, k), zero));
+  }
+  __m128i sum = _mm_madd_epi16(acc, _mm_set1_epi16(1));  // 4 x int32
+  sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(1, 0, 3, 2)));
+  sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
+  count = static_cast<uint32_t>(_mm_cvtsi128_si32(sum));
+#endif
+  for (; i < n; ++i) count += f[i] <= key;
+  return count;
+}
 
 // Groups the items first .. last - 1 by key (< num_keys), counting-sort style: the items of
 // key g are (*members)[(*begin)[g] .. (*begin)[g + 1]), ascending.
@@ -387,23 +418,48 @@ struct PBestSearch::Impl {
   }
 
   // A long arc list [begin, end), longer than S = Model::kFenceStride: for every column
-  // word, the block of at most S arcs that may hold it, the one after the last fence word
-  // not above it (or before the list's first fence word), found by a branch-free binary
-  // search of the fence that starts where the previous, smaller word's ended. The blocks
-  // are prefetched, to be scanned next, so that their cache misses overlap.
+  // word w, the block of at most S arcs that may hold it, the one after the last fence word
+  // not above w (or the arcs before the list's first fence word). Up to kCountedFence fence
+  // words, they are counted (SSE2, no chain of dependent loads); a longer stretch of the
+  // fence is narrowed to S fence words by the upper fence first, counted the same way or,
+  // for the longest lists, binary-searched from where the previous, smaller word ended.
+  // The blocks are prefetched, to be scanned next, so that their cache misses overlap.
+  static constexpr uint32_t kCountedFence = 256;  // fence words counted, not searched
   template <typename Word>
-  void FenceBlocks(const Word *fence, uint32_t begin, uint32_t end) {
+  void FenceBlocks(const Word *fence, const Word *upper, uint32_t begin, uint32_t end) {
     constexpr uint32_t kS = Model::kFenceStride;
     const uint32_t g0 = (begin + kS - 1) / kS, g1 = (end - 1) / kS;  // g0 <= g1
     blocks.resize(sorted_words.size());
-    uint32_t g = g0;
+    const uint32_t n_fence = g1 - g0 + 1;
+    // A very long list: its upper fence words first, then the (at most S) fence words
+    // after the last upper one not above w.
+    const uint32_t u0 = (g0 + kS - 1) / kS, u1 = g1 / kS;
+    uint32_t u = u0;
     for (size_t i = 0; i < sorted_words.size(); ++i) {
       const WordId w = sorted_words[i].first;
-      for (uint32_t len = g1 - g + 1; len > 1;) {
-        const uint32_t half = len / 2;
-        g = fence[g + half] <= w ? g + half : g;
-        len -= half;
+      uint32_t a = g0, e = g1 + 1;  // fence words [a, e) hold the last one not above w, if any
+      if (n_fence > kCountedFence && u0 <= u1) {
+        const uint32_t n_upper = u1 - u0 + 1;
+        uint32_t below;
+        if (n_upper <= kCountedFence) {
+          below = CountNotAbove(upper + u0, n_upper, w);
+        } else {  // progressive binary search, from where the previous (smaller) word ended
+          for (uint32_t len = u1 - u + 1; len > 1;) {
+            const uint32_t half = len / 2;
+            u = upper[u + half] <= w ? u + half : u;
+            len -= half;
+          }
+          below = upper[u] <= w ? u - u0 + 1 : 0;
+        }
+        if (below == 0) {
+          e = u0 * kS;  // the fence words before the first upper one (maybe none)
+        } else {
+          a = (u0 + below - 1) * kS;
+          e = std::min(g1 + 1, a + kS);
+        }
       }
+      const uint32_t count = CountNotAbove(fence + a, e - a, w);
+      const uint32_t g = count > 0 ? a + count - 1 : g0;
       blocks[i] = fence[g] <= w ? std::make_pair(g * kS, std::min(end, g * kS + kS))
                                 : std::make_pair(begin, g0 * kS);
       if (blocks[i].first < blocks[i].second) {
@@ -415,7 +471,7 @@ struct PBestSearch::Impl {
 
   // The consuming cells of column t: for every node, the column arcs whose word it has.
   template <typename Records, typename Word>
-  void FindArcs(int t, const Records &arc_words, const Word *fence) {
+  void FindArcs(int t, const Records &arc_words, const Word *fence, const Word *upper) {
     const Column &col = columns[t];
     const int width = col.width;
     const WordId *row = &words[static_cast<size_t>(t) * k];
@@ -454,7 +510,7 @@ struct PBestSearch::Impl {
           Prefetch(a);
         }
       } else {
-        FenceBlocks(fence, node.arc_begin, node.arc_end);
+        FenceBlocks(fence, upper, node.arc_begin, node.arc_end);
         for (size_t i = 0; i < sorted_words.size(); ++i) {
           const WordId w = sorted_words[i].first;
           for (uint32_t a = blocks[i].first; a < blocks[i].second; ++a) {
@@ -531,9 +587,9 @@ struct PBestSearch::Impl {
   void Forward(int t) {
     BuildTree(t);
     if (model.WideWords())
-      FindArcs(t, model.Arcs32(), model.Fence32());
+      FindArcs(t, model.Arcs32(), model.Fence32(), model.UpperFence32());
     else
-      FindArcs(t, model.Arcs16(), model.Fence16());
+      FindArcs(t, model.Arcs16(), model.Fence16(), model.UpperFence16());
     const Column &col = columns[t];
     const uint32_t nb = col.node_begin, n = col.node_end - nb;
     const int width = col.width;
