@@ -54,11 +54,11 @@ class SausageLattice:
             raise LatticeError(f"tokens must be integers, got dtype {tokens.dtype}")
         if not np.issubdtype(scores.dtype, np.floating):
             raise LatticeError(f"scores must be floating point, got dtype {scores.dtype}")
-        if tokens.dtype != np.int32 and tokens.size:
-            if tokens.min() < 0:
-                raise VocabularyError(f"negative token id {int(tokens.min())} in the lattice")
-            if tokens.max() > np.iinfo(np.int32).max:
-                raise VocabularyError(f"token id {int(tokens.max())} does not fit int32")
+        if tokens.dtype != np.int32 and tokens.size:  # what the int32 copy could not hold
+            info = np.iinfo(np.int32)
+            for value in (int(tokens.min()), int(tokens.max())):
+                if not info.min <= value <= info.max:
+                    raise VocabularyError(f"token id {value} does not fit int32")
         k = tokens.shape[-1]
         if widths is None:
             widths = np.full(tokens.shape[:-1], k, dtype=np.int32)

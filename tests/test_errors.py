@@ -120,6 +120,9 @@ def test_bad_lattices(tokens, scores, widths, error, pattern):
 def test_arcs_past_the_width_are_not_checked():
     lat = lk.SausageLattice([[4, 4]], [[0.0, np.nan]], widths=[1])
     assert lat.num_paths == 1
+    for dtype in (np.int32, np.int64):  # -1 padding, whatever the dtype
+        lat = lk.SausageLattice(np.array([[4, -1], [5, 6]], dtype=dtype), np.zeros((2, 2)), widths=[1, 2])
+        assert lat.num_paths == 2
 
 
 def test_bad_search_arguments(lm):
