@@ -923,17 +923,18 @@ void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,
         lattice.widths = widths ? widths + b * h : nullptr;
         lattice.h = h;
         lattice.k = k;
-        StateId start = model.StartState(bos);
-        if (context != nullptr) {
-          const int64_t begin = context_offsets[b], end = context_offsets[b + 1];
-          start = model.ContextState(context + begin, static_cast<size_t>(end - begin), bos);
-        }
         PathsOut out;
         out.tokens = out_tokens + b * p * h;
         out.score = out_score + b * p;
         out.draft_score = out_draft + b * p;
         out.lm_score = out_lm + b * p;
-        out_count[b] = search.Run(lattice, start, p, alpha, out);
+        if (context != nullptr) {
+          const int64_t begin = context_offsets[b], end = context_offsets[b + 1];
+          out_count[b] = PBestOne(model, lattice, context + begin, static_cast<size_t>(end - begin),
+                                  bos, p, alpha, out);
+        } else {
+          out_count[b] = PBestOne(model, lattice, nullptr, 0, bos, p, alpha, out);
+        }
         if (out_pops != nullptr) out_pops[b] = static_cast<int64_t>(search.stats().pops);
         if (out_transitions != nullptr)
           out_transitions[b] = static_cast<int64_t>(search.stats().transitions);
