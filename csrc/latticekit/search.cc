@@ -458,10 +458,11 @@ struct PBestSearch::Impl {
           e = std::min(g1 + 1, a + kS);
         }
       }
+      // No fence word <= w (count 0 happens only with a == g0): w can only precede them all.
       const uint32_t count = CountNotAbove(fence + a, e - a, w);
-      const uint32_t g = count > 0 ? a + count - 1 : g0;
-      blocks[i] = fence[g] <= w ? std::make_pair(g * kS, std::min(end, g * kS + kS))
-                                : std::make_pair(begin, g0 * kS);
+      const uint32_t g = a + count - 1;
+      blocks[i] = count > 0 ? std::make_pair(g * kS, std::min(end, g * kS + kS))
+                            : std::make_pair(begin, g0 * kS);
       if (blocks[i].first < blocks[i].second) {
         model.PrefetchArc(blocks[i].first);
         model.PrefetchArc(blocks[i].second - 1);
