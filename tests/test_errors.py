@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import latticekit as lk
 
@@ -123,6 +124,44 @@ def test_arcs_past_the_width_are_not_checked():
     for dtype in (np.int32, np.int64):  # -1 padding, whatever the dtype
         lat = lk.SausageLattice(np.array([[4, -1], [5, 6]], dtype=dtype), np.zeros((2, 2)), widths=[1, 2])
         assert lat.num_paths == 2
+
+
+def slow_lattice_problem(tokens, scores, widths):
+    """The obvious check, arc by arc: which error (if any) a lattice must raise."""
+    used = [(b, i, j) for b in range(tokens.shape[0]) for i in range(tokens.shape[1])
+            for j in range(int(widths[b, i]))]
+    if any(tokens[u] < 0 for u in used):
+        return lk.VocabularyError
+    with np.errstate(over="ignore"):  # scores are stored as float32: 1e39 becomes inf
+        if any(not np.isfinite(np.float32(scores[u])) for u in used):
+            return lk.LatticeError
+    for b in range(tokens.shape[0]):
+        for i in range(tokens.shape[1]):
+            row = tokens[b, i, : widths[b, i]].tolist()
+            if len(set(row)) < len(row):
+                return lk.LatticeError
+    return None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_lattice_checks_equal_the_obvious_loop(data):
+    batch, h = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    k = data.draw(st.sampled_from([1, 2, 5, 40]))  # 40: the sorted duplicate check
+    shape = (batch, h, k)
+    tokens = np.array(data.draw(st.lists(st.integers(-2, 45), min_size=batch * h * k, max_size=batch * h * k)),
+                      dtype=data.draw(st.sampled_from([np.int32, np.int64]))).reshape(shape)
+    values = st.one_of(st.floats(-50, 50), st.sampled_from([np.nan, np.inf, -np.inf, 1e39]))
+    scores = np.array(data.draw(st.lists(values, min_size=batch * h * k, max_size=batch * h * k))).reshape(shape)
+    widths = np.array(data.draw(st.lists(st.integers(1, k), min_size=batch * h, max_size=batch * h)),
+                      dtype=np.int32).reshape(batch, h)
+    want = slow_lattice_problem(tokens, scores, widths)
+    if want is None:
+        lat = lk.SausageLattice(tokens, scores, widths)
+        assert np.array_equal(lat.tokens, tokens) and lat.tokens.dtype == np.int32
+    else:
+        with pytest.raises(want):
+            lk.SausageLattice(tokens, scores, widths)
 
 
 def test_bad_search_arguments(lm):
