@@ -552,7 +552,7 @@ void Model::BuildFence() {
     fence32_.resize(n);
     for (uint64_t g = 0; g < n; ++g) fence32_[g] = Arcs32().word(static_cast<uint32_t>(g * kFenceStride));
   } else {
-    fence16_.resize(n);
+    fence16_.assign(n + kFencePadding, 0xFFFF);
     for (uint64_t g = 0; g < n; ++g) fence16_[g] = Arcs16().word(static_cast<uint32_t>(g * kFenceStride));
   }
   const uint64_t n_upper = (n + kFenceStride - 1) / kFenceStride;
@@ -560,7 +560,7 @@ void Model::BuildFence() {
     upper32_.resize(n_upper);
     for (uint64_t g = 0; g < n_upper; ++g) upper32_[g] = fence32_[g * kFenceStride];
   } else {
-    upper16_.resize(n_upper);
+    upper16_.assign(n_upper + kFencePadding, 0xFFFF);
     for (uint64_t g = 0; g < n_upper; ++g) upper16_[g] = fence16_[g * kFenceStride];
   }
 }

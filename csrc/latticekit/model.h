@@ -143,6 +143,9 @@ class Model {
   // this small, mostly cached array and a scan of one block replace a binary search over
   // the arc records (one cache miss per word instead of a dependent chain of them).
   static constexpr uint32_t kFenceStride = 8;
+  // The 16-bit fences are followed by this many readable words (values unspecified), so
+  // that the search may load 8 words at once from any position inside them.
+  static constexpr uint32_t kFencePadding = 8;
   const uint16_t *Fence16() const { return fence16_.data(); }  // when !WideWords()
   const uint32_t *Fence32() const { return fence32_.data(); }  // when WideWords()
   // The upper fence: every kFenceStride-th fence word (the word of every S * S-th arc), for

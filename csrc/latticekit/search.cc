@@ -131,24 +131,32 @@ inline uint32_t CountNotAbove(const uint32_t *f, uint32_t n, WordId key) {
   return count;
 }
 
+// f[n .. n + 7] must be readable (Model::kFencePadding); their values do not matter.
 inline uint32_t CountNotAbove(const uint16_t *f, uint32_t n, WordId key) {
-  uint32_t count = 0, i = 0;
 #ifdef __SSE2__
   // x <= key exactly when the unsigned saturating difference x - key is 0. Each 16-bit lane
-  // counts at most n / 8 words.
+  // counts at most n / 8 + 1 words. The last 0-7 words are one more load of 8, its lanes
+  // past n masked off: no scalar tail, no data-dependent branch.
   const __m128i k = _mm_set1_epi16(static_cast<short>(key)), zero = _mm_setzero_si128();
   __m128i acc = zero;
+  uint32_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i *>(f + i));
     acc = _mm_sub_epi16(acc, _mm_cmpeq_epi16(_mm_subs_epu16(x, k), zero));
   }
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i *>(f + i));
+  const __m128i lane = _mm_set_epi16(7, 6, 5, 4, 3, 2, 1, 0);
+  const __m128i in_range = _mm_cmplt_epi16(lane, _mm_set1_epi16(static_cast<short>(n - i)));
+  acc = _mm_sub_epi16(acc, _mm_and_si128(in_range, _mm_cmpeq_epi16(_mm_subs_epu16(x, k), zero)));
   __m128i sum = _mm_madd_epi16(acc, _mm_set1_epi16(1));  // 4 x int32
   sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(1, 0, 3, 2)));
   sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
-  count = static_cast<uint32_t>(_mm_cvtsi128_si32(sum));
-#endif
-  for (; i < n; ++i) count += f[i] <= key;
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(sum));
+#else
+  uint32_t count = 0;
+  for (uint32_t i = 0; i < n; ++i) count += f[i] <= key;
   return count;
+#endif
 }
 
 // Groups the items first .. last - 1 by key (< num_keys), counting-sort style: the items of
@@ -250,6 +258,7 @@ struct PBestSearch::Impl {
   std::vector<int32_t> chain_tail;      // last arc j of the chain a first arc starts
   std::vector<std::pair<WordId, int32_t>> sorted_words;
   std::vector<std::pair<uint32_t, uint32_t>> blocks;  // per sorted word: arcs that may hold it
+  std::vector<uint32_t> hits;  // a short arc list's arcs whose word is in the column
   std::vector<int32_t> seq_a, seq_b;
   std::vector<double> top;
   std::vector<double> rows;  // pass 2: [column nodes, width]
@@ -496,32 +505,46 @@ struct PBestSearch::Impl {
     for (const auto &wj : sorted_words) word_bits[wj.first >> 6] |= uint64_t(1) << (wj.first & 63);
     const uint32_t scan_limit = static_cast<uint32_t>(
         std::max<size_t>(8 * sorted_words.size(), Model::kFenceStride));
+    if (hits.size() < scan_limit + 1) hits.resize(scan_limit + 1);
     for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
       TreeNode &node = nodes[x];
       node.use_begin = num_uses;
       if (node.state == kRootState) {
         for (int j = 0; j < width; ++j) AddUse(x, j, row[j]);
       } else if (node.arc_end - node.arc_begin <= scan_limit) {
+        // The arcs whose word is in the column, collected without a branch per arc (few
+        // are, and which ones is unpredictable).
+        uint32_t found = 0;
         for (uint32_t a = node.arc_begin; a < node.arc_end; ++a) {
           const WordId w = arc_words.word(a);
-          if (!((word_bits[w >> 6] >> (w & 63)) & 1)) continue;
-          const uint32_t *j = column_word.Find(w);
-          if (j == nullptr) continue;
-          for (int32_t i = static_cast<int32_t>(*j); i >= 0; i = same_word_next[i]) AddUse(x, i, a);
+          hits[found] = a;
+          found += static_cast<uint32_t>(word_bits[w >> 6] >> (w & 63)) & 1;
+        }
+        for (uint32_t i = 0; i < found; ++i) {
+          const uint32_t a = hits[i];
+          const uint32_t *j = column_word.Find(arc_words.word(a));
+          for (int32_t c = static_cast<int32_t>(*j); c >= 0; c = same_word_next[c]) AddUse(x, c, a);
           Prefetch(a);
         }
       } else {
         FenceBlocks(fence, upper, node.arc_begin, node.arc_end);
         for (size_t i = 0; i < sorted_words.size(); ++i) {
+          // The first arc of the block whose word is not below w, found without branching
+          // on the words: a binary search of a full block, a count in a shorter one.
           const WordId w = sorted_words[i].first;
-          for (uint32_t a = blocks[i].first; a < blocks[i].second; ++a) {
-            const WordId v = arc_words.word(a);
-            if (v < w) continue;
-            if (v == w) {
-              for (int32_t j = sorted_words[i].second; j >= 0; j = same_word_next[j]) AddUse(x, j, a);
-              Prefetch(a);
-            }
-            break;
+          const uint32_t b = blocks[i].first, e = blocks[i].second;
+          uint32_t a = b;
+          if (e - b == Model::kFenceStride) {
+            static_assert(Model::kFenceStride == 8, "three halving steps");
+            a += arc_words.word(a + 3) < w ? 4 : 0;
+            a += arc_words.word(a + 1) < w ? 2 : 0;
+            a += arc_words.word(a) < w ? 1 : 0;
+          } else {
+            for (uint32_t c = b; c < e; ++c) a += arc_words.word(c) < w ? 1 : 0;
+          }
+          if (a < e && arc_words.word(a) == w) {
+            for (int32_t j = sorted_words[i].second; j >= 0; j = same_word_next[j]) AddUse(x, j, a);
+            Prefetch(a);
           }
         }
       }
