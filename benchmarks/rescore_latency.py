@@ -87,6 +87,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     report = {"machine": machine(), "model": args.model}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # the binary model goes there first
     t = time.perf_counter()
     lm = lk.NGramLM.from_arpa(args.model)
     report["arpa_to_model_s"] = time.perf_counter() - t
