@@ -522,6 +522,7 @@ struct PBestSearch::Impl {
         }
         for (uint32_t i = 0; i < found; ++i) {
           const uint32_t a = hits[i];
+          // word_bits holds exactly the column's words, so the word has a first arc j.
           const uint32_t *j = column_word.Find(arc_words.word(a));
           for (int32_t c = static_cast<int32_t>(*j); c >= 0; c = same_word_next[c]) AddUse(x, c, a);
           Prefetch(a);
