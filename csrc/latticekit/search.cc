@@ -124,14 +124,15 @@ struct Use {
   double add;       // draft + al * log10 p(word | node), plus any back-off paid on arrival
 };
 
-// How many of the n words at f are <= key (n < 2^19).
+// How many of the n words at f are <= key.
 inline uint32_t CountNotAbove(const uint32_t *f, uint32_t n, WordId key) {
   uint32_t count = 0;
   for (uint32_t i = 0; i < n; ++i) count += f[i] <= key;
   return count;
 }
 
-// f[n .. n + 7] must be readable (Model::kFencePadding); their values do not matter.
+// The same for 16-bit words (n < 2^19). f[n .. n + 7] must be readable
+// (Model::kFencePadding); their values do not matter.
 inline uint32_t CountNotAbove(const uint16_t *f, uint32_t n, WordId key) {
 #ifdef __SSE2__
   // x <= key exactly when the unsigned saturating difference x - key is 0. Each 16-bit lane
@@ -953,13 +954,10 @@ void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,
         out.score = out_score + b * p;
         out.draft_score = out_draft + b * p;
         out.lm_score = out_lm + b * p;
-        if (context != nullptr) {
-          const int64_t begin = context_offsets[b], end = context_offsets[b + 1];
-          out_count[b] = PBestOne(model, lattice, context + begin, static_cast<size_t>(end - begin),
-                                  bos, p, alpha, out);
-        } else {
-          out_count[b] = PBestOne(model, lattice, nullptr, 0, bos, p, alpha, out);
-        }
+        const int32_t *own_context = context ? context + context_offsets[b] : nullptr;
+        const size_t context_size =
+            context ? static_cast<size_t>(context_offsets[b + 1] - context_offsets[b]) : 0;
+        out_count[b] = PBestOne(model, lattice, own_context, context_size, bos, p, alpha, out);
         if (out_pops != nullptr) out_pops[b] = static_cast<int64_t>(search.stats().pops);
         if (out_transitions != nullptr)
           out_transitions[b] = static_cast<int64_t>(search.stats().transitions);
