@@ -137,9 +137,18 @@ def _head_logits(heads: Any, hidden: torch.Tensor, vocab_size: int) -> torch.Ten
     return logits
 
 
-def _entropy(head_logits: torch.Tensor) -> np.ndarray:
-    logprobs = torch.log_softmax(head_logits.float(), dim=-1)
+def _entropy_of_logprobs(logprobs: torch.Tensor) -> np.ndarray:
+    """Entropy (nats) over the last axis of log-probabilities, as float64 numpy."""
     return (-(logprobs.exp() * logprobs).sum(dim=-1)).double().cpu().numpy()
+
+
+def _entropy(head_logits: torch.Tensor) -> np.ndarray:
+    return _entropy_of_logprobs(torch.log_softmax(head_logits.float(), dim=-1))
+
+
+def _check_max_new_tokens(max_new_tokens: Any) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise DecoderConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
 def _oracle_draft(lattice: SausageLattice, reference: Sequence[int], root_index: int) -> tuple[int, ...]:
@@ -200,8 +209,7 @@ def decode(
     """
     if not isinstance(config, DecoderConfig):
         raise DecoderConfigError(f"config must be a DecoderConfig, got {type(config).__name__}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise DecoderConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    _check_max_new_tokens(max_new_tokens)
     prompt = _prompt_list(prompt_ids)
     lm = _select_lm(config, lms)
     if config.method != "greedy" and heads is None:

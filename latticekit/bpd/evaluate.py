@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -619,6 +620,20 @@ def _tuned_label(config: DecoderConfig, alpha: str) -> str:
     return " ".join(parts)
 
 
+def _check_tunable(tune: Sequence[DecoderConfig]) -> None:
+    for config in tune:
+        if config.method not in ("ngram", "neural"):
+            raise DecoderConfigError(f"only ngram and neural decoders have an alpha to tune, got {config.method!r}")
+
+
+def _by_domain(items: Sequence[Any], domains: Sequence[str]) -> dict[str, list[Any]]:
+    """Items grouped by their domain, domains in first-seen order."""
+    out: dict[str, list[Any]] = {}
+    for item, domain in zip(items, domains):
+        out.setdefault(domain, []).append(item)
+    return out
+
+
 def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM], prompts: Sequence[Prompt],
                     configs: Sequence[DecoderConfig], max_new_tokens: int, eos_token_id: Optional[int] = None, *,
                     rescorer: Any = None, tune: Sequence[DecoderConfig] = (), alphas: Sequence[float] = (),
@@ -643,9 +658,7 @@ def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM]
     k = max([c.k for c in list(configs) + list(tune)] or [1])
     if tune and not tune_prompts:
         raise DecoderConfigError("tuning alpha needs tuning prompts (--tune-prompts)")
-    for config in tune:
-        if config.method not in ("ngram", "neural"):
-            raise DecoderConfigError(f"only ngram and neural decoders have an alpha to tune, got {config.method!r}")
+    _check_tunable(tune)
     tune_set, report = split_by_file(prompts, tune_prompts, seed) if tune else ([], list(prompts))
     missing = sorted(set(p.domain for p in tune_set) - set(p.domain for p in report))
     if missing:
@@ -655,7 +668,7 @@ def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM]
     traces = rp.trace_prompts(model, heads, [p.ids for p in everything], max_new_tokens + h - 1, k,
                               batch_size=trace_batch, cache_dir=trace_cache, description=description,
                               progress=progress)
-    tune_traces = rp.by_domain(traces[: len(tune_set)], [p.domain for p in tune_set])
+    tune_traces = _by_domain(traces[: len(tune_set)], [p.domain for p in tune_set])
     tables: dict[str, Any] = {}
     extra: dict[str, list[DecoderConfig]] = {}
     for domain, mine in tune_traces.items():
@@ -671,14 +684,13 @@ def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM]
                          ", ".join(f"{a:g}: {be:.3f}" for a, be in table.items()) + ")")
     report_traces = traces[len(tune_set):]
     results: dict[str, dict[str, list[Decoding]]] = {}
-    for domain, mine in rp.by_domain(report_traces, [p.domain for p in report]).items():
+    for domain, mine in _by_domain(report_traces, [p.domain for p in report]).items():
         labels = [c.label for c in list(configs) + extra.get(domain, [])]
         repeated = sorted({label for label in labels if labels.count(label) > 1})
         if repeated:
             raise DecoderConfigError(f"decoders {repeated} are listed twice; give them distinct name= values")
-        part = rp.replay_all(mine, [domain] * len(mine), list(configs) + extra.get(domain, []), max_new_tokens,
-                             lms, rescorer, eos_token_id)
-        results[domain] = part[domain]
+        results[domain] = rp.replay_all(mine, list(configs) + extra.get(domain, []), max_new_tokens,
+                                        lms, rescorer, eos_token_id)
     return results, tables, report
 
 
@@ -699,9 +711,7 @@ def main(args: Any) -> int:
         raise DecoderConfigError(f"--alphas must be finite and >= 0, got {args.alphas!r}")
     if args.engine == "decode" and (tune or args.tune_prompts):
         raise DecoderConfigError("--tune / --tune-prompts need --engine replay or both")
-    for config in tune:
-        if config.method not in ("ngram", "neural"):
-            raise DecoderConfigError(f"only ngram and neural decoders have an alpha to tune, got {config.method!r}")
+    _check_tunable(tune)
     lms = load_lms(args.lm)
     from latticekit.bpd.decoders import _select_lm
 
@@ -756,11 +766,11 @@ def main(args: Any) -> int:
             # the real decodes' own report: wall-clock figures, which a replay cannot give
             write_report(decoded, Path(args.out) / "decoded", {
                 "engine": "decode (the real decodes of --engine both)",
-                "prompts": {d: sum(p.domain == d for p in check) for d in dict.fromkeys(p.domain for p in check)},
+                "prompts": dict(Counter(p.domain for p in check)),
                 "max_new_tokens": args.max_new_tokens, "device": args.device,
                 "torch_threads": torch.get_num_threads(), "machine": machine(),
                 "seconds": round(time.perf_counter() - t0, 1)}, tokenizer=tokenizer)
-    counts = {d: sum(p.domain == d for p in reported) for d in dict.fromkeys(p.domain for p in reported)}
+    counts = dict(Counter(p.domain for p in reported))
     meta = {
         "model": description, "heads": args.heads, "heads_num": int(heads.num_heads),
         "lms": {str(k): f"order {v.order}, {v.num_ngrams} n-grams" for k, v in lms.items()},

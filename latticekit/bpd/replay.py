@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -31,6 +31,7 @@ from typing import Any, Optional
 import numpy as np
 
 from latticekit._files import atomic_write
+from latticekit.bpd.analysis import accepted_length, block_efficiency
 from latticekit.bpd.errors import DecoderConfigError
 from latticekit.bpd.records import DecoderConfig, Decoding, StepRecord
 from latticekit.lattice import SausageLattice
@@ -45,8 +46,6 @@ __all__ = [
     "replay",
     "replay_all",
     "tune_alpha",
-    "by_domain",
-    "accepted_length",
 ]
 
 
@@ -233,6 +232,8 @@ def _lattices(heads: Any, hidden: Any, prompt: list[int], continuation: list[int
               chunk: int = 32) -> Trace:
     import torch
 
+    from latticekit.bpd.decoders import _entropy_of_logprobs
+
     t0 = time.perf_counter()
     parts = []
     entropies = []
@@ -242,10 +243,11 @@ def _lattices(heads: Any, hidden: Any, prompt: list[int], continuation: list[int
         for s in range(0, hidden.shape[0], chunk):
             logits = heads(hidden[s:s + chunk]).float()  # (n, h, V)
             logp = torch.log_softmax(logits, dim=-1)
-            entropies.append((-(logp.exp() * logp).sum(dim=-1)).double().cpu().numpy())
+            entropies.append(_entropy_of_logprobs(logp))
             parts.append(SausageLattice.from_logits(logits, k, fix_first=True))
-            head1 = logp[:, 0].cpu()
-            gaps.append(head1.max(dim=-1).values - head1.gather(-1, roots[s:s + chunk, None])[:, 0])
+            head1 = logp[:, 0]
+            chunk_roots = roots[s:s + chunk, None].to(head1.device)
+            gaps.append((head1.max(dim=-1).values - head1.gather(-1, chunk_roots)[:, 0]).cpu())
     tokens = np.concatenate([p.tokens for p in parts])
     scores = np.concatenate([p.scores for p in parts])
     widths = np.concatenate([p.widths for p in parts])
@@ -259,20 +261,6 @@ def _lattices(heads: Any, hidden: Any, prompt: list[int], continuation: list[int
     tokens[:, 0, 0] = roots.numpy()
     return Trace(prompt, continuation, tokens, scores, widths, np.concatenate(entropies),
                  (time.perf_counter() - t0) / max(1, len(continuation)))
-
-
-def accepted_length(drafts: Sequence[Sequence[int]], greedy: Sequence[int]) -> int:
-    """Draft tokens a greedy tree pass accepts: the longest prefix any draft shares with the
-    greedy continuation ``greedy`` (the tokens after the root)."""
-    best = 0
-    for draft in drafts:
-        n = 0
-        for a, b in zip(draft, greedy):
-            if a != b:
-                break
-            n += 1
-        best = max(best, n)
-    return best
 
 
 def _neural_drafts(trace: Trace, config: DecoderConfig, rescorer: Any) -> np.ndarray:
@@ -313,12 +301,11 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
             the traced k, a missing n-gram model or rescorer.
         latticekit.bpd.rescorer.RescorerError: a rescorer with too few positions for the heads.
     """
-    from latticekit.bpd.decoders import _oracle_draft, _select_lm
+    from latticekit.bpd.decoders import _check_max_new_tokens, _oracle_draft, _select_lm
 
     if config.temperature > 0:
         raise DecoderConfigError("replay covers greedy decoding only; sampling needs real decodes")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise DecoderConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    _check_max_new_tokens(max_new_tokens)
     h = trace.num_heads
     cont = trace.continuation
     if max_new_tokens + h - 1 > len(cont):
@@ -362,7 +349,8 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
             context = reference[max(0, end + 1 - lm.order): end]
             drafts = [tuple(path.tokens[1:]) for path in pbest(lattice, lm, config.p, config.alpha, context=context)]
         search_s = time.perf_counter() - t0 + t_neural
-        a = accepted_length(drafts, cont[i + 1: i + h])
+        # a greedy tree pass accepts the longest prefix any draft shares with the greedy tokens
+        a = max((accepted_length(draft, cont[i + 1: i + h]) for draft in drafts), default=0)
         emitted = tuple(cont[i + 1: i + 2 + a])
         steps.append(StepRecord(
             root_token=cont[i], drafts=drafts, vanilla_draft=vanilla, emitted=emitted, num_accepted=a,
@@ -376,20 +364,19 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
     return Decoding(config=config, prompt=prompt, tokens=tokens, steps=steps, replayed=True)
 
 
-def replay_all(traces: Sequence[Trace], domains: Sequence[str], configs: Sequence[DecoderConfig],
-               max_new_tokens: int, lms: Any = None, rescorer: Any = None,
-               eos_token_id: Optional[int] = None) -> dict[str, dict[str, list[Decoding]]]:
-    """:func:`replay` of every config (and the greedy baseline first) over traces, grouped as
-    ``latticekit eval`` reports them: domain -> decoder label -> one decoding per prompt."""
-    results: dict[str, dict[str, list[Decoding]]] = {}
+def replay_all(traces: Sequence[Trace], configs: Sequence[DecoderConfig], max_new_tokens: int,
+               lms: Any = None, rescorer: Any = None,
+               eos_token_id: Optional[int] = None) -> dict[str, list[Decoding]]:
+    """:func:`replay` of every config (and the greedy baseline first) over traces: decoder
+    label -> one decoding per trace."""
     greedy = DecoderConfig("greedy")
-    for trace, domain in zip(traces, domains):
-        per = results.setdefault(domain, {"greedy": []})
+    per: dict[str, list[Decoding]] = {"greedy": []}
+    for trace in traces:
         per["greedy"].append(replay(trace, greedy, max_new_tokens, eos_token_id=eos_token_id))
         for config in configs:
             per.setdefault(config.label, []).append(
                 replay(trace, config, max_new_tokens, lms, rescorer, eos_token_id))
-    return results
+    return per
 
 
 def tune_alpha(traces: Sequence[Trace], config: DecoderConfig, alphas: Sequence[float], max_new_tokens: int,
@@ -397,18 +384,9 @@ def tune_alpha(traces: Sequence[Trace], config: DecoderConfig, alphas: Sequence[
     """Block efficiency of ``config`` at every alpha over ``traces`` (the tuning prompts)."""
     from dataclasses import replace
 
-    from latticekit.bpd.analysis import block_efficiency
-
     table = {}
     for alpha in alphas:
         tuned = replace(config, alpha=float(alpha), name=None)
         table[float(alpha)] = block_efficiency(
             replay(t, tuned, max_new_tokens, lms, rescorer, eos_token_id) for t in traces)
     return table
-
-
-def by_domain(traces: Sequence[Trace], domains: Sequence[str]) -> Mapping[str, list[Trace]]:
-    out: dict[str, list[Trace]] = {}
-    for trace, domain in zip(traces, domains):
-        out.setdefault(domain, []).append(trace)
-    return out

@@ -168,10 +168,7 @@ class NeuralRescorer(nn.Module):
         T = ids.shape[-1]
         if T > self.max_len:
             raise RescorerError(f"sequence of {T} tokens; the rescorer covers {self.max_len}")
-        x = self.embed(self.classes(ids)) + self.position.weight[:T]
-        for layer in self.layers:
-            q, k, v = layer.split(x)
-            x = layer.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        x, _, _ = self._causal(ids)
         return self.norm(x) @ self.embed.weight.T
 
     def token_logprobs(self, class_logprobs: Tensor, tokens: Tensor) -> Tensor:
@@ -187,15 +184,20 @@ class NeuralRescorer(nn.Module):
         if ids.dim() != 1 or not 1 <= ids.shape[0] <= self.max_len:
             raise RescorerError(f"prefix_state needs 1..{self.max_len} ids in a 1-D tensor, got shape "
                                 f"{tuple(ids.shape)}")
-        T = ids.shape[0]
-        x = self.embed(self.classes(ids)) + self.position.weight[:T]
+        x, keys, values = self._causal(ids)
+        return PrefixState(keys, values, x)
+
+    def _causal(self, ids: Tensor) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """The last layer's output for ids `(..., T)` under plain causal attention, with every
+        layer's keys and values."""
+        x = self.embed(self.classes(ids)) + self.position.weight[: ids.shape[-1]]
         keys, values = [], []
         for layer in self.layers:
             q, k, v = layer.split(x)
             keys.append(k)
             values.append(v)
             x = layer.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        return PrefixState(keys, values, x)
+        return x, keys, values
 
     @torch.no_grad()
     def continuation_logprobs(self, state: PrefixState, ends: Tensor, drafts: Tensor) -> Tensor:

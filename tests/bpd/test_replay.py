@@ -16,7 +16,7 @@ import torch
 import latticekit as lk
 from bpd_helpers import ARPA, VOCAB, PeekingHeads, tiny_gpt2, tiny_llama
 from latticekit.bpd import DecoderConfig, DecoderConfigError, decode, greedy_decode
-from latticekit.bpd.replay import Trace, accepted_length, replay, trace_prompts, tune_alpha
+from latticekit.bpd.replay import Trace, replay, trace_prompts, tune_alpha
 from latticekit.bpd.rescorer import NeuralRescorer, RescorerError
 from test_rescorer import tiny_rescorer
 
@@ -129,12 +129,6 @@ def test_tune_alpha_is_block_efficiency_per_alpha(lm: lk.NGramLM) -> None:
     for alpha, be in table.items():
         runs = [replay(t, DecoderConfig("ngram", k=4, p=4, alpha=alpha), NEW_TOKENS, lms=lm) for t in traces]
         assert be == sum(len(r.tokens) for r in runs) / sum(r.calls for r in runs)
-
-
-def test_accepted_length() -> None:
-    assert accepted_length([(1, 2, 3), (1, 2, 4), (5,)], [1, 2, 4, 9]) == 3
-    assert accepted_length([(7, 2)], [1, 2]) == 0
-    assert accepted_length([], [1]) == 0
 
 
 def test_bad_arguments(lm: lk.NGramLM) -> None:
