@@ -203,9 +203,11 @@ cdef class CoreModel:
 
 
     def pbest_one(self, const int32_t[:, ::1] tokens, const float[:, ::1] scores,
-                  const int32_t[::1] widths, context, bint bos, int p, double alpha, path_type):
+                  const int32_t[::1] widths, const int32_t[::1] context, bint bos, int p,
+                  double alpha, path_type):
         """Raw search of one lattice, straight to a list of path_type(tokens, score, draft,
-        lm); the Python layer validates every argument first. context: int32 array or None."""
+        lm); the Python layer validates every argument first. context: the tokens that
+        matter of the decoded prefix (maybe none)."""
         cdef LatticeView lattice
         lattice.tokens = &tokens[0, 0]
         lattice.scores = &scores[0, 0]
@@ -213,14 +215,8 @@ cdef class CoreModel:
         lattice.h = tokens.shape[0]
         lattice.k = tokens.shape[1]
         cdef int h = lattice.h
-        cdef const int32_t[::1] c_view
-        cdef const int32_t* c_ptr = NULL
-        cdef size_t c_size = 0
-        cdef int32_t dummy = 0
-        if context is not None:
-            c_view = context
-            c_size = c_view.shape[0]
-            c_ptr = &c_view[0] if c_size > 0 else &dummy
+        cdef size_t c_size = context.shape[0]
+        cdef const int32_t* c_ptr = &context[0] if c_size > 0 else NULL  # NULL: no context
         cdef vector[int32_t] out_tokens
         cdef vector[double] out_score, out_draft, out_lm
         out_tokens.resize(<size_t> p * h)
@@ -245,7 +241,8 @@ def lattice_problem(const int32_t[:, :, ::1] tokens, const float[:, :, ::1] scor
     """The first problem of a batch of lattices (shapes and widths already checked), as
     (kind, b, i, j), or None; only arcs below the width count. Kinds, checked in this order
     over the whole batch: 0 a negative token id, 1 a score that is NaN or infinite, 2 a
-    token listed twice within one position (j is then its second arc)."""
+    token listed twice within one position (j is then its second arc, or -1 in a position
+    wider than 32 arcs, which is checked by sorting)."""
     cdef Py_ssize_t nb = tokens.shape[0], h = tokens.shape[1], b, i, j, j2
     cdef int32_t w
     cdef vector[int32_t] row

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from latticekit._arrays import to_numpy
+from latticekit._arrays import _INT32_MAX, to_numpy
 from latticekit._core import lattice_problem
 from latticekit.errors import LatticeError, VocabularyError
 
@@ -55,9 +55,8 @@ class SausageLattice:
         if not np.issubdtype(scores.dtype, np.floating):
             raise LatticeError(f"scores must be floating point, got dtype {scores.dtype}")
         if tokens.dtype != np.int32 and tokens.size:  # what the int32 copy could not hold
-            info = np.iinfo(np.int32)
             for value in (int(tokens.min()), int(tokens.max())):
-                if not info.min <= value <= info.max:
+                if not -_INT32_MAX - 1 <= value <= _INT32_MAX:
                     raise VocabularyError(f"token id {value} does not fit int32")
         k = tokens.shape[-1]
         if widths is None:

@@ -106,7 +106,8 @@ def pbest(
 
     Raises:
         LatticeError: a batched lattice, p < 1, alpha negative or not finite.
-        VocabularyError: negative ids in context.
+        VocabularyError: negative ids among the last ``order - 1`` tokens of context
+            (the only ones read).
     """
     if not isinstance(lattice, SausageLattice):
         raise LatticeError(f"lattice must be a SausageLattice, got {type(lattice).__name__}")
@@ -114,8 +115,9 @@ def pbest(
         raise LatticeError("pbest takes one lattice; use pbest_batch for a batch")
     _check_search_args(lm, p, alpha)
     tail = _context_tail(context, lm.order - 1)
+    p = min(int(p), lattice.num_paths)  # the output buffers need no more rows than paths
     return lm._core.pbest_one(lattice.tokens, lattice.scores, lattice.widths, tail, bool(bos),
-                              int(p), float(alpha), Path)
+                              p, float(alpha), Path)
 
 
 def pbest_batch(
@@ -163,7 +165,6 @@ def _search(tokens, scores, widths, lm, p, alpha, contexts, bos, threads) -> PBe
         offsets = np.zeros(batch + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([len(c) for c in parts])
         flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-        flat = np.ascontiguousarray(flat, dtype=np.int32)
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise LatticeError(f"threads must be an integer >= 1, got {threads!r}")
     out = lm._core.pbest_batch(tokens, scores, widths, flat, offsets, bool(bos), int(p),

@@ -20,11 +20,12 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence
 import numpy as np
 
 from latticekit import _core
+from latticekit._arrays import _INT32_MAX
 from latticekit.errors import VocabularyError
 from latticekit.lm.counting import CorpusError
 from latticekit.lm.trie import BOS, EOS, SPECIAL_WORDS
 
-_INT32_LIMIT = int(np.iinfo(np.int32).max) + 1
+_INT32_LIMIT = int(_INT32_MAX) + 1
 
 __all__ = [
     "WordTable",

@@ -397,14 +397,11 @@ def count_corpus(
     # never touch each other's runs; removed at the end, whatever happens.
     if spill_dir is not None:
         os.makedirs(spill_dir, exist_ok=True)
-    own_tmp = tempfile.TemporaryDirectory(prefix="latticekit-counts-", dir=spill_dir)
-    try:
-        runs = _RunStore(own_tmp.name, run_memory, merge_fan_in)
+    with tempfile.TemporaryDirectory(prefix="latticekit-counts-", dir=spill_dir) as own_tmp:
+        runs = _RunStore(own_tmp, run_memory, merge_fan_in)
         _count_into(runs, streams, order, vocab_size_hint, max(1, workers), progress)
         _core.release_free_memory()  # what the counting threads freed
         return runs.finish(min_counts)
-    finally:
-        own_tmp.cleanup()
 
 
 class _RunStore:
