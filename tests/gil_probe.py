@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -31,3 +31,17 @@ def assert_releases_gil(call: Callable[[], object], duration: float) -> None:
     assert duration > 0.02, "call too quick to observe"
     assert len(ticks) >= 5
     assert np.diff(ticks).max() < max(0.5 * duration, 0.05)
+
+
+def assert_releases_gil_on(run: Callable[[Any], object], data: Any, grow: Callable[[Any], Any],
+                           too_big: Callable[[Any], bool]) -> None:
+    """:func:`assert_releases_gil` for ``run(data)``, data first grown (``grow``, e.g. doubled)
+    until the call takes over 0.1 s, however fast it is, or until ``too_big(data)``."""
+    while True:
+        start = time.perf_counter()
+        run(data)
+        duration = time.perf_counter() - start
+        if duration > 0.1 or too_big(data):
+            break
+        data = grow(data)
+    assert_releases_gil(lambda: run(data), duration)

@@ -1,6 +1,6 @@
 """Slow, obviously-correct references for the fast paths: ARPA back-off scoring straight
-from the n-gram dictionary, p-best by enumerating every path, and n-gram counting with a
-dictionary of tuples."""
+from the n-gram dictionary, p-best by enumerating every path, n-gram counting with a
+dictionary of tuples, and the lattice input checks arc by arc."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from latticekit.errors import LatticeError, VocabularyError
 
 LN10 = math.log(10.0)
 
@@ -118,3 +120,20 @@ def count_tables_as_dict(counts) -> Dict[Tuple[int, ...], int]:
         for ids, c in zip(counts.ngram_ids(k).tolist(), list(counts.count[k - 1])):
             out[tuple(ids)] = int(c)
     return out
+
+
+def slow_lattice_problem(tokens, scores, widths):
+    """The obvious check, arc by arc: which error (if any) a lattice must raise."""
+    used = [(b, i, j) for b in range(tokens.shape[0]) for i in range(tokens.shape[1])
+            for j in range(int(widths[b, i]))]
+    if any(tokens[u] < 0 for u in used):
+        return VocabularyError
+    with np.errstate(over="ignore"):  # scores are stored as float32: 1e39 becomes inf
+        if any(not np.isfinite(np.float32(scores[u])) for u in used):
+            return LatticeError
+    for b in range(tokens.shape[0]):
+        for i in range(tokens.shape[1]):
+            row = tokens[b, i, : widths[b, i]].tolist()
+            if len(set(row)) < len(row):
+                return LatticeError
+    return None

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import latticekit as lk
+from reference import slow_lattice_problem
 
 DATA = Path(__file__).parent / "data"
 
@@ -108,6 +109,7 @@ def lm():
     ([1, 2], [0.0, 1.0], None, lk.LatticeError, r"shape \(h, k\)"),
     ([[1.5, 2]], [[0.0, 0.0]], None, lk.LatticeError, "integers"),
     ([[1, -2]], [[0.0, 0.0]], None, lk.VocabularyError, "negative token id"),
+    (np.array([[1, 2**31]], dtype=np.int64), [[0.0, 0.0]], None, lk.VocabularyError, "does not fit int32"),
     ([[1, 1]], [[0.0, 0.0]], None, lk.LatticeError, "twice"),
     ([[1, 2]], [[0.0, 0.0]], [3], lk.LatticeError, "widths"),
     ([[1, 2]], [[0.0, 0.0]], [0], lk.LatticeError, "widths"),
@@ -124,23 +126,6 @@ def test_arcs_past_the_width_are_not_checked():
     for dtype in (np.int32, np.int64):  # -1 padding, whatever the dtype
         lat = lk.SausageLattice(np.array([[4, -1], [5, 6]], dtype=dtype), np.zeros((2, 2)), widths=[1, 2])
         assert lat.num_paths == 2
-
-
-def slow_lattice_problem(tokens, scores, widths):
-    """The obvious check, arc by arc: which error (if any) a lattice must raise."""
-    used = [(b, i, j) for b in range(tokens.shape[0]) for i in range(tokens.shape[1])
-            for j in range(int(widths[b, i]))]
-    if any(tokens[u] < 0 for u in used):
-        return lk.VocabularyError
-    with np.errstate(over="ignore"):  # scores are stored as float32: 1e39 becomes inf
-        if any(not np.isfinite(np.float32(scores[u])) for u in used):
-            return lk.LatticeError
-    for b in range(tokens.shape[0]):
-        for i in range(tokens.shape[1]):
-            row = tokens[b, i, : widths[b, i]].tolist()
-            if len(set(row)) < len(row):
-                return lk.LatticeError
-    return None
 
 
 @settings(max_examples=200, deadline=None)
