@@ -50,6 +50,12 @@ def machine() -> dict:
             "platform": platform.platform()}
 
 
+def read_stream(path) -> np.ndarray:
+    """The held-out token ids (whitespace-separated, gzip), as one int64 array."""
+    with gzip.open(path, "rt") as f:
+        return np.array([int(x) for line in f for x in line.split()], dtype=np.int64)
+
+
 def make_lattices(lm, stream, n, h, k, seed):
     words = lm.words
     token_of_word = np.array([int(w) if w.isdigit() else -1 for w in words])
@@ -103,8 +109,7 @@ def main(argv=None) -> int:
     print(f"model {lm!r}: ARPA -> model {report['arpa_to_model_s']:.2f} s, "
           f"{report['bytes_per_ngram']:.2f} bytes/n-gram, load {report['load_ms_median']:.1f} ms", flush=True)
 
-    with gzip.open(args.heldout, "rt") as f:
-        stream = np.array([int(x) for line in f for x in line.split()], dtype=np.int64)
+    stream = read_stream(args.heldout)
 
     rescorer = None
     if not args.no_openfst:
