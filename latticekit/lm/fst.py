@@ -451,6 +451,7 @@ class OpenFstRescorer:
         p: int,
         alpha: float = 1.0,
         widths: Optional[np.ndarray] = None,
+        unique: bool = True,
     ) -> Tuple[np.ndarray, np.ndarray]:
         """The ``p`` best paths of ``draft score + alpha * ln p_lm`` through OpenFst.
 
@@ -460,6 +461,11 @@ class OpenFstRescorer:
             p: number of paths.
             alpha: weight of the language model.
             widths (`np.ndarray` of shape `(h,)`): arcs used per position.
+            unique: return ``p`` distinct token sequences: the composition is projected to
+                its input labels and epsilon-removed first, then ``shortestpath(nshortest=p,
+                unique=True)``. With ``False``, ``shortestpath(nshortest=p)`` runs straight on
+                the composition (the cheaper pipeline; for ``p > 1`` one token sequence may
+                come back several times, once per back-off route).
 
         Returns:
             (paths (int64 `[m, h]` token ids, m <= p, best first), total scores (float64 `[m]`)).
@@ -467,9 +473,10 @@ class OpenFstRescorer:
         fst = _pywrapfst()
         lat = self.lattice(tokens, scores, widths)
         composed = fst.compose(lat, self._model(alpha), connect=True)
-        composed.project("input")
-        composed.rmepsilon()
-        best = fst.shortestpath(composed, nshortest=p, unique=True)
+        if unique:
+            composed.project("input")
+            composed.rmepsilon()
+        best = fst.shortestpath(composed, nshortest=p, unique=unique)
         return _paths(best, np.asarray(tokens).shape[0], self._token_of_label())
 
     def _token_of_label(self) -> np.ndarray:

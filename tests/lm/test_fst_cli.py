@@ -68,6 +68,15 @@ def test_openfst_pbest_agrees_with_exact_scores():
         lm = perplexity(model, [[str(t) for t in path]])
         exact_lm = (lm.logprob10 - _eos_log10(model, path)) * np.log(10)
         assert total >= draft + 0.5 * exact_lm - 1e-4
+    # without the unique step: the same best score, p routes best first, and every
+    # distinct sequence among them is one of the unique p best or ties with the p-th
+    plain, plain_totals = rescorer.pbest(tokens, scores, p=5, alpha=0.5, unique=False)
+    assert plain.shape == (5, 4)
+    assert np.all(np.diff(plain_totals) <= 1e-9)
+    assert plain_totals[0] == pytest.approx(totals[0], abs=1e-4)
+    unique_paths = {tuple(x) for x in paths.tolist()}
+    for path, total in zip(plain.tolist(), plain_totals):
+        assert tuple(path) in unique_paths or total <= totals[-1] + 1e-4
 
 
 def _eos_log10(model, path):
