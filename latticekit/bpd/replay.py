@@ -299,7 +299,8 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
     Raises:
         DecoderConfigError: a sampling config, ``max_new_tokens`` beyond the trace, k beyond
             the traced k, a missing n-gram model or rescorer.
-        latticekit.bpd.rescorer.RescorerError: a rescorer with too few positions for the heads.
+        latticekit.bpd.rescorer.RescorerError: a rescorer with too few positions for the heads,
+            or one whose vocabulary misses a token id of the trace.
     """
     from latticekit.bpd.decoders import _check_max_new_tokens, _oracle_draft, _select_lm
 
@@ -315,11 +316,16 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
     neural = None
     t_neural = 0.0
     if config.method == "neural":
-        from latticekit.bpd.rescorer import check_rescorer
+        from latticekit.bpd.rescorer import RescorerError, check_rescorer
 
         if rescorer is None:
             raise DecoderConfigError(f"decoder {config.label!r} needs a neural rescorer")
-        check_rescorer(rescorer, rescorer.vocab_size, h)
+        check_rescorer(rescorer, rescorer.vocab_size, h)  # its type and context window
+        # A trace does not record the target's vocabulary size: every id it holds must fit.
+        largest = max(max(trace.prompt, default=0), max(cont), int(trace.lattice_tokens.max(initial=0)))
+        if largest >= rescorer.vocab_size:
+            raise RescorerError(f"the trace holds token id {largest}, the rescorer covers a vocabulary of "
+                                f"{rescorer.vocab_size} ids: it was trained for another tokenizer")
         t0 = time.perf_counter()
         neural = _neural_drafts(trace, config, rescorer)
         t_neural = (time.perf_counter() - t0) / len(cont)

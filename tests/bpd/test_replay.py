@@ -141,6 +141,10 @@ def test_bad_arguments(lm: lk.NGramLM) -> None:
         replay(traces[0], DecoderConfig("oracle", k=16), 10)
     with pytest.raises(DecoderConfigError, match="neural rescorer"):
         replay(traces[0], DecoderConfig("neural", k=4), 10)
+    small = NeuralRescorer(torch.zeros(VOCAB // 2, dtype=torch.long), d_model=8, num_layers=1, num_heads=2,
+                           d_ff=8, max_len=16)
+    with pytest.raises(RescorerError, match="token id .* another tokenizer"):
+        replay(traces[0], DecoderConfig("neural", k=4), 10, rescorer=small)
     model, heads, _ = setup("llama")
     with pytest.raises(RescorerError, match="NeuralRescorer"):
         decode(model, heads, PROMPTS[0], DecoderConfig("neural", k=4), max_new_tokens=4)
