@@ -68,8 +68,8 @@ def test_openfst_pbest_agrees_with_exact_scores():
         lm = perplexity(model, [[str(t) for t in path]])
         exact_lm = (lm.logprob10 - _eos_log10(model, path)) * np.log(10)
         assert total >= draft + 0.5 * exact_lm - 1e-4
-    # without the unique step: the same best score, p routes best first, and every
-    # distinct sequence among them is one of the unique p best or ties with the p-th
+    # without the unique step: the same best score, p routes best first, each of them one
+    # of the unique p best or scoring no higher than the p-th of those
     plain, plain_totals = rescorer.pbest(tokens, scores, p=5, alpha=0.5, unique=False)
     assert plain.shape == (5, 4)
     assert np.all(np.diff(plain_totals) <= 1e-9)
