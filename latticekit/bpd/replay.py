@@ -316,16 +316,13 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
     neural = None
     t_neural = 0.0
     if config.method == "neural":
-        from latticekit.bpd.rescorer import RescorerError, check_rescorer
+        from latticekit.bpd.rescorer import check_rescorer
 
         if rescorer is None:
             raise DecoderConfigError(f"decoder {config.label!r} needs a neural rescorer")
-        check_rescorer(rescorer, rescorer.vocab_size, h)  # its type and context window
         # A trace does not record the target's vocabulary size: every id it holds must fit.
         largest = max(max(trace.prompt, default=0), max(cont), int(trace.lattice_tokens.max(initial=0)))
-        if largest >= rescorer.vocab_size:
-            raise RescorerError(f"the trace holds token id {largest}, the rescorer covers a vocabulary of "
-                                f"{rescorer.vocab_size} ids: it was trained for another tokenizer")
+        check_rescorer(rescorer, None, h, largest_id=largest)
         t0 = time.perf_counter()
         neural = _neural_drafts(trace, config, rescorer)
         t_neural = (time.perf_counter() - t0) / len(cont)

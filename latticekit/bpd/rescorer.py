@@ -350,18 +350,27 @@ def context_window(rescorer: NeuralRescorer, num_heads: int) -> int:
     return window
 
 
-def check_rescorer(rescorer: Any, vocab_size: int, num_heads: int) -> "NeuralRescorer":
+def check_rescorer(rescorer: Any, vocab_size: Optional[int], num_heads: int,
+                   largest_id: Optional[int] = None) -> "NeuralRescorer":
     """The rescorer, checked against the target's vocabulary and the heads.
 
+    Args:
+        vocab_size: the target's vocabulary size, or None where it is not known (a trace).
+        largest_id: the largest token id the rescorer will read, where the vocabulary size is
+            not known.
+
     Raises:
-        RescorerError: not a :class:`NeuralRescorer`, made for another vocabulary size, or too
-            few positions for ``num_heads`` heads.
+        RescorerError: not a :class:`NeuralRescorer`, made for another vocabulary size (or one
+            without ``largest_id``), or too few positions for ``num_heads`` heads.
     """
     if not isinstance(rescorer, NeuralRescorer):
         raise RescorerError(f"neural decoders need a NeuralRescorer, got {type(rescorer).__name__}")
-    if rescorer.vocab_size != vocab_size:
+    if vocab_size is not None and rescorer.vocab_size != vocab_size:
         raise RescorerError(f"the rescorer covers a vocabulary of {rescorer.vocab_size} ids, the target has "
                             f"{vocab_size}: it was trained for another tokenizer")
+    if largest_id is not None and largest_id >= rescorer.vocab_size:
+        raise RescorerError(f"token id {largest_id} lies outside the rescorer's vocabulary of "
+                            f"{rescorer.vocab_size} ids: it was trained for another tokenizer")
     context_window(rescorer, num_heads)
     return rescorer
 
