@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from latticekit.bpd.drafters import Drafter, DraftInput, make_drafter, uniform_lm
 from latticekit.bpd.errors import DecoderConfigError, HeadsError
 from latticekit.bpd.records import METHODS, DecoderConfig, Decoding, StepRecord
 
@@ -23,6 +24,9 @@ __all__ = [
     "DecoderConfig",
     "Decoding",
     "StepRecord",
+    "Drafter",
+    "DraftInput",
+    "make_drafter",
     "decode",
     "greedy_decode",
     "uniform_lm",
@@ -30,7 +34,7 @@ __all__ = [
     "HeadsError",
 ]
 
-_NEEDS_TORCH = ("decode", "greedy_decode", "uniform_lm")
+_NEEDS_TORCH = ("decode", "greedy_decode")
 
 
 def __getattr__(name: str) -> Any:

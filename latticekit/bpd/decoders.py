@@ -20,17 +20,17 @@ Under greedy acceptance every decoder emits exactly the target's greedy output; 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Optional, Union
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
+from latticekit.bpd.drafters import Draft, DraftInput, drafter_class, make_drafter
+from latticekit.bpd.drafters.vanilla import argmax_draft
 from latticekit.bpd.errors import DecoderConfigError, HeadsError
 from latticekit.bpd.records import DecoderConfig, Decoding, StepRecord
 from latticekit.lattice import SausageLattice
-from latticekit.ngram import NGramLM
-from latticekit.search import pbest
 from latticekit.torch import DraftTree, prefill, target_probs, verify
 from latticekit.torch.tree import mask_from_visibility
 
@@ -39,17 +39,7 @@ from latticekit.torch.tree import mask_from_visibility
 # duplicating the HF / protocol split.
 from latticekit.torch.verify import _Target
 
-__all__ = ["decode", "greedy_decode", "uniform_lm"]
-
-LMs = Union[NGramLM, Mapping[Optional[str], NGramLM], None]
-
-
-def uniform_lm() -> NGramLM:
-    """A unigram model that scores every token alike: ``ngram`` with it is the "0-gram" p-best."""
-    words = ["<unk>", "<s>", "</s>"]
-    ids = np.arange(3, dtype=np.int32)
-    prob = np.array([-1.0, -99.0, -1.0], dtype=np.float32)
-    return NGramLM.from_ngrams(words, [(ids, prob, np.zeros(3, dtype=np.float32))])
+__all__ = ["decode", "greedy_decode", "entropy_of_logprobs"]
 
 
 def _prompt_list(prompt_ids: Any) -> list[int]:
@@ -71,32 +61,6 @@ def _prompt_list(prompt_ids: Any) -> list[int]:
     if not prompt:
         raise DecoderConfigError("prompt_ids is empty: the first step needs at least one token")
     return prompt
-
-
-def _select_lm(config: DecoderConfig, lms: LMs) -> Optional[NGramLM]:
-    if config.method != "ngram":
-        return None
-    if isinstance(lms, NGramLM):
-        chosen: Optional[NGramLM] = lms
-    elif lms is None:
-        chosen = None
-    elif config.lm is None and config.alpha == 0:
-        chosen = None  # the 0-gram ranks by the heads alone: no model of the mapping is needed
-    else:
-        if config.lm is None and len(lms) == 1:
-            chosen = next(iter(lms.values()))
-        elif config.lm not in lms:
-            raise DecoderConfigError(f"decoder {config.label!r} names n-gram model {config.lm!r}; "
-                                     f"given: {sorted(map(str, lms))}")
-        else:
-            chosen = lms[config.lm]
-    if chosen is None:
-        if config.alpha == 0:
-            return uniform_lm()
-        raise DecoderConfigError(f"decoder {config.label!r} needs an n-gram model (lms=...)")
-    if not isinstance(chosen, NGramLM):
-        raise DecoderConfigError(f"n-gram models must be NGramLM, got {type(chosen).__name__}")
-    return chosen
 
 
 class _Clock:
@@ -137,13 +101,13 @@ def _head_logits(heads: Any, hidden: torch.Tensor, vocab_size: int) -> torch.Ten
     return logits
 
 
-def _entropy_of_logprobs(logprobs: torch.Tensor) -> np.ndarray:
+def entropy_of_logprobs(logprobs: torch.Tensor) -> np.ndarray:
     """Entropy (nats) over the last axis of log-probabilities, as float64 numpy."""
     return (-(logprobs.exp() * logprobs).sum(dim=-1)).double().cpu().numpy()
 
 
 def _entropy(head_logits: torch.Tensor) -> np.ndarray:
-    return _entropy_of_logprobs(torch.log_softmax(head_logits.float(), dim=-1))
+    return entropy_of_logprobs(torch.log_softmax(head_logits.float(), dim=-1))
 
 
 def _check_max_new_tokens(max_new_tokens: Any) -> None:
@@ -151,17 +115,38 @@ def _check_max_new_tokens(max_new_tokens: Any) -> None:
         raise DecoderConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
-def _oracle_draft(lattice: SausageLattice, reference: Sequence[int], root_index: int) -> tuple[int, ...]:
-    """Follows the reference (the target's greedy continuation) through the lattice while it can;
-    arg-max arcs after the first position where the reference token is not among the top k."""
-    draft = []
-    on_track = True
-    for j in range(1, lattice.h):
-        arcs = lattice.tokens[j, : lattice.widths[j]]
-        want = reference[root_index + j] if root_index + j < len(reference) else -1
-        on_track = on_track and bool(np.any(arcs == want))
-        draft.append(int(want) if on_track else int(arcs[0]))
-    return tuple(draft)
+class _HeadsLattice:
+    """The step's lattice from the heads, built when a drafter first reads it (timed, with the
+    heads' entropies kept for the step record)."""
+
+    def __init__(self, heads: Any, hidden: torch.Tensor, k: int, root: int, vocab_size: int,
+                 clock: _Clock) -> None:
+        self.heads, self.hidden, self.k, self.root = heads, hidden, k, root
+        self.vocab_size, self.clock = vocab_size, clock
+        self.seconds = 0.0
+        self.entropy: Optional[np.ndarray] = None
+
+    def __call__(self) -> SausageLattice:
+        t0 = self.clock()
+        head_logits = _head_logits(self.heads, self.hidden, self.vocab_size)
+        lattice = SausageLattice.from_logits(head_logits, self.k, fix_first=True)
+        lattice.tokens[0, 0] = self.root  # head 1's arg-max, or the sampled token when sampling
+        self.entropy = _entropy(head_logits)
+        self.seconds = self.clock() - t0
+        return lattice
+
+
+def _record(step: DraftInput, drafts: Draft, emitted: tuple[int, ...], num_accepted: int,
+            entropy: Optional[np.ndarray], heads_s: float, search_s: float, model_s: float) -> StepRecord:
+    """The step's record; lattice fields only when the drafter read the lattice."""
+    if not step.has_lattice:
+        return StepRecord(root_token=step.root, drafts=drafts, vanilla_draft=(), emitted=emitted,
+                          num_accepted=num_accepted, search_s=search_s, model_s=model_s)
+    lattice = step.lattice
+    return StepRecord(root_token=step.root, drafts=drafts, vanilla_draft=argmax_draft(step), emitted=emitted,
+                      num_accepted=num_accepted, lattice_tokens=lattice.tokens.copy(),
+                      lattice_scores=lattice.scores.copy(), head_entropy=entropy,
+                      heads_s=heads_s, search_s=search_s, model_s=model_s)
 
 
 @torch.no_grad()
@@ -172,13 +157,17 @@ def decode(
     config: DecoderConfig,
     *,
     max_new_tokens: int,
-    lms: LMs = None,
+    lms: Any = None,
     reference: Optional[Sequence[int]] = None,
     eos_token_id: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
     rescorer: Any = None,
 ) -> Decoding:
     """Decodes ``max_new_tokens`` tokens after a prompt with one decoder.
+
+    Every step hands the config's :class:`~latticekit.bpd.drafters.Drafter` the decoded ids
+    (and, when it asks, the heads' lattice), verifies its drafts in one tree pass, or takes a
+    plain one-token step when it returns none.
 
     Args:
         model: an HF causal LM (eager or sdpa attention) or a module following
@@ -189,7 +178,7 @@ def decode(
         config: the decoder.
         max_new_tokens: tokens to decode (>= 1); the last step's surplus is cut.
         lms: the n-gram model, or a mapping from ``config.lm`` names to models (``ngram``).
-            None with ``alpha == 0`` uses :func:`uniform_lm`.
+            None with ``alpha == 0`` uses :func:`~latticekit.bpd.drafters.uniform_lm`.
         reference: ``oracle`` only: the target's greedy sequence (prompt included) at least
             ``max_new_tokens + h`` tokens past the prompt; computed with :func:`greedy_decode`
             (not counted as steps) when None.
@@ -207,26 +196,23 @@ def decode(
         HeadsError: heads missing, or their logits not `(h >= 2, vocab)`.
         latticekit.torch errors: an unsupported model (see :func:`latticekit.torch.verify`).
     """
-    if not isinstance(config, DecoderConfig):
-        raise DecoderConfigError(f"config must be a DecoderConfig, got {type(config).__name__}")
+    strategy = drafter_class(config)
     _check_max_new_tokens(max_new_tokens)
     prompt = _prompt_list(prompt_ids)
-    lm = _select_lm(config, lms)
-    if config.method != "greedy" and heads is None:
+    if strategy.needs_heads and heads is None:
         raise HeadsError(f"decoder {config.label!r} needs draft heads")
     target = _Target(model)
-    if config.method == "neural":
-        from latticekit.bpd.rescorer import check_rescorer, neural_drafts
-
-        num_heads = getattr(heads, "num_heads", None)
-        check_rescorer(rescorer, target.vocab_size, num_heads if isinstance(num_heads, int) else 2)
-    if config.method == "oracle" and reference is None:
-        num_heads = getattr(heads, "num_heads", None)
-        if not isinstance(num_heads, int):
-            raise HeadsError("the oracle without a reference needs heads.num_heads to know how far to look ahead")
+    num_heads = getattr(heads, "num_heads", None)
+    num_heads = num_heads if isinstance(num_heads, int) else None
+    if strategy.needs_reference and reference is None:
+        if num_heads is None:
+            raise HeadsError(f"decoder {config.label!r} without a reference needs heads.num_heads "
+                             "to know how far to look ahead")
         reference = prompt + greedy_decode(model, prompt, max_new_tokens + num_heads).tokens
-    if config.k > target.vocab_size:
-        raise DecoderConfigError(f"k={config.k} exceeds the vocabulary ({target.vocab_size})")
+    drafter = make_drafter(config, lms=lms, rescorer=rescorer, reference=reference,
+                           vocab_size=target.vocab_size, num_heads=num_heads)
+    if drafter.k > target.vocab_size:
+        raise DecoderConfigError(f"k={drafter.k} exceeds the vocabulary ({target.vocab_size})")
     clock = _Clock(target.device)
     rule = "greedy" if config.temperature == 0 else "sampling"
 
@@ -241,50 +227,27 @@ def decode(
                             num_accepted=0, model_s=clock() - t0))
 
     while len(ids) - len(prompt) < max_new_tokens and eos_token_id not in steps[-1].emitted:
-        if config.method == "greedy":
-            t0 = clock()
-            logits, hidden = _forward_one(target, cache, ids[-1], len(ids) - 1)
-            ids.append(_next_token(logits, config, generator))
-            steps.append(StepRecord(root_token=ids[-2], drafts=[], vanilla_draft=(), emitted=(ids[-1],),
-                                    num_accepted=0, model_s=clock() - t0))
-            continue
-
-        root = ids[-1]
+        heads_lattice = _HeadsLattice(heads, hidden, drafter.k, ids[-1], target.vocab_size, clock)
+        step = DraftInput(ids, heads_lattice)
         t0 = clock()
-        head_logits = _head_logits(heads, hidden, target.vocab_size)
-        lattice = SausageLattice.from_logits(head_logits, config.k, fix_first=True)
-        lattice.tokens[0, 0] = root  # head 1's arg-max, or the sampled token when sampling
+        drafts = drafter.draft(step)
+        tree = DraftTree.from_drafts(drafts) if drafts else None
         t1 = clock()
-        vanilla = tuple(int(t) for t in lattice.tokens[1:, 0])
-        if config.method == "vanilla":
-            drafts = [vanilla]
-        elif config.method == "oracle":
-            assert reference is not None
-            drafts = [_oracle_draft(lattice, reference, len(ids) - 1)]
-        elif config.method == "neural":
-            draft = neural_drafts(rescorer, torch.tensor(ids), torch.tensor([len(ids) - 1]),
-                                  torch.from_numpy(lattice.tokens[None].astype(np.int64)),
-                                  torch.from_numpy(lattice.scores[None]), config.alpha, lattice.h)[0]
-            drafts = [tuple(int(t) for t in draft)]
+        if tree is not None:
+            result = verify(model, cache, ids, tree, rule,
+                            temperature=config.temperature or 1.0, top_p=config.top_p, generator=generator)
+            emitted = tuple(result.emitted_tokens.tolist())
+            num_accepted = result.num_accepted
+            hidden = result.hidden_state
         else:
-            assert lm is not None
-            context = ids[max(0, len(ids) - lm.order): -1]
-            paths = pbest(lattice, lm, config.p, config.alpha, context=context)
-            drafts = [tuple(path.tokens[1:]) for path in paths]
-        tree = DraftTree.from_drafts(drafts)
+            logits, hidden = _forward_one(target, cache, ids[-1], len(ids) - 1)
+            emitted = (_next_token(logits, config, generator),)
+            num_accepted = 0
         t2 = clock()
-        result = verify(model, cache, ids, tree, rule, temperature=config.temperature or 1.0,
-                        top_p=config.top_p, generator=generator)
-        emitted = tuple(result.emitted_tokens.tolist())
-        t3 = clock()
+        drafter.observe(step, drafts, emitted)
+        steps.append(_record(step, drafts, emitted, num_accepted, heads_lattice.entropy, heads_lattice.seconds,
+                             t1 - t0 - heads_lattice.seconds, t2 - t1))
         ids.extend(emitted)
-        hidden = result.hidden_state
-        steps.append(StepRecord(
-            root_token=root, drafts=drafts, vanilla_draft=vanilla, emitted=emitted,
-            num_accepted=result.num_accepted, lattice_tokens=lattice.tokens.copy(),
-            lattice_scores=lattice.scores.copy(), head_entropy=_entropy(head_logits),
-            heads_s=t1 - t0, search_s=t2 - t1, model_s=t3 - t2,
-        ))
 
     tokens = ids[len(prompt):][:max_new_tokens]
     if eos_token_id is not None and eos_token_id in tokens:

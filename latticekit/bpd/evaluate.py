@@ -713,12 +713,6 @@ def main(args: Any) -> int:
         raise DecoderConfigError("--tune / --tune-prompts need --engine replay or both")
     _check_tunable(tune)
     lms = load_lms(args.lm)
-    from latticekit.bpd.decoders import _select_lm
-
-    for config in configs + tune:  # a missing n-gram model or rescorer fails now, not after the model loads
-        _select_lm(config, lms)
-        if config.method == "neural" and not args.rescorer:
-            raise DecoderConfigError(f"decoder {config.label!r} needs --rescorer")
     if args.engine != "decode" and any(c.temperature > 0 for c in configs + tune):
         raise DecoderConfigError("the replay engine covers greedy decoders only; use --engine decode for sampling")
     rescorer = None
@@ -726,6 +720,13 @@ def main(args: Any) -> int:
         from latticekit.bpd.rescorer import NeuralRescorer
 
         rescorer = NeuralRescorer.load(args.rescorer, args.device)
+    from latticekit.bpd.drafters import make_drafter
+
+    for config in configs + tune:  # a missing n-gram model or rescorer fails now, not after the model loads
+        try:
+            make_drafter(config, lms=lms, rescorer=rescorer, reference=())
+        except DecoderConfigError as exc:
+            raise DecoderConfigError(f"{exc} (models: --lm NAME=PATH, rescorer: --rescorer)") from exc
     model, tokenizer, description = load_target(args.model, args.device)
     heads = load_heads(args.heads, model)
     # Windows are followed by the tokens a decode could read past them (the replay engine always

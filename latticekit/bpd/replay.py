@@ -25,6 +25,7 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,11 +33,11 @@ import numpy as np
 
 from latticekit._files import atomic_write
 from latticekit.bpd.analysis import accepted_length, block_efficiency
+from latticekit.bpd.drafters import DraftInput, make_drafter
+from latticekit.bpd.drafters.vanilla import argmax_draft
 from latticekit.bpd.errors import DecoderConfigError
 from latticekit.bpd.records import DecoderConfig, Decoding, StepRecord
 from latticekit.lattice import SausageLattice
-from latticekit.ngram import NGramLM
-from latticekit.search import pbest
 
 __all__ = [
     "TRACE_VERSION",
@@ -232,7 +233,7 @@ def _lattices(heads: Any, hidden: Any, prompt: list[int], continuation: list[int
               chunk: int = 32) -> Trace:
     import torch
 
-    from latticekit.bpd.decoders import _entropy_of_logprobs
+    from latticekit.bpd.decoders import entropy_of_logprobs
 
     t0 = time.perf_counter()
     parts = []
@@ -243,7 +244,7 @@ def _lattices(heads: Any, hidden: Any, prompt: list[int], continuation: list[int
         for s in range(0, hidden.shape[0], chunk):
             logits = heads(hidden[s:s + chunk]).float()  # (n, h, V)
             logp = torch.log_softmax(logits, dim=-1)
-            entropies.append(_entropy_of_logprobs(logp))
+            entropies.append(entropy_of_logprobs(logp))
             parts.append(SausageLattice.from_logits(logits, k, fix_first=True))
             head1 = logp[:, 0]
             chunk_roots = roots[s:s + chunk, None].to(head1.device)
@@ -263,24 +264,13 @@ def _lattices(heads: Any, hidden: Any, prompt: list[int], continuation: list[int
                  (time.perf_counter() - t0) / max(1, len(continuation)))
 
 
-def _neural_drafts(trace: Trace, config: DecoderConfig, rescorer: Any) -> np.ndarray:
-    """Algorithm 2's draft at every position of the trace, `(N, h - 1)`, batched over positions."""
-    import torch
-
-    from latticekit.bpd.rescorer import neural_drafts
-
-    sequence = trace.prompt + trace.continuation
-    ends = np.arange(len(trace.continuation)) + len(trace.prompt)
-    k = config.k
-    return neural_drafts(rescorer, torch.tensor(sequence), torch.from_numpy(ends),
-                         torch.from_numpy(trace.lattice_tokens[:, :, :k].astype(np.int64)),
-                         torch.from_numpy(trace.lattice_scores[:, :, :k]), config.alpha,
-                         trace.num_heads).numpy()
-
-
 def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = None,
            rescorer: Any = None, eos_token_id: Optional[int] = None) -> Decoding:
     """The steps :func:`latticekit.bpd.decode` takes with ``config`` (greedy mode), from a trace.
+
+    The same :class:`~latticekit.bpd.drafters.Drafter` as a real decode drafts every step; the
+    trace stands in for the target: a step accepts the longest prefix any draft shares with the
+    greedy continuation, and the next lattice is the trace's at the new root.
 
     Args:
         trace: from :func:`trace_prompts`, with at least ``max_new_tokens + h - 1`` tokens.
@@ -302,7 +292,7 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
         latticekit.bpd.rescorer.RescorerError: a rescorer with too few positions for the heads,
             or one whose vocabulary misses a token id of the trace.
     """
-    from latticekit.bpd.decoders import _check_max_new_tokens, _oracle_draft, _select_lm
+    from latticekit.bpd.decoders import _check_max_new_tokens
 
     if config.temperature > 0:
         raise DecoderConfigError("replay covers greedy decoding only; sampling needs real decodes")
@@ -312,54 +302,38 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
     if max_new_tokens + h - 1 > len(cont):
         raise DecoderConfigError(f"replaying {max_new_tokens} tokens needs a trace of at least "
                                  f"{max_new_tokens + h - 1} tokens, this one has {len(cont)}")
-    lm: Optional[NGramLM] = _select_lm(config, lms)
-    neural = None
-    t_neural = 0.0
-    if config.method == "neural":
-        from latticekit.bpd.rescorer import check_rescorer
-
-        if rescorer is None:
-            raise DecoderConfigError(f"decoder {config.label!r} needs a neural rescorer")
-        # A trace does not record the target's vocabulary size: every id it holds must fit.
-        largest = max(max(trace.prompt, default=0), max(cont), int(trace.lattice_tokens.max(initial=0)))
-        check_rescorer(rescorer, None, h, largest_id=largest)
-        t0 = time.perf_counter()
-        neural = _neural_drafts(trace, config, rescorer)
-        t_neural = (time.perf_counter() - t0) / len(cont)
     prompt = list(trace.prompt)
     reference = prompt + list(cont)
+    # A trace does not record the target's vocabulary size: every id it holds must fit.
+    largest = max(max(prompt, default=0), max(cont), int(trace.lattice_tokens.max(initial=0)))
+    drafter = make_drafter(config, lms=lms, rescorer=rescorer, reference=reference, num_heads=h,
+                           largest_id=largest)
+    if drafter.k > trace.k:
+        raise DecoderConfigError(f"decoder k={drafter.k} exceeds the traced k={trace.k}")
+    t0 = time.perf_counter()
+    drafter.prepare_replay(trace)
+    prepare_s = (time.perf_counter() - t0) / len(cont)
     steps = [StepRecord(root_token=prompt[-1], drafts=[], vanilla_draft=(), emitted=(cont[0],), num_accepted=0)]
     i = 0
     while i + 1 < max_new_tokens and (eos_token_id is None or eos_token_id not in steps[-1].emitted):
-        if config.method == "greedy":
-            i += 1
-            steps.append(StepRecord(root_token=cont[i - 1], drafts=[], vanilla_draft=(), emitted=(cont[i],),
-                                    num_accepted=0))
-            continue
-        lattice = trace.lattice(i, config.k)
+        step = DraftInput(reference[: len(prompt) + i + 1], partial(trace.lattice, i, drafter.k))
         t0 = time.perf_counter()
-        vanilla = tuple(int(t) for t in lattice.tokens[1:, 0])
-        if config.method == "vanilla":
-            drafts = [vanilla]
-        elif config.method == "oracle":
-            drafts = [_oracle_draft(lattice, reference, len(prompt) + i)]
-        elif config.method == "neural":
-            assert neural is not None
-            drafts = [tuple(int(t) for t in neural[i])]
-        else:
-            assert lm is not None
-            end = len(prompt) + i  # position of the root in the reference
-            context = reference[max(0, end + 1 - lm.order): end]
-            drafts = [tuple(path.tokens[1:]) for path in pbest(lattice, lm, config.p, config.alpha, context=context)]
-        search_s = time.perf_counter() - t0 + t_neural
+        drafts = drafter.draft(step)
+        search_s = time.perf_counter() - t0 + prepare_s
         # a greedy tree pass accepts the longest prefix any draft shares with the greedy tokens
         a = max((accepted_length(draft, cont[i + 1: i + h]) for draft in drafts), default=0)
         emitted = tuple(cont[i + 1: i + 2 + a])
-        steps.append(StepRecord(
-            root_token=cont[i], drafts=drafts, vanilla_draft=vanilla, emitted=emitted, num_accepted=a,
-            lattice_tokens=lattice.tokens.copy(), lattice_scores=lattice.scores.copy(),
-            head_entropy=trace.head_entropy[i].copy(), heads_s=trace.heads_s, search_s=search_s,
-        ))
+        drafter.observe(step, drafts, emitted)
+        if step.has_lattice:
+            lattice = step.lattice
+            steps.append(StepRecord(
+                root_token=cont[i], drafts=drafts, vanilla_draft=argmax_draft(step), emitted=emitted,
+                num_accepted=a, lattice_tokens=lattice.tokens.copy(), lattice_scores=lattice.scores.copy(),
+                head_entropy=trace.head_entropy[i].copy(), heads_s=trace.heads_s, search_s=search_s,
+            ))
+        else:
+            steps.append(StepRecord(root_token=cont[i], drafts=drafts, vanilla_draft=(), emitted=emitted,
+                                    num_accepted=a, search_s=search_s))
         i += 1 + a
     tokens = list(cont[:max_new_tokens])
     if eos_token_id is not None and eos_token_id in tokens:

@@ -146,8 +146,10 @@ def test_bad_arguments(lm: lk.NGramLM) -> None:
     with pytest.raises(RescorerError, match="token id .* another tokenizer"):
         replay(traces[0], DecoderConfig("neural", k=4), 10, rescorer=small)
     model, heads, _ = setup("llama")
-    with pytest.raises(RescorerError, match="NeuralRescorer"):
+    with pytest.raises(DecoderConfigError, match="neural rescorer"):  # the same error as replay's
         decode(model, heads, PROMPTS[0], DecoderConfig("neural", k=4), max_new_tokens=4)
+    with pytest.raises(RescorerError, match="NeuralRescorer"):
+        decode(model, heads, PROMPTS[0], DecoderConfig("neural", k=4), max_new_tokens=4, rescorer=object())
     with pytest.raises(DecoderConfigError, match="empty prompt"):
         trace_prompts(model, heads, [[]], 4, 4)
 

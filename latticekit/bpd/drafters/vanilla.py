@@ -1,0 +1,21 @@
+"""``vanilla``: Stern et al.'s Algorithm 1, the arg-max of heads 2..h."""
+
+from __future__ import annotations
+
+from latticekit.bpd.drafters.base import Draft, Drafter, DraftInput
+
+__all__ = ["VanillaDrafter", "argmax_draft"]
+
+
+def argmax_draft(step: DraftInput) -> tuple[int, ...]:
+    """The arg-max token of every lattice position after the root."""
+    return tuple(int(t) for t in step.lattice.tokens[1:, 0])
+
+
+class VanillaDrafter(Drafter):
+    """One draft per step: each head's best token."""
+
+    method = "vanilla"
+
+    def draft(self, step: DraftInput) -> Draft:
+        return [argmax_draft(step)]
