@@ -32,12 +32,8 @@ from latticekit.bpd.errors import DecoderConfigError, HeadsError
 from latticekit.bpd.records import DecoderConfig, Decoding, StepRecord
 from latticekit.lattice import SausageLattice
 from latticekit.torch import DraftTree, prefill, target_probs, verify
-from latticekit.torch.tree import mask_from_visibility
 
-# One uniform forward over HF models and protocol modules (mask, positions, hidden-state
-# capture) already lives in the adapter; the plain one-token step reuses it rather than
-# duplicating the HF / protocol split.
-from latticekit.torch.verify import _Target
+from latticekit.torch.target import Target
 
 __all__ = ["decode", "greedy_decode", "entropy_of_logprobs"]
 
@@ -73,16 +69,6 @@ class _Clock:
         if self.cuda:
             torch.cuda.synchronize()
         return time.perf_counter()
-
-
-def _forward_one(target: _Target, cache: Any, token: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One ordinary decoding step: ``token`` at ``position`` over a cache holding ``position``
-    tokens. Returns logits `(vocab,)` and the final hidden state `(hidden,)`."""
-    mask = mask_from_visibility(np.ones((1, position + 1), dtype=bool), target.mask_dtype, target.device)
-    ids = torch.tensor([[token]], dtype=torch.long, device=target.device)
-    positions = torch.tensor([[position]], dtype=torch.long, device=target.device)
-    logits, hidden = target.forward(ids, positions, mask, cache)
-    return logits[0], hidden[0]
 
 
 def _next_token(logits: torch.Tensor, config: DecoderConfig, generator: Optional[torch.Generator]) -> int:
@@ -201,7 +187,7 @@ def decode(
     prompt = _prompt_list(prompt_ids)
     if strategy.needs_heads and heads is None:
         raise HeadsError(f"decoder {config.label!r} needs draft heads")
-    target = _Target(model)
+    target = Target(model)
     num_heads = getattr(heads, "num_heads", None)
     num_heads = num_heads if isinstance(num_heads, int) else None
     if strategy.needs_reference and reference is None:
@@ -221,7 +207,7 @@ def decode(
     ids = list(prompt)
     steps: list[StepRecord] = []
     t0 = clock()
-    logits, hidden = _forward_one(target, cache, ids[-1], len(ids) - 1)
+    logits, hidden = target.step(cache, ids[-1], len(ids) - 1)
     ids.append(_next_token(logits, config, generator))
     steps.append(StepRecord(root_token=ids[-2], drafts=[], vanilla_draft=(), emitted=(ids[-1],),
                             num_accepted=0, model_s=clock() - t0))
@@ -240,7 +226,7 @@ def decode(
             num_accepted = result.num_accepted
             hidden = result.hidden_state
         else:
-            logits, hidden = _forward_one(target, cache, ids[-1], len(ids) - 1)
+            logits, hidden = target.step(cache, ids[-1], len(ids) - 1)
             emitted = (_next_token(logits, config, generator),)
             num_accepted = 0
         t2 = clock()

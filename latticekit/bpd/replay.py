@@ -162,7 +162,7 @@ def trace_prompts(model: Any, heads: Any, prompts: Sequence[Sequence[int]], num_
     import torch
     from transformers import DynamicCache, PreTrainedModel
 
-    from latticekit.torch.verify import _keeps_logits
+    from latticekit.torch.target import keeps_logits
 
     if num_tokens < 1:
         raise DecoderConfigError(f"num_tokens must be >= 1, got {num_tokens}")
@@ -192,7 +192,7 @@ def trace_prompts(model: Any, heads: Any, prompts: Sequence[Sequence[int]], num_
                                  "use latticekit.bpd.decode for protocol modules")
     head_module = model.get_output_embeddings()
     device = head_module.weight.device
-    keep = {"logits_to_keep": 1} if _keeps_logits(type(model)) else {}
+    keep = {"logits_to_keep": 1} if keeps_logits(type(model)) else {}
     done = 0
     total = sum(len(v) for v in todo.values())
     for length, members in todo.items():

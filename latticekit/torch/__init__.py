@@ -24,7 +24,9 @@ from latticekit.torch.acceptance import (
 )
 from latticekit.torch.cache import KVCache, commit_accepted
 from latticekit.torch.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError
+from latticekit.torch.prepare import PackedLinear, Preparation, prepare_heads, prepare_target
 from latticekit.torch.protocol import TreeVerifiableModule
+from latticekit.torch.target import Target
 from latticekit.torch.tree import ROOT, DraftTree
 from latticekit.torch.verify import (
     AcceptanceRule,
@@ -37,6 +39,11 @@ from latticekit.torch.verify import (
 )
 
 __all__ = [
+    "prepare_target",
+    "prepare_heads",
+    "Preparation",
+    "PackedLinear",
+    "Target",
     "DraftTree",
     "ROOT",
     "verify",

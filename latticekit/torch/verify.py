@@ -14,9 +14,6 @@ sequence ``prefix_ids + accepted + [bonus]`` satisfies the invariant again.
 
 from __future__ import annotations
 
-import inspect
-import sys
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
@@ -36,6 +33,7 @@ from latticekit.torch.acceptance import (
 from latticekit.torch.cache import KVCache, cache_device, cache_length, check_committable, commit_accepted
 from latticekit.torch.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError
 from latticekit.torch.logits import ArgmaxRows, TreeLogits, first_block_rows
+from latticekit.torch.target import HEAD_IS_LAST_STEP, Target
 from latticekit.torch.tree import ROOT, DraftTree, mask_from_visibility
 
 __all__ = [
@@ -55,15 +53,6 @@ __all__ = [
 AcceptanceRule = Literal["greedy", "sampling", "token", "block"]
 
 _RULES = ("greedy", "sampling", "token", "block")
-_MASKABLE_ATTENTION = ("eager", "sdpa")
-
-#: HF causal LM classes -> whether their forward takes ``logits_to_keep`` (signature read once).
-_KEEPS_LOGITS: dict[type, bool] = {}
-#: HF models -> whether their logits are exactly ``output_embeddings(body's last hidden state)``
-#: (checked on the first tree pass; absent until then). Only then may rows be projected apart.
-_HEAD_IS_LAST_STEP: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
-
-
 @dataclass
 class VerifyResult:
     """Outcome of one verification step.
@@ -103,176 +92,7 @@ class VerifyResult:
         return torch.cat([self.accepted_tokens, bonus])
 
 
-class _Target:
-    """Uniform access to an HF causal LM or a plain module following the protocol."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        transformers = sys.modules.get("transformers")
-        self.is_hf = transformers is not None and isinstance(model, transformers.PreTrainedModel)
-        if self.is_hf:
-            attn = getattr(model.config, "_attn_implementation", None)
-            if attn not in _MASKABLE_ATTENTION:
-                raise UnsupportedModelError(
-                    f"attention implementation {attn!r} cannot take a custom 4-D tree mask; "
-                    f"load the model with attn_implementation in {_MASKABLE_ATTENTION}"
-                )
-            head = model.get_output_embeddings()
-            if head is None:
-                raise UnsupportedModelError(f"{type(model).__name__} has no output embeddings (not a causal LM?)")
-            self.head = head
-            self.vocab_size = int(model.config.vocab_size)
-            body = model.base_model
-            self.body = body if body is not model and _keeps_logits(type(model)) else None
-        elif isinstance(model, torch.nn.Module) and isinstance(getattr(model, "vocab_size", None), int):
-            self.vocab_size = int(model.vocab_size)
-            self.body = None
-        else:
-            raise UnsupportedModelError(
-                f"{type(model).__name__} is neither a transformers PreTrainedModel nor a "
-                "torch.nn.Module with an int vocab_size following latticekit.torch.protocol"
-            )
-        param = next(model.parameters(), None)
-        if param is None:
-            raise UnsupportedModelError(f"{type(model).__name__} has no parameters")
-        self.device = param.device
-        self.dtype = param.dtype
-
-    def new_cache(self) -> Any:
-        if self.is_hf:
-            from transformers import DynamicCache
-
-            from latticekit.torch.slab import SlabCache
-
-            try:
-                return SlabCache(self.model.config)
-            except CacheError:  # sliding-window, linear or shared-KV layers
-                return DynamicCache(config=self.model.config)
-        return KVCache()
-
-    def check_cache(self, cache: Any) -> None:
-        if self.is_hf:
-            from transformers import Cache
-
-            if not isinstance(cache, Cache):
-                raise CacheError(f"an HF model needs a transformers Cache, got {type(cache).__name__}")
-        elif not isinstance(cache, KVCache):
-            raise CacheError(f"a plain module needs a latticekit.torch.KVCache, got {type(cache).__name__}")
-        check_committable(cache)
-        device = cache_device(cache)
-        if device is not None and device != self.device:
-            raise DeviceMismatchError(f"the KV cache lives on {device}, the model on {self.device}")
-
-    @property
-    def mask_dtype(self) -> torch.dtype:
-        """Boolean masks for protocol modules; additive masks in the model's dtype for HF models,
-        which both eager and sdpa attention understand."""
-        return self.dtype if self.is_hf else torch.bool
-
-    def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Runs `(1, n)` tokens over the cache with a `(1, 1, n, cached + n)` mask of ``mask_dtype``.
-
-        Returns:
-            Logits `(n, vocab)` and final hidden states `(n, hidden)`.
-        """
-        if not self.is_hf:
-            logits, hidden = self.model(input_ids, position_ids, mask, cache)
-            return logits[0], hidden[0]
-        captured: list[torch.Tensor] = []
-        hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
-        return self._hf_forward(input_ids, position_ids, mask, cache, hook, captured)
-
-    def _hf_forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        mask: torch.Tensor,
-        cache: Any,
-        hook: Any,
-        captured: list[torch.Tensor],
-        **extra: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Calls the HF model with ``hook`` (which appends the hidden states to ``captured``)
-        registered; removes the hook and returns the logits and the captured hidden states."""
-        try:
-            out = self.model(
-                input_ids=input_ids,
-                position_ids=position_ids,
-                attention_mask=mask,
-                past_key_values=cache,
-                use_cache=True,
-                **extra,
-            )
-        finally:
-            hook.remove()
-        return out.logits[0], captured[-1][0]
-
-    @property
-    def projects_rows(self) -> bool:
-        """Whether a pass can leave the output projection to :class:`TreeLogits`: an HF model
-        whose forward takes ``logits_to_keep`` and whose logits were found to be exactly its
-        output embeddings applied to its body's output, or a protocol module with
-        ``forward_hidden`` and ``logits_from_hidden``."""
-        if self.is_hf:
-            return self.body is not None and _HEAD_IS_LAST_STEP.get(self.model, False)
-        return callable(getattr(self.model, "forward_hidden", None)) and callable(
-            getattr(self.model, "logits_from_hidden", None)
-        )
-
-    def project(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits `(m, vocab)` of final hidden states `(m, hidden)`; only when ``projects_rows``."""
-        if self.is_hf:
-            return self.head(hidden[None])[0]
-        return self.model.logits_from_hidden(hidden)
-
-    def forward_rows(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any, rows: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As :meth:`forward`, but the logits of ``rows`` only; needs ``projects_rows``.
-
-        Returns:
-            Logits `(len(rows), vocab)` and final hidden states `(n, hidden)` of every row.
-        """
-        if not self.is_hf:
-            hidden = self.model.forward_hidden(input_ids, position_ids, mask, cache)[0]
-            index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
-            return self.model.logits_from_hidden(hidden.index_select(0, index)), hidden
-        assert self.body is not None
-        captured: list[torch.Tensor] = []
-        hook = self.body.register_forward_hook(lambda _module, _args, out: captured.append(out[0]))
-        keep = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
-        return self._hf_forward(input_ids, position_ids, mask, cache, hook, captured, logits_to_keep=keep)
-
-    def forward_probing_head(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward` for an HF model not checked yet: also records whether its logits are
-        bit for bit the output embeddings applied to its body's output (no soft-capping, logit
-        scale or other step after the head), which :meth:`project` relies on."""
-        assert self.is_hf and self.body is not None
-        captured: list[torch.Tensor] = []
-        hook = self.body.register_forward_hook(lambda _module, _args, out: captured.append(out[0]))
-        try:
-            logits, hidden = self.forward(input_ids, position_ids, mask, cache)
-        finally:
-            hook.remove()
-        _HEAD_IS_LAST_STEP[self.model] = bool(
-            captured and captured[-1].shape[1] == logits.shape[0] and torch.equal(self.head(captured[-1])[0], logits)
-        )
-        return logits, hidden
-
-
-def _keeps_logits(model_class: type) -> bool:
-    """Whether an HF model class's forward takes ``logits_to_keep`` (transformers >= 4.50)."""
-    keeps = _KEEPS_LOGITS.get(model_class)
-    if keeps is None:
-        keeps = _KEEPS_LOGITS[model_class] = "logits_to_keep" in inspect.signature(model_class.forward).parameters
-    return keeps
-
-
-def _as_prefix(prefix_ids: Union[torch.Tensor, Sequence[int]], target: _Target) -> torch.Tensor:
+def _as_prefix(prefix_ids: Union[torch.Tensor, Sequence[int]], target: Target) -> torch.Tensor:
     if not isinstance(prefix_ids, torch.Tensor):
         prefix_ids = torch.tensor(list(prefix_ids), dtype=torch.long, device=target.device)
     if prefix_ids.dim() == 2 and prefix_ids.shape[0] == 1:
@@ -292,7 +112,7 @@ def new_cache(model: Any) -> Any:
     Raises:
         UnsupportedModelError: the model is neither an HF causal LM nor a protocol module.
     """
-    return _Target(model).new_cache()
+    return Target(model).new_cache()
 
 
 @torch.no_grad()
@@ -312,7 +132,7 @@ def prefill(model: Any, prefix_ids: Union[torch.Tensor, Sequence[int]], past_key
         CacheError: the given cache already holds more than ``L - 1`` positions.
         DeviceMismatchError / VocabularyError / DraftError: bad ``prefix_ids``.
     """
-    target = _Target(model)
+    target = Target(model)
     ids = _as_prefix(prefix_ids, target)
     _check_vocab(ids, target.vocab_size, "prefix_ids")
     cache = target.new_cache() if past_key_values is None else past_key_values
@@ -357,7 +177,7 @@ def _check_rule_inputs(
     rule: str,
     tree: DraftTree,
     draft_probs: Optional[torch.Tensor],
-    target: _Target,
+    target: Target,
     temperature: float,
     top_p: float,
 ) -> None:
@@ -413,18 +233,18 @@ def tree_pass_inputs(
 
 def _prepare(
     model: Any, prefix_ids: Union[torch.Tensor, Sequence[int]], tree: DraftTree
-) -> tuple[_Target, torch.Tensor]:
+) -> tuple[Target, torch.Tensor]:
     """Validates the model, the prefix and the tree's type; returns the target and the prefix."""
     if not isinstance(tree, DraftTree):
         raise DraftError(f"tree must be a DraftTree (see DraftTree.from_drafts), got {type(tree).__name__}")
-    target = _Target(model)
+    target = Target(model)
     ids = _as_prefix(prefix_ids, target)
     _check_vocab(ids, target.vocab_size, "prefix_ids")
     return target, ids
 
 
 def _checked_pass_inputs(
-    target: _Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree
+    target: Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validates the tree and the cache; returns the node tokens, input ids, positions and mask."""
     if int(tree.tokens.max()) >= target.vocab_size:  # ids are >= 0 by construction
@@ -445,7 +265,7 @@ def _checked_pass_inputs(
     return (node_tokens, *tree_pass_inputs(tree, ids, node_tokens, target.mask_dtype))
 
 
-def _tree_forward(target: _Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree) -> TreeOutputs:
+def _tree_forward(target: Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree) -> TreeOutputs:
     """Validated inputs -> one pass of root + nodes, logits of every row; the cache gains
     ``num_nodes + 1`` positions."""
     node_tokens, *inputs = _checked_pass_inputs(target, past_key_values, ids, tree)
@@ -454,7 +274,7 @@ def _tree_forward(target: _Target, past_key_values: Any, ids: torch.Tensor, tree
 
 
 def _tree_logits(
-    target: _Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree
+    target: Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree
 ) -> tuple[TreeLogits, torch.Tensor]:
     """Validated inputs -> one pass of root + nodes whose output projection covers the root and
     draft 0 only, the rest left to :class:`TreeLogits` (every row when the target cannot
@@ -465,7 +285,7 @@ def _tree_logits(
     if rows is not None:
         logits, hidden = target.forward_rows(*inputs, past_key_values, rows)
         return TreeLogits(tree, hidden, target.project, rows, logits), node_tokens
-    if target.is_hf and target.body is not None and target.model not in _HEAD_IS_LAST_STEP:
+    if target.is_hf and target.body is not None and target.model not in HEAD_IS_LAST_STEP:
         logits, hidden = target.forward_probing_head(*inputs, past_key_values)
     else:
         logits, hidden = target.forward(*inputs, past_key_values)

@@ -33,7 +33,7 @@ from lk_torch_helpers import (
     tiny_llama,
 )
 
-verify_module = sys.modules["latticekit.torch.verify"]  # the package exports the function as ``verify``
+target_module = sys.modules["latticekit.torch.target"]
 logits_module = sys.modules["latticekit.torch.logits"]
 PROMPT = [3, 17, 42, 8, 25, 60, 11]
 H = 5
@@ -158,7 +158,7 @@ def test_verify_walk_switching_drafts(arch: str, monkeypatch: Any) -> None:
     monkeypatch.setattr(TreeLogits, "_project", spy)
     ids = torch.tensor(PROMPT)
     verify(model, prefill(model, ids), ids, DraftTree.from_drafts([[1]]))  # the HF check of the head
-    assert verify_module._Target(model).projects_rows
+    assert target_module.Target(model).projects_rows
     projected.clear()
     cache = prefill(model, ids)
     snapshot = copy.deepcopy(cache)
@@ -188,7 +188,7 @@ def test_sampling_rules_read_the_same_rows_as_all_rows(rule: str) -> None:
     verify(model, prefill(model, ids), ids, DraftTree.from_drafts([[1]]))  # the HF check of the head
     emitted = {}
     for projects in (True, False):
-        verify_module._HEAD_IS_LAST_STEP[model] = projects
+        target_module.HEAD_IS_LAST_STEP[model] = projects
         out = []
         for seed in range(30):
             result = verify(model, prefill(model, ids), ids, DraftTree.from_drafts(drafts), rule,
@@ -202,18 +202,18 @@ def test_sampling_rules_read_the_same_rows_as_all_rows(rule: str) -> None:
 def test_a_step_after_the_head_is_detected() -> None:
     model = tiny_cohere()
     ids = torch.tensor(PROMPT)
-    assert model not in verify_module._HEAD_IS_LAST_STEP
+    assert model not in target_module.HEAD_IS_LAST_STEP
     verify(model, prefill(model, ids), ids, DraftTree.from_drafts([[1, 2], [3]]))
-    assert verify_module._HEAD_IS_LAST_STEP[model] is False  # logits = head(hidden) * logit_scale
-    assert not verify_module._Target(model).projects_rows
+    assert target_module.HEAD_IS_LAST_STEP[model] is False  # logits = head(hidden) * logit_scale
+    assert not target_module.Target(model).projects_rows
     llama = tiny_llama()
     verify(llama, prefill(llama, ids), ids, DraftTree.from_drafts([[1, 2], [3]]))
-    assert verify_module._HEAD_IS_LAST_STEP[llama] is True
+    assert target_module.HEAD_IS_LAST_STEP[llama] is True
 
 
 def test_protocol_module_without_the_split_projects_every_row() -> None:
-    assert verify_module._Target(TinyProtocolLM()).projects_rows
-    assert not verify_module._Target(TinyProtocolLMFullLogits()).projects_rows
+    assert target_module.Target(TinyProtocolLM()).projects_rows
+    assert not target_module.Target(TinyProtocolLMFullLogits()).projects_rows
     model = TinyProtocolLMFullLogits()
     ids = torch.tensor(PROMPT)
     result = verify(model, prefill(model, ids), ids, DraftTree.from_drafts([[1, 2], [3, 4]]))

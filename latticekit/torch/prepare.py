@@ -1,0 +1,278 @@
+"""``prepare_target``: ready a causal LM (and its draft heads) for decoding on its device.
+
+Speculative decoding pays when verifying n tokens costs about what one token costs. In eager
+fp32 PyTorch on a CPU it does not: a ``Linear`` with one input row runs as a matrix-vector
+product, but with two or more rows as a GEMM that re-packs its weight on every call.
+:func:`prepare_target` changes how the model computes, never what (up to float rounding):
+
+* **Packed weights** (CPU, float32 / bfloat16): every ``nn.Linear`` becomes a
+  :class:`PackedLinear` whose weight oneDNN packed once (``torch.ops.mkldnn``), so 1, 2 or 16
+  rows read a weight laid out for the kernel.
+* **Fused sibling projections** (CPU): the ``q_proj`` / ``k_proj`` / ``v_proj`` of an attention
+  block and the ``gate_proj`` / ``up_proj`` of an MLP read the same input; they run as one
+  packed GEMM whose output the siblings share (:class:`_SharedProjection`).
+* **Grouped-query attention without copies** (CPU and CUDA, HF ``sdpa`` models with fewer
+  key/value heads than query heads): under a custom mask (a tree pass) transformers repeats
+  every cached key and value per query group before attention, a copy of the whole cache per
+  layer and pass. The ``latticekit_sdpa`` attention stacks each group's queries instead
+  (:func:`grouped_sdpa`), which is the same arithmetic on the same numbers.
+
+Measured on the project's 2-core CPU (SmolLM2-135M, 200 cached tokens, one process, variants
+interleaved; ``docs/speed.md``): one token 43 ms eager -> ~20 ms prepared; 9 tokens 72 -> ~25 ms.
+
+The greedy tokens of a prepared model are its own: numerics differ from eager in the last bits
+(a GEMM kernel rounds differently), so every baseline a speed-up is measured against runs on
+the same prepared model. Nothing changes on other devices and dtypes but the attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+__all__ = ["PackedLinear", "Preparation", "prepare_target", "prepare_heads", "grouped_sdpa", "ATTENTION"]
+
+#: The attention implementation name prepared HF models use (registered with transformers).
+ATTENTION = "latticekit_sdpa"
+#: oneDNN's packing hint: the batch size the weight layout is tuned for. 16, 32 and 128 measured
+#: the same for 1-32 rows of SmolLM2-135M's layers; 1 was slower for every size above one row.
+_PACK_ROWS = 32
+_PACKABLE = (torch.float32, torch.bfloat16)
+#: Sibling projections fused into one GEMM: same input, computed back to back by the block.
+_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+@dataclass
+class Preparation:
+    """What :func:`prepare_target` did to a model (``model.latticekit_preparation``).
+
+    Attributes:
+        device: the model's device when prepared.
+        packed: ``nn.Linear`` layers turned into :class:`PackedLinear`.
+        fused: groups of sibling projections sharing one GEMM.
+        attention: the attention implementation after preparation (HF models).
+        heads: ids of the head modules prepared along with it.
+    """
+
+    device: str
+    packed: int = 0
+    fused: int = 0
+    attention: Optional[str] = None
+    heads: set[int] = field(default_factory=set)
+
+    def describe(self) -> str:
+        parts = [f"{self.packed} packed linears", f"{self.fused} fused projection groups"]
+        if self.attention:
+            parts.append(f"attention {self.attention}")
+        return f"prepared for {self.device}: " + ", ".join(parts)
+
+
+def _can_pack(weight: torch.Tensor) -> bool:
+    return (weight.device.type == "cpu" and weight.dtype in _PACKABLE and weight.dim() == 2
+            and torch.backends.mkldnn.is_available())
+
+
+class _SharedProjection:
+    """One packed GEMM for sibling projections of the same input: the first sibling called
+    with an input computes every sibling's output and keeps them until another input comes."""
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[Optional[torch.Tensor]]) -> None:
+        self.sizes = [int(w.shape[0]) for w in weights]
+        with torch.no_grad():
+            weight = torch.cat([w.detach() for w in weights])
+            self.bias = None
+            if any(b is not None for b in biases):
+                self.bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0])
+                                       for w, b in zip(weights, biases)])
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS)
+        self._input: Optional[torch.Tensor] = None
+        self._outputs: tuple[torch.Tensor, ...] = ()
+
+    def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if x is not self._input:
+            y = _packed_linear(x, self.packed, self.bias, sum(self.sizes))
+            self._outputs = y.split(self.sizes, dim=-1)
+            self._input = x
+        return self._outputs
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], out: int) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    y = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return y.reshape(*x.shape[:-1], out)
+
+
+class PackedLinear(nn.Module):
+    """An ``nn.Linear`` whose weight oneDNN packed once, for inference on the CPU.
+
+    ``weight`` and ``bias`` are the original parameters (same tensors, same ``state_dict``
+    keys); the packed copy is an attribute. Inputs the packed kernel does not serve (another
+    device or dtype, or autograd) go through ``F.linear`` on the original weight.
+
+    Attributes:
+        in_features, out_features: as ``nn.Linear``'s.
+    """
+
+    def __init__(self, linear: nn.Linear, shared: Optional[_SharedProjection] = None, index: int = 0) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self._shared = shared
+        self._index = index
+        self._packed = None if shared is not None else torch.ops.mkldnn._reorder_linear_weight(
+            linear.weight.detach(), _PACK_ROWS)
+
+    def _serves(self, x: torch.Tensor) -> bool:
+        return (x.device == self.weight.device and x.dtype == self.weight.dtype
+                and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._serves(x):
+            return nn.functional.linear(x, self.weight, self.bias)
+        if self._shared is not None:
+            return self._shared.outputs(x)[self._index]
+        return _packed_linear(x, self._packed, self.bias, self.out_features)
+
+    def extra_repr(self) -> str:
+        shared = ", shared GEMM" if self._shared is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed{shared}"
+
+
+def _fuse_siblings(module: nn.Module) -> int:
+    """Replaces each group of sibling projections of ``module`` by packed layers sharing a GEMM."""
+    fused = 0
+    for names in _SIBLINGS:
+        layers = [getattr(module, name, None) for name in names]
+        if not all(type(layer) is nn.Linear and _can_pack(layer.weight) for layer in layers):
+            continue
+        first = layers[0]
+        if any(layer.in_features != first.in_features or layer.weight.dtype != first.weight.dtype
+               for layer in layers):
+            continue
+        shared = _SharedProjection([layer.weight for layer in layers], [layer.bias for layer in layers])
+        for i, (name, layer) in enumerate(zip(names, layers)):
+            setattr(module, name, PackedLinear(layer, shared, i))
+        fused += 1
+    return fused
+
+
+def _pack_linears(root: nn.Module) -> None:
+    """Turns every packable ``nn.Linear`` under ``root`` into a :class:`PackedLinear`; a layer
+    met twice (shared by two parents) becomes one packed layer."""
+    replaced: dict[int, PackedLinear] = {}
+    for module in list(root.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear and _can_pack(child.weight):
+                if id(child) not in replaced:
+                    replaced[id(child)] = PackedLinear(child)
+                setattr(module, name, replaced[id(child)])
+
+
+def grouped_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: Optional[torch.Tensor], **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' sdpa attention, with grouped-query attention under a shared custom mask
+    computed without repeating the keys and values.
+
+    ``query`` (`(batch, heads, n, head_dim)`) holds ``groups`` query heads per key/value head;
+    when several queries attend under one mask for all heads (a tree pass), each group's
+    queries are stacked as rows, `(batch, kv_heads, groups * n, head_dim)`, against the
+    unrepeated keys and values, with the mask repeated per group: the same dot products as
+    transformers' ``repeat_kv`` path. Every other case goes to transformers' own function.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    batch, heads, n, dim = query.shape
+    if (groups == 1 or n == 1 or attention_mask is None or attention_mask.dim() != 4
+            or attention_mask.shape[1] != 1 or kwargs.get("position_bias") is not None
+            or kwargs.get("dropout", 0.0) or kwargs.get("softcap") is not None):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    stacked = query.reshape(batch, heads // groups, groups * n, dim)
+    mask = attention_mask[:, :, :, : key.shape[2]]
+    mask = mask.expand(batch, 1, n, mask.shape[-1]).repeat(1, 1, groups, 1)
+    out = nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=mask,
+                                                     scale=kwargs.get("scaling"))
+    return out.reshape(batch, heads, n, dim).transpose(1, 2).contiguous(), None
+
+
+_REGISTERED = False
+
+
+def _register_attention() -> None:
+    global _REGISTERED
+    if not _REGISTERED:
+        from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.masking_utils import sdpa_mask
+
+        AttentionInterface.register(ATTENTION, grouped_sdpa)
+        AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+        _REGISTERED = True
+
+
+def _grouped_query(config: Any) -> bool:
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None)
+    return isinstance(heads, int) and isinstance(kv_heads, int) and 0 < kv_heads < heads
+
+
+@torch.no_grad()
+def prepare_heads(heads: nn.Module, model: Any) -> nn.Module:
+    """Draft heads prepared like their target: their linears packed (CPU), and an output
+    projection shared with the target's (``heads.lm_head``) pointed at the target's prepared
+    one. Idempotent; returns ``heads`` (changed in place).
+
+    Args:
+        heads: e.g. :class:`latticekit.heads.BlockHeads`.
+        model: the target, already passed through :func:`prepare_target`.
+    """
+    prep = getattr(model, "latticekit_preparation", None)
+    if prep is None:
+        raise ValueError("prepare the target first: prepare_target(model, heads=heads)")
+    if id(heads) in prep.heads:
+        return heads
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    own = getattr(heads, "lm_head", None)
+    if isinstance(head, PackedLinear) and own is not None and getattr(own, "weight", None) is head.weight:
+        heads.lm_head = head
+    _pack_linears(heads)
+    prep.heads.add(id(heads))
+    return heads
+
+
+@torch.no_grad()
+def prepare_target(model: Any, heads: Optional[nn.Module] = None) -> Any:
+    """Readies an HF causal LM (or any ``torch.nn.Module`` target) for decoding on its device.
+
+    Changes the model in place and returns it; a second call does nothing (idempotent). On the
+    CPU with float32 or bfloat16 weights: sibling projections fused and every ``nn.Linear``
+    packed by oneDNN. HF models with grouped-query ``sdpa`` attention switch to
+    :func:`grouped_sdpa` (any device). Move the model to its device before preparing it.
+
+    Args:
+        model: an HF causal LM or a protocol module, in eval mode.
+        heads: draft heads to prepare with it (:func:`prepare_heads`).
+
+    Returns:
+        ``model``; ``model.latticekit_preparation`` (:class:`Preparation`) says what was done.
+    """
+    prep = getattr(model, "latticekit_preparation", None)
+    if prep is None:
+        param = next(model.parameters(), None)
+        prep = Preparation(device=str(param.device) if param is not None else "cpu")
+        for module in list(model.modules()):
+            prep.fused += _fuse_siblings(module)
+        _pack_linears(model)
+        prep.packed = sum(1 for m in model.modules() if isinstance(m, PackedLinear))
+        config = getattr(model, "config", None)
+        if config is not None and getattr(config, "_attn_implementation", None) == "sdpa" and _grouped_query(config):
+            _register_attention()
+            model.set_attn_implementation(ATTENTION)
+        prep.attention = getattr(config, "_attn_implementation", None) if config is not None else None
+        model.latticekit_preparation = prep
+    if heads is not None:
+        prepare_heads(heads, model)
+    return model

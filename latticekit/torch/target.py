@@ -1,0 +1,220 @@
+"""The target model behind one interface: an HF causal LM or a module following the protocol.
+
+:class:`Target` is the one forward path of latticekit's decoders, replay tracing and the
+verification adapter: a tree pass over a KV cache (mask, positions, hidden-state capture), the
+same pass with the output projection applied to chosen rows only, and the plain one-token step
+of ordinary decoding.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import weakref
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from latticekit.torch.cache import KVCache, cache_device, check_committable
+from latticekit.torch.errors import CacheError, DeviceMismatchError, UnsupportedModelError
+from latticekit.torch.tree import mask_from_visibility
+
+__all__ = ["Target", "keeps_logits"]
+
+#: ``latticekit_sdpa`` is sdpa with grouped queries stacked (``latticekit.torch.prepare``).
+MASKABLE_ATTENTION = ("eager", "sdpa", "latticekit_sdpa")
+
+#: HF causal LM classes -> whether their forward takes ``logits_to_keep`` (signature read once).
+KEEPS_LOGITS: dict[type, bool] = {}
+#: HF models -> whether their logits are exactly ``output_embeddings(body's last hidden state)``
+#: (checked on the first tree pass; absent until then). Only then may rows be projected apart.
+HEAD_IS_LAST_STEP: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+class Target:
+    """Uniform access to an HF causal LM or a plain module following the protocol."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        transformers = sys.modules.get("transformers")
+        self.is_hf = transformers is not None and isinstance(model, transformers.PreTrainedModel)
+        if self.is_hf:
+            attn = getattr(model.config, "_attn_implementation", None)
+            if attn not in MASKABLE_ATTENTION:
+                raise UnsupportedModelError(
+                    f"attention implementation {attn!r} cannot take a custom 4-D tree mask; "
+                    f"load the model with attn_implementation in {MASKABLE_ATTENTION}"
+                )
+            head = model.get_output_embeddings()
+            if head is None:
+                raise UnsupportedModelError(f"{type(model).__name__} has no output embeddings (not a causal LM?)")
+            self.head = head
+            self.vocab_size = int(model.config.vocab_size)
+            body = model.base_model
+            self.body = body if body is not model and keeps_logits(type(model)) else None
+        elif isinstance(model, torch.nn.Module) and isinstance(getattr(model, "vocab_size", None), int):
+            self.vocab_size = int(model.vocab_size)
+            self.body = None
+        else:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} is neither a transformers PreTrainedModel nor a "
+                "torch.nn.Module with an int vocab_size following latticekit.torch.protocol"
+            )
+        param = next(model.parameters(), None)
+        if param is None:
+            raise UnsupportedModelError(f"{type(model).__name__} has no parameters")
+        self.device = param.device
+        self.dtype = param.dtype
+
+    def new_cache(self) -> Any:
+        if self.is_hf:
+            from transformers import DynamicCache
+
+            from latticekit.torch.slab import SlabCache
+
+            try:
+                return SlabCache(self.model.config)
+            except CacheError:  # sliding-window, linear or shared-KV layers
+                return DynamicCache(config=self.model.config)
+        return KVCache()
+
+    def check_cache(self, cache: Any) -> None:
+        if self.is_hf:
+            from transformers import Cache
+
+            if not isinstance(cache, Cache):
+                raise CacheError(f"an HF model needs a transformers Cache, got {type(cache).__name__}")
+        elif not isinstance(cache, KVCache):
+            raise CacheError(f"a plain module needs a latticekit.torch.KVCache, got {type(cache).__name__}")
+        check_committable(cache)
+        device = cache_device(cache)
+        if device is not None and device != self.device:
+            raise DeviceMismatchError(f"the KV cache lives on {device}, the model on {self.device}")
+
+    @property
+    def mask_dtype(self) -> torch.dtype:
+        """Boolean masks for protocol modules; additive masks in the model's dtype for HF models,
+        which both eager and sdpa attention understand."""
+        return self.dtype if self.is_hf else torch.bool
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Optional[torch.Tensor], cache: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Runs `(1, n)` tokens over the cache with a `(1, 1, n, cached + n)` mask of ``mask_dtype``.
+
+        Returns:
+            Logits `(n, vocab)` and final hidden states `(n, hidden)`.
+        """
+        if not self.is_hf:
+            logits, hidden = self.model(input_ids, position_ids, mask, cache)
+            return logits[0], hidden[0]
+        captured: list[torch.Tensor] = []
+        hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
+        return self._hf_forward(input_ids, position_ids, mask, cache, hook, captured)
+
+    def _hf_forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor,
+        cache: Any,
+        hook: Any,
+        captured: list[torch.Tensor],
+        **extra: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Calls the HF model with ``hook`` (which appends the hidden states to ``captured``)
+        registered; removes the hook and returns the logits and the captured hidden states."""
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
+                **extra,
+            )
+        finally:
+            hook.remove()
+        return out.logits[0], captured[-1][0]
+
+    def step(self, cache: Any, token: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One plain decoding step: ``token`` at ``position`` over a cache holding ``position``
+        tokens, which gains it.
+
+        An HF model gets no mask (one query sees every cached key: transformers' own decoding
+        step, the fastest it has); a protocol module gets the all-visible row it requires.
+
+        Returns:
+            Logits `(vocab,)` and the final hidden state `(hidden,)`.
+        """
+        mask = None if self.is_hf else mask_from_visibility(np.ones((1, position + 1), dtype=bool),
+                                                            self.mask_dtype, self.device)
+        ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[position]], dtype=torch.long, device=self.device)
+        logits, hidden = self.forward(ids, positions, mask, cache)
+        return logits[-1], hidden[-1]
+
+    @property
+    def projects_rows(self) -> bool:
+        """Whether a pass can leave the output projection to :class:`TreeLogits`: an HF model
+        whose forward takes ``logits_to_keep`` and whose logits were found to be exactly its
+        output embeddings applied to its body's output, or a protocol module with
+        ``forward_hidden`` and ``logits_from_hidden``."""
+        if self.is_hf:
+            return self.body is not None and HEAD_IS_LAST_STEP.get(self.model, False)
+        return callable(getattr(self.model, "forward_hidden", None)) and callable(
+            getattr(self.model, "logits_from_hidden", None)
+        )
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits `(m, vocab)` of final hidden states `(m, hidden)`; only when ``projects_rows``."""
+        if self.is_hf:
+            return self.head(hidden[None])[0]
+        return self.model.logits_from_hidden(hidden)
+
+    def forward_rows(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any, rows: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`forward`, but the logits of ``rows`` only; needs ``projects_rows``.
+
+        Returns:
+            Logits `(len(rows), vocab)` and final hidden states `(n, hidden)` of every row.
+        """
+        if not self.is_hf:
+            hidden = self.model.forward_hidden(input_ids, position_ids, mask, cache)[0]
+            index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
+            return self.model.logits_from_hidden(hidden.index_select(0, index)), hidden
+        assert self.body is not None
+        captured: list[torch.Tensor] = []
+        hook = self.body.register_forward_hook(lambda _module, _args, out: captured.append(out[0]))
+        keep = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
+        return self._hf_forward(input_ids, position_ids, mask, cache, hook, captured, logits_to_keep=keep)
+
+    def forward_probing_head(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` for an HF model not checked yet: also records whether its logits are
+        bit for bit the output embeddings applied to its body's output (no soft-capping, logit
+        scale or other step after the head), which :meth:`project` relies on."""
+        assert self.is_hf and self.body is not None
+        captured: list[torch.Tensor] = []
+        hook = self.body.register_forward_hook(lambda _module, _args, out: captured.append(out[0]))
+        try:
+            logits, hidden = self.forward(input_ids, position_ids, mask, cache)
+        finally:
+            hook.remove()
+        HEAD_IS_LAST_STEP[self.model] = bool(
+            captured and captured[-1].shape[1] == logits.shape[0] and torch.equal(self.head(captured[-1])[0], logits)
+        )
+        return logits, hidden
+
+
+def keeps_logits(model_class: type) -> bool:
+    """Whether an HF model class's forward takes ``logits_to_keep`` (transformers >= 4.50)."""
+    keeps = KEEPS_LOGITS.get(model_class)
+    if keeps is None:
+        keeps = KEEPS_LOGITS[model_class] = "logits_to_keep" in inspect.signature(model_class.forward).parameters
+    return keeps
+
+
