@@ -35,7 +35,7 @@ from latticekit.torch import DraftTree, prefill, target_probs, verify
 
 from latticekit.torch.target import Target
 
-__all__ = ["decode", "greedy_decode", "entropy_of_logprobs"]
+__all__ = ["decode", "greedy_decode"]
 
 
 def _prompt_list(prompt_ids: Any) -> list[int]:
@@ -78,46 +78,23 @@ def _next_token(logits: torch.Tensor, config: DecoderConfig, generator: Optional
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def _head_logits(heads: Any, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    logits = heads(hidden)
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != vocab_size \
-            or logits.shape[0] < 2:
-        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise HeadsError(f"heads(hidden) must return logits of shape (h >= 2, {vocab_size}), got {shape}")
-    return logits
-
-
-def entropy_of_logprobs(logprobs: torch.Tensor) -> np.ndarray:
-    """Entropy (nats) over the last axis of log-probabilities, as float64 numpy."""
-    return (-(logprobs.exp() * logprobs).sum(dim=-1)).double().cpu().numpy()
-
-
-def _entropy(head_logits: torch.Tensor) -> np.ndarray:
-    return entropy_of_logprobs(torch.log_softmax(head_logits.float(), dim=-1))
-
-
 def _check_max_new_tokens(max_new_tokens: Any) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise DecoderConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
-class _HeadsLattice:
-    """The step's lattice from the heads, built when a drafter first reads it (timed, with the
-    heads' entropies kept for the step record)."""
+class _TimedLattice:
+    """The step's lattice from a lattice source, built when a drafter first reads it; keeps the
+    seconds it took and the heads' entropies (None where the source has none) for the record."""
 
-    def __init__(self, heads: Any, hidden: torch.Tensor, k: int, root: int, vocab_size: int,
-                 clock: _Clock) -> None:
-        self.heads, self.hidden, self.k, self.root = heads, hidden, k, root
-        self.vocab_size, self.clock = vocab_size, clock
+    def __init__(self, source: Any, hidden: torch.Tensor, ids: list[int], clock: _Clock) -> None:
+        self.source, self.hidden, self.ids, self.clock = source, hidden, ids, clock
         self.seconds = 0.0
         self.entropy: Optional[np.ndarray] = None
 
     def __call__(self) -> SausageLattice:
         t0 = self.clock()
-        head_logits = _head_logits(self.heads, self.hidden, self.vocab_size)
-        lattice = SausageLattice.from_logits(head_logits, self.k, fix_first=True)
-        lattice.tokens[0, 0] = self.root  # head 1's arg-max, or the sampled token when sampling
-        self.entropy = _entropy(head_logits)
+        lattice, self.entropy = self.source(self.hidden, self.ids)
         self.seconds = self.clock() - t0
         return lattice
 
@@ -199,6 +176,7 @@ def decode(
                            vocab_size=target.vocab_size, num_heads=num_heads)
     if drafter.k > target.vocab_size:
         raise DecoderConfigError(f"k={drafter.k} exceeds the vocabulary ({target.vocab_size})")
+    source = drafter.lattice_source(heads, target.vocab_size) if heads is not None else None
     clock = _Clock(target.device)
     rule = "greedy" if config.temperature == 0 else "sampling"
 
@@ -213,7 +191,7 @@ def decode(
                             num_accepted=0, model_s=clock() - t0))
 
     while len(ids) - len(prompt) < max_new_tokens and eos_token_id not in steps[-1].emitted:
-        heads_lattice = _HeadsLattice(heads, hidden, drafter.k, ids[-1], target.vocab_size, clock)
+        heads_lattice = _TimedLattice(source, hidden, ids, clock)
         step = DraftInput(ids, heads_lattice)
         t0 = clock()
         drafts = drafter.draft(step)

@@ -233,7 +233,7 @@ def _lattices(heads: Any, hidden: Any, prompt: list[int], continuation: list[int
               chunk: int = 32) -> Trace:
     import torch
 
-    from latticekit.bpd.decoders import entropy_of_logprobs
+    from latticekit.bpd.lattices import entropy_of_logprobs
 
     t0 = time.perf_counter()
     parts = []

@@ -128,6 +128,14 @@ class Drafter:
         """The drafts to verify this step, best first (see :data:`Draft`)."""
         raise NotImplementedError
 
+    def lattice_source(self, heads: Any, vocab_size: int) -> Any:
+        """Where a decode's lattices come from: ``source(hidden, ids) -> (lattice, entropy)``
+        (:mod:`latticekit.bpd.lattices`). The exact full-vocabulary lattice by default; a replay
+        reads its trace's lattices instead."""
+        from latticekit.bpd.lattices import FullLattice
+
+        return FullLattice(heads, self.k, vocab_size)
+
     def observe(self, step: DraftInput, drafts: Draft, emitted: Sequence[int]) -> None:
         """Called after every step with what the target call emitted (accepted draft tokens,
         then the target's own). Strategies that adapt (acceptance estimates) learn here."""
