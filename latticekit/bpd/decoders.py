@@ -125,6 +125,8 @@ def decode(
     eos_token_id: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
     rescorer: Any = None,
+    costs: Any = None,
+    acceptance: Any = None,
 ) -> Decoding:
     """Decodes ``max_new_tokens`` tokens after a prompt with one decoder.
 
@@ -149,6 +151,10 @@ def decode(
         generator: CPU random generator for sampling (``temperature > 0``).
         rescorer: ``neural`` only: the :class:`~latticekit.bpd.rescorer.NeuralRescorer`; it reads
             the last :func:`~latticekit.bpd.rescorer.context_window` decoded tokens.
+        costs: ``auto`` only: the target's :class:`~latticekit.bpd.costs.StepCosts`; measured
+            (and cached per model and device, :func:`~latticekit.bpd.costs.step_costs`) when None.
+        acceptance: ``auto`` only: the :class:`~latticekit.bpd.calibration.AcceptanceModel` to
+            start from (default: its prior).
 
     Returns:
         The new tokens and one :class:`StepRecord` per target call.
@@ -172,8 +178,12 @@ def decode(
             raise HeadsError(f"decoder {config.label!r} without a reference needs heads.num_heads "
                              "to know how far to look ahead")
         reference = prompt + greedy_decode(model, prompt, max_new_tokens + num_heads).tokens
+    if strategy.needs_costs and costs is None:
+        from latticekit.bpd.costs import step_costs
+
+        costs = step_costs(model)
     drafter = make_drafter(config, lms=lms, rescorer=rescorer, reference=reference,
-                           vocab_size=target.vocab_size, num_heads=num_heads)
+                           vocab_size=target.vocab_size, num_heads=num_heads, costs=costs, acceptance=acceptance)
     if drafter.k > target.vocab_size:
         raise DecoderConfigError(f"k={drafter.k} exceeds the vocabulary ({target.vocab_size})")
     source = drafter.lattice_source(heads, target.vocab_size) if heads is not None else None

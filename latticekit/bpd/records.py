@@ -20,8 +20,12 @@ __all__ = ["METHODS", "DecoderConfig", "StepRecord", "Decoding"]
 #: al.'s Algorithm 1, arg-max of each head. ``"ngram"``: p best lattice paths under
 #: ``draft + alpha * n-gram``. ``"neural"``: local rescoring (the reference paper's Algorithm 2),
 #: each head's top-k re-ranked by ``draft + alpha * neural rescorer`` left to right.
-#: ``"oracle"``: the lattice path with the longest accepted prefix.
-METHODS = ("greedy", "vanilla", "ngram", "neural", "oracle")
+#: ``"oracle"``: the lattice path with the longest accepted prefix. ``"auto"``: per step, the
+#: draft tree (from none to a wide tree of the p best paths) with the most expected tokens per
+#: second under the device's measured step costs and online acceptance estimates.
+METHODS = ("greedy", "vanilla", "ngram", "neural", "oracle", "auto")
+#: k and p when a config leaves them out: auto picks among more candidates than it verifies.
+_DEFAULT_KP = {"auto": (8, 16)}
 
 
 @dataclass(frozen=True)
@@ -30,10 +34,12 @@ class DecoderConfig:
 
     Attributes:
         method: one of :data:`METHODS`.
-        k: arcs per lattice position (``ngram``, ``neural``, ``oracle``; ``vanilla`` only records them).
-        p: drafts verified per step in one tree pass (``ngram``).
-        alpha: n-gram weight (``ngram``) or rescorer weight (``neural``); 0 ranks paths by the
-            heads alone ("0-gram").
+        k: arcs per lattice position (``ngram``, ``neural``, ``oracle``, ``auto``; ``vanilla``
+            only records them). Default 1; 8 for ``auto``.
+        p: drafts verified per step in one tree pass (``ngram``); candidate paths ``auto``
+            chooses its tree from. Default 1; 16 for ``auto``.
+        alpha: n-gram weight (``ngram``, ``auto``) or rescorer weight (``neural``); 0 ranks paths
+            by the heads alone ("0-gram").
         lm: name of the n-gram model to use (a key of the ``lms`` mapping given to the
             decoder); None for the only / default one.
         temperature: 0 for greedy decoding; > 0 samples through the adapter's lossless
@@ -43,8 +49,8 @@ class DecoderConfig:
     """
 
     method: str
-    k: int = 1
-    p: int = 1
+    k: Optional[int] = None
+    p: Optional[int] = None
     alpha: float = 1.0
     lm: Optional[str] = None
     temperature: float = 0.0
@@ -54,6 +60,11 @@ class DecoderConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise DecoderConfigError(f"unknown method {self.method!r}; expected one of {METHODS}")
+        default_k, default_p = _DEFAULT_KP.get(self.method, (1, 1))
+        if self.k is None:
+            object.__setattr__(self, "k", default_k)
+        if self.p is None:
+            object.__setattr__(self, "p", default_p)
         for knob in ("k", "p"):
             value = getattr(self, knob)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -67,8 +78,8 @@ class DecoderConfig:
             raise DecoderConfigError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if self.method == "oracle" and self.temperature > 0:
             raise DecoderConfigError("the oracle follows the target's greedy continuation; it has no sampling mode")
-        if self.method != "ngram" and self.p != 1:
-            raise DecoderConfigError(f"p > 1 needs method 'ngram', got {self.method!r} with p={self.p}")
+        if self.method not in ("ngram", "auto") and self.p != 1:
+            raise DecoderConfigError(f"p > 1 needs method 'ngram' or 'auto', got {self.method!r} with p={self.p}")
 
     @property
     def label(self) -> str:
@@ -76,9 +87,9 @@ class DecoderConfig:
         if self.name:
             return self.name
         parts = [self.method]
-        if self.method in ("ngram", "neural", "oracle"):
+        if self.method in ("ngram", "neural", "oracle", "auto"):
             parts.append(f"k={self.k}")
-        if self.method == "ngram":
+        if self.method in ("ngram", "auto"):
             parts += [f"p={self.p}", f"alpha={self.alpha:g}"]
             if self.lm is not None and self.alpha > 0:
                 parts.append(f"lm={self.lm}")

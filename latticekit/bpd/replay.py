@@ -265,7 +265,8 @@ def _lattices(heads: Any, hidden: Any, prompt: list[int], continuation: list[int
 
 
 def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = None,
-           rescorer: Any = None, eos_token_id: Optional[int] = None) -> Decoding:
+           rescorer: Any = None, eos_token_id: Optional[int] = None, costs: Any = None,
+           acceptance: Any = None) -> Decoding:
     """The steps :func:`latticekit.bpd.decode` takes with ``config`` (greedy mode), from a trace.
 
     The same :class:`~latticekit.bpd.drafters.Drafter` as a real decode drafts every step; the
@@ -279,6 +280,10 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
         lms: the n-gram model(s), as for ``decode``.
         rescorer: the :class:`~latticekit.bpd.rescorer.NeuralRescorer` (``neural``).
         eos_token_id: stop after emitting it.
+        costs, acceptance: ``auto`` only: the target's step costs (required: a trace has no
+            target to time) and the acceptance model to start from. A replayed ``auto`` drafts
+            from the trace's full-vocabulary lattices; a decode from candidate-vocabulary ones
+            (:class:`~latticekit.bpd.lattices.CandidateLattice`) when it has an n-gram model.
 
     Returns:
         A :class:`Decoding` with ``replayed = True``: its steps (drafts, accepted tokens,
@@ -307,7 +312,7 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
     # A trace does not record the target's vocabulary size: every id it holds must fit.
     largest = max(max(prompt, default=0), max(cont), int(trace.lattice_tokens.max(initial=0)))
     drafter = make_drafter(config, lms=lms, rescorer=rescorer, reference=reference, num_heads=h,
-                           largest_id=largest)
+                           largest_id=largest, costs=costs, acceptance=acceptance)
     if drafter.k > trace.k:
         raise DecoderConfigError(f"decoder k={drafter.k} exceeds the traced k={trace.k}")
     t0 = time.perf_counter()

@@ -8,6 +8,7 @@ vanilla    the arg-max of heads 2..h (Stern et al.'s Algorithm 1)
 ngram      the p best lattice paths under ``draft + alpha * n-gram``
 neural     local rescoring with a small neural LM (the reference paper's Algorithm 2)
 oracle     the lattice path with the longest accepted prefix (an upper bound)
+auto       per step, the tree of p-best nodes with the most expected tokens per second
 =========  ==================================================================================
 
 :func:`make_drafter` is the one place that maps a ``DecoderConfig.method`` to its class.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from latticekit.bpd.drafters.auto import AutoDrafter
 from latticekit.bpd.drafters.base import Draft, Drafter, DraftInput, DraftResources
 from latticekit.bpd.drafters.greedy import GreedyDrafter
 from latticekit.bpd.drafters.neural import NeuralDrafter
@@ -37,6 +39,7 @@ __all__ = [
     "NGramDrafter",
     "NeuralDrafter",
     "OracleDrafter",
+    "AutoDrafter",
     "argmax_draft",
     "oracle_draft",
     "drafter_class",
@@ -47,7 +50,8 @@ __all__ = [
 
 #: ``DecoderConfig.method`` -> its strategy.
 DRAFTERS: dict[str, type[Drafter]] = {
-    cls.method: cls for cls in (GreedyDrafter, VanillaDrafter, NGramDrafter, NeuralDrafter, OracleDrafter)
+    cls.method: cls for cls in (GreedyDrafter, VanillaDrafter, NGramDrafter, NeuralDrafter, OracleDrafter,
+                                AutoDrafter)
 }
 
 

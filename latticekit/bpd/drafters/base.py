@@ -83,6 +83,8 @@ class DraftResources:
         vocab_size: the target's vocabulary size; None where unknown (a replayed trace).
         num_heads: h, the heads' positions (lattice rows), where known.
         largest_id: the largest token id the drafter will read, where ``vocab_size`` is unknown.
+        costs: the target's :class:`~latticekit.bpd.costs.StepCosts` (``auto``).
+        acceptance: an :class:`~latticekit.bpd.calibration.AcceptanceModel` to start from (``auto``).
     """
 
     lms: Any = None
@@ -91,6 +93,8 @@ class DraftResources:
     vocab_size: Optional[int] = None
     num_heads: Optional[int] = None
     largest_id: Optional[int] = None
+    costs: Any = None
+    acceptance: Any = None
 
 
 class Drafter:
@@ -101,6 +105,8 @@ class Drafter:
         needs_heads: it reads the heads' lattice (a decode without heads is refused up front).
         needs_reference: it follows the target's greedy continuation (the oracle): the decode
             loop computes one first when the caller gives none.
+        needs_costs: it weighs the target's step costs (``auto``): the decode loop measures them
+            (cached, :func:`~latticekit.bpd.costs.step_costs`) when the caller gives none.
 
     Attributes:
         config: the decoder configuration.
@@ -110,6 +116,7 @@ class Drafter:
     method: ClassVar[str] = ""
     needs_heads: ClassVar[bool] = True
     needs_reference: ClassVar[bool] = False
+    needs_costs: ClassVar[bool] = False
 
     def __init__(self, config: DecoderConfig) -> None:
         self.config = config

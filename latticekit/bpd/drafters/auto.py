@@ -1,0 +1,185 @@
+"""``auto``: the draft tree with the most expected tokens per second, chosen every step.
+
+Every step the drafter weighs what a tree costs against what it is expected to bring:
+
+1. **Candidates.** The p best paths of the heads' lattice under ``draft + alpha * n-gram``
+   (latticekit's exact search), merged into a trie (:class:`~latticekit.bpd.calibration.CandidateTree`).
+2. **Acceptance estimates.** Each node's probability of being accepted, the product along its
+   path of :class:`~latticekit.bpd.calibration.AcceptanceModel`'s conditionals (head and n-gram
+   log-probabilities, depth), learnt online from the decode's own text.
+3. **Costs.** :class:`~latticekit.bpd.costs.StepCosts`: the seconds of a target call verifying
+   n nodes, measured on this device.
+4. **The tree.** Nodes sorted by acceptance probability form, for every n, the prefix-closed
+   set of n nodes with the most expected accepted tokens (a child is never likelier than its
+   parent); the step verifies the n maximising ``(1 + expected accepted) / target seconds(n)``.
+   n = 0 is a plain greedy step.
+
+The heads' lattice and the search cost time of their own (measured as the decode runs). When
+even the best tree does not repay them (untrained heads, a domain the heads do not know), the
+drafter stops reading the lattice and decodes plainly, probing now and then (every 2, 4, ...,
+32 steps) whether drafting pays again; every probe's candidates still teach the acceptance
+model once the text reaches them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+from latticekit.bpd.calibration import AcceptanceModel, CandidateTree, PendingLabels, node_features
+from latticekit.bpd.costs import StepCosts
+from latticekit.bpd.drafters.base import Draft, Drafter, DraftInput, DraftResources
+from latticekit.bpd.drafters.ngram import select_lm, uniform_lm
+from latticekit.bpd.errors import DecoderConfigError
+from latticekit.bpd.records import DecoderConfig
+from latticekit.lattice import SausageLattice
+from latticekit.ngram import NGramLM
+from latticekit.search import pbest
+
+__all__ = ["AutoDrafter", "choose_nodes"]
+
+#: Static candidate vocabulary of the heads' lattice: the n-gram model's most probable tokens.
+CANDIDATE_TOKENS = 8192
+#: Probing while drafting does not pay: after 2 plain steps, then 4, ... up to this many.
+MAX_PROBE_INTERVAL = 32
+#: Weight of the newest step in the running estimate of what drafting gains.
+_GAIN_SMOOTHING = 0.3
+
+
+def choose_nodes(probability: np.ndarray, depths: np.ndarray, costs: StepCosts, cached: int,
+                 max_nodes: int) -> tuple[np.ndarray, float, float]:
+    """The nodes to verify: the first n of ``probability`` order (parents before children),
+    n maximising ``(1 + sum of their probabilities) / costs.target_s(n, cached)``.
+
+    Returns:
+        The chosen node indices (most probable first), the expected tokens of the step and
+        its predicted target seconds.
+    """
+    order = np.lexsort((depths, -probability))[:max_nodes]
+    expected = 1.0 + np.concatenate([[0.0], np.cumsum(probability[order])])
+    seconds = np.array([costs.target_s(n, cached) for n in range(len(order) + 1)])
+    best = int(np.argmax(expected / seconds))
+    return order[:best], float(expected[best]), float(seconds[best])
+
+
+class AutoDrafter(Drafter):
+    """Cost-aware drafting: see the module docstring.
+
+    Args:
+        config: an ``auto`` config (k arcs per lattice column, p candidate paths, alpha).
+        lm: the n-gram model (token-id words), or None: candidates ranked by the heads alone,
+            no n-gram feature.
+        costs: the target's measured step costs.
+        acceptance: the acceptance model to start from (copied); default
+            :meth:`AcceptanceModel.prior`.
+        max_nodes: the largest tree considered.
+    """
+
+    method = "auto"
+    needs_costs = True
+
+    def __init__(self, config: DecoderConfig, lm: Optional[NGramLM], costs: StepCosts,
+                 acceptance: Optional[AcceptanceModel] = None, max_nodes: int = 64) -> None:
+        super().__init__(config)
+        self.lm = lm
+        self.search_lm = lm if lm is not None else uniform_lm()
+        self.alpha = config.alpha if lm is not None else 0.0
+        self.costs = costs
+        base = acceptance if acceptance is not None else AcceptanceModel.prior()
+        self.acceptance = AcceptanceModel(base.weights, base.learning_rate)
+        self.max_nodes = int(max_nodes)
+        self.pending = PendingLabels()
+        self.gain = 1.0  # running estimate: drafting's tokens/s over plain steps' (1: break even)
+        self.overhead_s = 0.0  # running mean of a drafting step's lattice + search seconds
+        self.probe_interval = 2
+        self.plain_run = 0
+        self.last_expected = 1.0
+
+    @classmethod
+    def from_config(cls, config: DecoderConfig, resources: DraftResources) -> "AutoDrafter":
+        if resources.costs is None:
+            raise DecoderConfigError(f"decoder {config.label!r} needs the target's step costs "
+                                     "(latticekit.bpd.costs.step_costs)")
+        lm = None
+        if resources.lms is not None and (config.lm is not None or config.alpha > 0):
+            lm = select_lm(config, resources.lms)
+        return cls(config, lm, resources.costs, resources.acceptance)
+
+    def lattice_source(self, heads: Any, vocab_size: int) -> Any:
+        from latticekit.bpd.lattices import CandidateLattice, FullLattice, lm_candidates
+
+        if self.lm is not None and CandidateLattice.supports(heads):
+            static = lm_candidates(self.lm, CANDIDATE_TOKENS)
+            if len(static):
+                return CandidateLattice(heads, static, self.k)
+        return FullLattice(heads, self.k, vocab_size)
+
+    # -- one step --------------------------------------------------------------------------
+
+    def _wants_lattice(self) -> bool:
+        if self.gain >= 1.0:
+            return True
+        self.plain_run += 1
+        return self.plain_run >= self.probe_interval
+
+    def candidates(self, step: DraftInput) -> CandidateTree:
+        """The trie of the p best lattice paths, with each node's head and n-gram log-probabilities."""
+        lattice = step.lattice
+        paths = pbest(lattice, self.search_lm, self.config.p, self.alpha,
+                      context=step.context(self.search_lm.order))
+        drafts = [path.tokens[1:] for path in paths]
+        head = _arc_scores(lattice, drafts)
+        ngram = None
+        if self.lm is not None:
+            context = step.context(self.lm.order)
+            ngram = [self.lm.token_logprobs(path.tokens, context=context)[1:] for path in paths]
+        return CandidateTree.from_paths(drafts, head, ngram)
+
+    def draft(self, step: DraftInput) -> Draft:
+        t0 = time.perf_counter()
+        if not self._wants_lattice():
+            return []
+        probing = self.gain < 1.0
+        self.plain_run = 0
+        tree = self.candidates(step)
+        features = node_features(tree, self.acceptance.max_depth)
+        probability = tree.path_probability(self.acceptance.conditional(features))
+        cached = step.root_index
+        chosen, expected, target_s = choose_nodes(probability, tree.depths, self.costs, cached, self.max_nodes)
+        self.pending.add(step.root_index, tree, features)
+        if self.costs.draft_s is not None:
+            self.overhead_s = self.costs.draft_s
+        else:
+            overhead = time.perf_counter() - t0
+            self.overhead_s = overhead if self.overhead_s == 0 else 0.8 * self.overhead_s + 0.2 * overhead
+        plain_s = self.costs.target_s(0, cached)
+        gain = expected * plain_s / (target_s + self.overhead_s)
+        self.gain = (1 - _GAIN_SMOOTHING) * self.gain + _GAIN_SMOOTHING * gain
+        if probing:
+            self.probe_interval = 2 if self.gain >= 1.0 else min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
+        self.last_expected = expected
+        if not len(chosen):
+            return []
+        has_child = np.zeros(tree.size, dtype=bool)
+        parents = tree.parents[chosen]
+        has_child[parents[parents >= 0]] = True
+        leaves = [int(i) for i in chosen if not has_child[i]]  # already most probable first
+        return tree.paths_to(leaves)
+
+    def observe(self, step: DraftInput, drafts: Draft, emitted: Sequence[int]) -> None:
+        features, labels = self.pending.resolve(list(step.ids) + list(emitted))
+        self.acceptance.update(features, labels)
+
+
+def _arc_scores(lattice: SausageLattice, drafts: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """The lattice score of each draft token at its column (column j + 1 for token j)."""
+    out = []
+    for draft in drafts:
+        tokens = np.asarray(draft, dtype=np.int32)
+        columns = lattice.tokens[1:1 + len(tokens)]
+        hit = columns == tokens[:, None]
+        out.append(lattice.scores[1:1 + len(tokens)][np.arange(len(tokens)), hit.argmax(axis=1)].astype(np.float64))
+    return out
