@@ -3,8 +3,11 @@
 Take the top-k tokens of each draft head (a :class:`SausageLattice`), rescore every path
 with a Katz back-off :class:`NGramLM` conditioned on the decoded prefix, and keep the p best
 drafts (:func:`pbest`, :func:`pbest_batch`). ``latticekit.torch`` verifies them in one
-masked forward pass of the target model.
+masked forward pass of the target model; :func:`generate` (torch, loaded on first use) decodes
+with all of it, faster than greedy decoding and with the same tokens.
 """
+
+from typing import Any
 
 from latticekit._version import __version__
 from latticekit.errors import (
@@ -20,6 +23,7 @@ from latticekit.search import Path, PBestResult, pbest, pbest_batch
 
 __all__ = [
     "__version__",
+    "generate",
     "NGramLM",
     "SausageLattice",
     "Path",
@@ -32,3 +36,11 @@ __all__ = [
     "LatticeError",
     "VocabularyError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "generate":  # needs torch: imported on first use
+        from latticekit.generation import generate
+
+        return generate
+    raise AttributeError(f"module 'latticekit' has no attribute {name!r}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -122,11 +122,12 @@ def decode(
     max_new_tokens: int,
     lms: Any = None,
     reference: Optional[Sequence[int]] = None,
-    eos_token_id: Optional[int] = None,
+    eos_token_id: Union[int, Sequence[int], None] = None,
     generator: Optional[torch.Generator] = None,
     rescorer: Any = None,
     costs: Any = None,
     acceptance: Any = None,
+    streamer: Any = None,
 ) -> Decoding:
     """Decodes ``max_new_tokens`` tokens after a prompt with one decoder.
 
@@ -147,7 +148,7 @@ def decode(
         reference: ``oracle`` only: the target's greedy sequence (prompt included) at least
             ``max_new_tokens + h`` tokens past the prompt; computed with :func:`greedy_decode`
             (not counted as steps) when None.
-        eos_token_id: stop after emitting it.
+        eos_token_id: stop after emitting it (or any of several).
         generator: CPU random generator for sampling (``temperature > 0``).
         rescorer: ``neural`` only: the :class:`~latticekit.bpd.rescorer.NeuralRescorer`; it reads
             the last :func:`~latticekit.bpd.rescorer.context_window` decoded tokens.
@@ -155,6 +156,8 @@ def decode(
             (and cached per model and device, :func:`~latticekit.bpd.costs.step_costs`) when None.
         acceptance: ``auto`` only: the :class:`~latticekit.bpd.calibration.AcceptanceModel` to
             start from (default: its prior).
+        streamer: a ``transformers`` streamer (``TextStreamer``, ``TextIteratorStreamer``, ...):
+            it gets the prompt, then the tokens of every step as they are decoded.
 
     Returns:
         The new tokens and one :class:`StepRecord` per target call.
@@ -191,6 +194,8 @@ def decode(
     rule = "greedy" if config.temperature == 0 else "sampling"
 
     start = clock()
+    eos = _eos_set(eos_token_id)
+    stream = _Stream(streamer, prompt, max_new_tokens, eos)
     cache = prefill(model, prompt)
     ids = list(prompt)
     steps: list[StepRecord] = []
@@ -199,8 +204,9 @@ def decode(
     ids.append(_next_token(logits, config, generator))
     steps.append(StepRecord(root_token=ids[-2], drafts=[], vanilla_draft=(), emitted=(ids[-1],),
                             num_accepted=0, model_s=clock() - t0))
+    stream.put(steps[-1].emitted)
 
-    while len(ids) - len(prompt) < max_new_tokens and eos_token_id not in steps[-1].emitted:
+    while len(ids) - len(prompt) < max_new_tokens and eos.isdisjoint(steps[-1].emitted):
         heads_lattice = _TimedLattice(source, hidden, ids, clock)
         step = DraftInput(ids, heads_lattice)
         t0 = clock()
@@ -222,14 +228,58 @@ def decode(
         steps.append(_record(step, drafts, emitted, num_accepted, heads_lattice.entropy, heads_lattice.seconds,
                              t1 - t0 - heads_lattice.seconds, t2 - t1))
         ids.extend(emitted)
+        stream.put(emitted)
 
-    tokens = ids[len(prompt):][:max_new_tokens]
-    if eos_token_id is not None and eos_token_id in tokens:
-        tokens = tokens[: tokens.index(eos_token_id) + 1]
+    stream.end()
+    tokens = _cut_at_eos(ids[len(prompt):][:max_new_tokens], eos)
     return Decoding(config=config, prompt=prompt, tokens=tokens, steps=steps, wall_s=clock() - start)
 
 
-def greedy_decode(model: Any, prompt_ids: Any, max_new_tokens: int, eos_token_id: Optional[int] = None) -> Decoding:
+def _eos_set(eos_token_id: Union[int, Sequence[int], None]) -> frozenset[int]:
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, (int, np.integer)) and not isinstance(eos_token_id, bool):
+        return frozenset([int(eos_token_id)])
+    try:
+        ids = [int(t) for t in eos_token_id if not isinstance(t, bool)]  # type: ignore[union-attr]
+    except TypeError as exc:
+        raise DecoderConfigError(f"eos_token_id must be an id or a sequence of ids, got {eos_token_id!r}") from exc
+    return frozenset(ids)
+
+
+def _cut_at_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:
+    """``tokens`` up to and including the first end-of-sequence token."""
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+class _Stream:
+    """Hands the decode's tokens to a ``transformers`` streamer (``put(tensor)``, ``end()``) as
+    HF ``generate`` does: the prompt first, then each step's tokens, none past
+    ``max_new_tokens`` or the end-of-sequence token."""
+
+    def __init__(self, streamer: Any, prompt: list[int], max_new_tokens: int, eos: frozenset[int]) -> None:
+        self.streamer, self.left, self.eos = streamer, max_new_tokens, eos
+        if streamer is not None:
+            streamer.put(torch.tensor(prompt, dtype=torch.long))
+
+    def put(self, tokens: Sequence[int]) -> None:
+        if self.streamer is None or self.left <= 0:
+            return
+        out = _cut_at_eos(list(tokens[: self.left]), self.eos)
+        self.left = 0 if not self.eos.isdisjoint(out) else self.left - len(out)
+        if out:
+            self.streamer.put(torch.tensor(out, dtype=torch.long))
+
+    def end(self) -> None:
+        if self.streamer is not None:
+            self.streamer.end()
+
+
+def greedy_decode(model: Any, prompt_ids: Any, max_new_tokens: int,
+                  eos_token_id: Union[int, Sequence[int], None] = None) -> Decoding:
     """Plain greedy decoding with a KV cache, one token per target call: the baseline."""
     return decode(model, None, prompt_ids, DecoderConfig("greedy"), max_new_tokens=max_new_tokens,
                   eos_token_id=eos_token_id)
