@@ -69,7 +69,7 @@ def load_prompts(args: argparse.Namespace, tokenizer: Any, heads_num: int) -> di
                             "max_new_tokens": args.max_new_tokens, "eos": tokenizer.eos_token_id}
                            for p in demo_prompts()]
         elif domain == "instruction":
-            data = json.loads(Path(args.instruction_prompts).read_text())["heldout"]
+            data = json.loads(Path(args.instruction_prompts).read_text())["heldout"][0::2]  # tune_auto.py: 1::2
             rng = np.random.default_rng(args.seed)
             chosen = [data[i] for i in sorted(rng.choice(len(data), size=min(args.num_instruction, len(data)),
                                                          replace=False))]

@@ -653,6 +653,7 @@ def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM]
     from dataclasses import replace as dc_replace
 
     from latticekit.bpd import replay as rp
+    from latticekit.bpd.drafters import drafter_class
 
     h = int(heads.num_heads)
     k = max([c.k for c in list(configs) + list(tune)] or [1])
@@ -665,6 +666,11 @@ def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM]
         raise DecoderConfigError(f"domain(s) {missing}: every file went to tuning; give more prompts "
                                  "(--num-prompts, --windows-per-file) or fewer --tune-prompts")
     everything = tune_set + report
+    costs = None
+    if any(drafter_class(c).needs_costs for c in list(configs) + list(tune)):
+        from latticekit.bpd.costs import step_costs
+
+        costs = step_costs(model)
     traces = rp.trace_prompts(model, heads, [p.ids for p in everything], max_new_tokens + h - 1, k,
                               batch_size=trace_batch, cache_dir=trace_cache, description=description,
                               progress=progress)
@@ -673,7 +679,7 @@ def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM]
     extra: dict[str, list[DecoderConfig]] = {}
     for domain, mine in tune_traces.items():
         for config in tune:
-            table = rp.tune_alpha(mine, config, alphas, max_new_tokens, lms, rescorer, eos_token_id)
+            table = rp.tune_alpha(mine, config, alphas, max_new_tokens, lms, rescorer, eos_token_id, costs)
             chosen = max(table, key=lambda a: (table[a], -a))
             tables.setdefault(domain, {})[_tuned_label(config, "tuned")] = {
                 "table": {f"{a:g}": be for a, be in table.items()}, "chosen": chosen, "prompts": len(mine)}
@@ -690,7 +696,7 @@ def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM]
         if repeated:
             raise DecoderConfigError(f"decoders {repeated} are listed twice; give them distinct name= values")
         results[domain] = rp.replay_all(mine, list(configs) + extra.get(domain, []), max_new_tokens,
-                                        lms, rescorer, eos_token_id)
+                                        lms, rescorer, eos_token_id, costs)
     return results, tables, report
 
 
@@ -720,15 +726,22 @@ def main(args: Any) -> int:
         from latticekit.bpd.rescorer import NeuralRescorer
 
         rescorer = NeuralRescorer.load(args.rescorer, args.device)
+    from latticekit.bpd.costs import StepCosts
     from latticekit.bpd.drafters import make_drafter
 
+    unmeasured = StepCosts([0, 1], [1.0, 1.0], 1)  # the real costs are measured once the model is loaded
     for config in configs + tune:  # a missing n-gram model or rescorer fails now, not after the model loads
         try:
-            make_drafter(config, lms=lms, rescorer=rescorer, reference=())
+            make_drafter(config, lms=lms, rescorer=rescorer, reference=(), costs=unmeasured)
         except DecoderConfigError as exc:
             raise DecoderConfigError(f"{exc} (models: --lm NAME=PATH, rescorer: --rescorer)") from exc
     model, tokenizer, description = load_target(args.model, args.device)
     heads = load_heads(args.heads, model)
+    if not args.no_prepare:
+        from latticekit.torch import prepare_target
+
+        prepare_target(model, heads=heads)
+        description += " (prepared)"
     # Windows are followed by the tokens a decode could read past them (the replay engine always
     # asks for it, so that --engine decode --need-continuation picks the same prompts).
     need = args.need_continuation or args.engine != "decode"
@@ -774,6 +787,7 @@ def main(args: Any) -> int:
     counts = dict(Counter(p.domain for p in reported))
     meta = {
         "model": description, "heads": args.heads, "heads_num": int(heads.num_heads),
+        "prepared": model.latticekit_preparation.describe() if not args.no_prepare else "no",
         "lms": {str(k): f"order {v.order}, {v.num_ngrams} n-grams" for k, v in lms.items()},
         "rescorer": args.rescorer or "none",
         "engine": args.engine + (" (block efficiency from one greedy trace per prompt, see latticekit.bpd.replay; "
@@ -835,6 +849,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--trace-batch", type=int, default=8, help="prompts per batched greedy pass (replay)")
     p.add_argument("--no-eos", action="store_true", help="do not stop at the tokenizer's end-of-sequence token")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--no-prepare", action="store_true",
+                   help="decode the model as loaded, not prepared (latticekit.torch.prepare_target: packed "
+                        "weights on the CPU); every decoder, the greedy baseline included, runs on the same model")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--records", action="store_true", help="also write every step record (records.json)")

@@ -118,10 +118,12 @@ class CandidateLattice:
 
     @staticmethod
     def supports(heads: Any) -> bool:
-        """Whether ``heads`` expose ``head_states`` and a shared ``lm_head`` with a 2-d weight."""
+        """Whether ``heads`` expose ``head_states`` and project every draft head with the shared
+        ``lm_head`` (no per-head projections, no logit scale)."""
         weight = getattr(getattr(heads, "lm_head", None), "weight", None)
-        return callable(getattr(heads, "head_states", None)) and isinstance(weight, torch.Tensor) \
-            and weight.dim() == 2
+        return (callable(getattr(heads, "head_states", None)) and isinstance(weight, torch.Tensor)
+                and weight.dim() == 2 and getattr(heads, "projections", None) is None
+                and float(getattr(heads, "logit_scale", 1.0)) == 1.0)
 
     def _add_context(self, ids: Sequence[int]) -> None:
         new = [int(t) for t in ids[self._seen:] if 0 <= int(t) < self.covered.shape[0]]

@@ -347,22 +347,23 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
 
 
 def replay_all(traces: Sequence[Trace], configs: Sequence[DecoderConfig], max_new_tokens: int,
-               lms: Any = None, rescorer: Any = None,
-               eos_token_id: Optional[int] = None) -> dict[str, list[Decoding]]:
+               lms: Any = None, rescorer: Any = None, eos_token_id: Optional[int] = None,
+               costs: Any = None) -> dict[str, list[Decoding]]:
     """:func:`replay` of every config (and the greedy baseline first) over traces: decoder
-    label -> one decoding per trace."""
+    label -> one decoding per trace. ``costs``: the target's step costs (``auto``)."""
     greedy = DecoderConfig("greedy")
     per: dict[str, list[Decoding]] = {"greedy": []}
     for trace in traces:
         per["greedy"].append(replay(trace, greedy, max_new_tokens, eos_token_id=eos_token_id))
         for config in configs:
             per.setdefault(config.label, []).append(
-                replay(trace, config, max_new_tokens, lms, rescorer, eos_token_id))
+                replay(trace, config, max_new_tokens, lms, rescorer, eos_token_id, costs=costs))
     return per
 
 
 def tune_alpha(traces: Sequence[Trace], config: DecoderConfig, alphas: Sequence[float], max_new_tokens: int,
-               lms: Any = None, rescorer: Any = None, eos_token_id: Optional[int] = None) -> dict[float, float]:
+               lms: Any = None, rescorer: Any = None, eos_token_id: Optional[int] = None,
+               costs: Any = None) -> dict[float, float]:
     """Block efficiency of ``config`` at every alpha over ``traces`` (the tuning prompts)."""
     from dataclasses import replace
 
@@ -370,5 +371,5 @@ def tune_alpha(traces: Sequence[Trace], config: DecoderConfig, alphas: Sequence[
     for alpha in alphas:
         tuned = replace(config, alpha=float(alpha), name=None)
         table[float(alpha)] = block_efficiency(
-            replay(t, tuned, max_new_tokens, lms, rescorer, eos_token_id) for t in traces)
+            replay(t, tuned, max_new_tokens, lms, rescorer, eos_token_id, costs=costs) for t in traces)
     return table

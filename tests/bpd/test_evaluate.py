@@ -130,6 +130,23 @@ def test_cli_replay_engine_with_tuning(tmp_path: Path, capsys: pytest.CaptureFix
     assert list((tmp_path / "traces").glob("*.npz"))
 
 
+def test_cli_auto_on_both_engines(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the step costs are measured and kept there
+    argv = ["eval", "--model", "tiny-llama", "--heads", "untrained:3", "--lm", f"3gram={ARPA}",
+            "--prompts", *map(str, SOURCES[:4]), "--num-prompts", "4", "--prompt-tokens", "16",
+            "--max-new-tokens", "10", "--engine", "both", "--decode-prompts", "2",
+            "--decoders", "auto:lm=3gram", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert len(list((tmp_path / "cache" / "latticekit").glob("step-costs-*.json"))) == 1
+    data = json.loads((tmp_path / "eval.json").read_text())
+    assert "prepared for cpu" in data["meta"]["prepared"]
+    labels = [r["decoder"] for r in data["summary"]["prompts"]["decoders"]]
+    assert labels == ["greedy", "auto k=8 p=16 alpha=1 lm=3gram"]
+    decoded = json.loads((tmp_path / "decoded" / "eval.json").read_text())["summary"]["prompts"]["decoders"]
+    assert all(r["exact"] for r in decoded)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--engine", "decode", "--tune", "ngram:k=4,lm=3gram", "--tune-prompts", "2"], "need --engine replay"),
     (["--engine", "replay", "--tune", "vanilla", "--tune-prompts", "2"], "only ngram and neural"),
