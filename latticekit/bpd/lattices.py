@@ -19,6 +19,7 @@ target's own head).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -71,15 +72,43 @@ class FullLattice:
         return lattice, entropy_of_logprobs(torch.log_softmax(logits.float(), dim=-1))
 
 
+_RANKED: "weakref.WeakKeyDictionary[NGramLM, np.ndarray]" = weakref.WeakKeyDictionary()
+
+
 def lm_candidates(lm: NGramLM, size: int) -> np.ndarray:
     """The ``size`` most probable unigrams of a model over token ids (words spelled as decimal
-    ids), as int64 token ids; empty when its words are not ids."""
-    ids, log10p, _ = lm.ngrams(1)
-    words = lm.words
-    tokens = np.array([int(words[i]) if words[i].isdigit() else -1 for i in ids[:, 0]], dtype=np.int64)
-    order = np.argsort(-log10p, kind="stable")
-    ranked = tokens[order]
-    return ranked[ranked >= 0][:size]
+    ids), as int64 token ids; empty when its words are not ids. The ranking is kept per model."""
+    ranked = _RANKED.get(lm)
+    if ranked is None:
+        ids, log10p, _ = lm.ngrams(1)
+        words = lm.words
+        tokens = np.array([int(words[i]) if words[i].isdigit() else -1 for i in ids[:, 0]], dtype=np.int64)
+        ranked = tokens[np.argsort(-log10p, kind="stable")]
+        ranked = _RANKED[lm] = ranked[ranked >= 0]
+    return ranked[:size]
+
+
+#: Packed candidate rows per output projection and candidate set: built once, shared by decodes.
+_PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[bytes, tuple[torch.Tensor, Any]]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _candidate_rows(projection: torch.nn.Module, static: np.ndarray) -> tuple[torch.Tensor, Any]:
+    """The rows of ``projection.weight`` for the ids ``static``, and their oneDNN-packed copy
+    (None off the CPU or for other dtypes)."""
+    weight = projection.weight
+    per_weight = _PACKED.setdefault(projection, {})
+    key = static.tobytes()
+    if key not in per_weight:
+        index = torch.from_numpy(static).to(weight.device)
+        rows = weight.detach().index_select(0, index).contiguous()
+        packed = None
+        if rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.bfloat16) \
+                and torch.backends.mkldnn.is_available():
+            packed = torch.ops.mkldnn._reorder_linear_weight(rows, 32)
+        per_weight.clear()  # one candidate set per weight is kept
+        per_weight[key] = (rows, packed)
+    return per_weight[key]
 
 
 class CandidateLattice:
@@ -104,13 +133,7 @@ class CandidateLattice:
         static = static[(static >= 0) & (static < vocab)]
         self.covered = np.zeros(vocab, dtype=bool)
         self.covered[static] = True
-        self.ids = torch.from_numpy(static).to(weight.device)
-        rows = weight.index_select(0, self.ids).contiguous()
-        self._packed = None
-        if rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.bfloat16) \
-                and torch.backends.mkldnn.is_available():
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(rows, 32)
-        self._rows = rows
+        self._rows, self._packed = _candidate_rows(heads.lm_head, static)
         self._candidate_ids = static  # column -> token id of the projection's output
         self._extra_ids: list[int] = []
         self._extra_rows = weight.new_empty((0, weight.shape[1]))
