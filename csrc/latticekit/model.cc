@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -18,6 +20,7 @@ constexpr char kMagic[8] = {'L', 'T', 'K', 'N', 'G', 'R', 'A', 'M'};
 constexpr uint32_t kVersion = 2;
 constexpr uint64_t kEndianMark = 0x0102030405060708ULL;
 constexpr float kMissingUnkLog10 = -100.0f;  // what KenLM substitutes when <unk> is absent
+constexpr float kZeroProbLog10 = -99.0f;     // a zero probability (-inf), as SRILM writes it
 constexpr uint64_t kMaxTokens = uint64_t(1) << 26;
 
 enum Section {
@@ -60,6 +63,12 @@ uint64_t Layout(const FileHeader &h, uint64_t *offsets) {
     at = AlignUp(at + sizes[i]);
   }
   return at;
+}
+
+std::string FormatValue(float x) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.9g", static_cast<double>(x));
+  return buffer;
 }
 
 bool ParseTokenId(const std::string &s, uint64_t *id) {
@@ -143,6 +152,7 @@ class ModelBuilder {
     AssignWordIds();
     ConvertOrders();
     for (int n = 1; n <= order_; ++n) {
+      CheckValues(n);
       SortLexicographically(&orders_[n - 1], n, bits_);
       CheckDuplicates(n);
     }
@@ -154,6 +164,7 @@ class ModelBuilder {
     FillTokensAndText();
     FileHeader *h = reinterpret_cast<FileHeader *>(model_->storage_->mutable_data());
     h->checksum = Checksum64(model_->storage_->data() + kHeaderSize, h->file_size - kHeaderSize);
+    model_->ScanValues();
     model_->BuildFence();
     return std::move(model_);
   }
@@ -258,6 +269,32 @@ class ModelBuilder {
       o.line = t.lines.empty() ? std::vector<uint32_t>(o.prob.size(), 0) : std::move(t.lines);
       o.filler.assign(o.prob.size(), 0);
       t = OrderTable();
+    }
+  }
+
+  // What a model value may be, whatever the source (ARPA, n-gram tables, FST): a
+  // log-probability is <= 0, and -inf (probability zero; also any value below float32's
+  // range, such as -1e39 or -1e999) is stored as kZeroProbLog10 so that every path keeps a
+  // finite score; NaN or positive ones are refused. Back-off weights must be finite.
+  void CheckValues(int n) {
+    BuildOrder &o = orders_[n - 1];
+    for (size_t i = 0; i < o.size(); ++i) {
+      float &prob = o.prob[i];
+      const float backoff = o.backoff[i];
+      std::string problem;
+      if (std::isnan(prob)) {
+        problem = "log-probability is NaN";
+      } else if (prob > 0) {
+        problem = "log-probability " + FormatValue(prob) + " is positive";
+      } else if (std::isnan(backoff)) {
+        problem = "back-off weight is NaN";
+      } else if (std::isinf(backoff)) {
+        problem = std::string("back-off weight is ") + (backoff > 0 ? "+" : "-") +
+                  "inf (or beyond float32's range, ~3.4e38)";
+      }
+      if (!problem.empty())
+        Fail(o.line[i], problem + " in " + std::to_string(n) + "-gram '" + Spell(&o.ids[i * n], n) + "'");
+      if (std::isinf(prob)) prob = kZeroProbLog10;
     }
   }
 
@@ -460,6 +497,10 @@ class ModelBuilder {
         StateId next;
         const double p = m.BackoffWeight(src) +
                          m.Advance(m.BackoffState(src), o.ids[i * n + n - 1], &next);
+        if (!(std::fabs(p) <= FLT_MAX))
+          Fail(o.line[i], "the " + std::to_string(n) + "-gram '" + Spell(&o.ids[i * n], n) +
+                              "' is missing and the probability back-off gives it (log10 " +
+                              std::to_string(p) + ") is beyond float32's range");
         const float p32 = static_cast<float>(p);
         std::memcpy(arcs + m.arc_stride_ * a + word_bytes, &p32, 4);
       }
@@ -571,9 +612,7 @@ uint64_t Model::count(int n) const {
 
 uint64_t Model::size_bytes() const { return storage_->size(); }
 
-void Model::Save(const std::string &path) const {
-  WriteFileAtomically(path, storage_->data(), storage_->size());
-}
+const char *Model::image() const { return storage_->data(); }
 
 std::unique_ptr<Model> Model::Load(const std::string &path) {
   std::unique_ptr<ModelStorage> storage(ModelStorage::Map(path));
@@ -612,6 +651,7 @@ std::unique_ptr<Model> Model::Load(const std::string &path) {
   model->BindViews();
   try {
     model->Validate();
+    model->ScanValues();
   } catch (const ModelFileError &e) {
     throw fail(e.what());
   }
@@ -651,6 +691,28 @@ void Model::Validate() const {
   FileHeader h;
   std::memcpy(&h, storage_->data(), sizeof(h));
   check(text_begin_[num_words_] == h.text_bytes, "word table");
+}
+
+void Model::ScanValues() {
+  // A file with a valid checksum may still be crafted: its values are checked, not only its
+  // structure. Built models pass by construction (CheckValues).
+  float max_prob = 0, max_backoff = 0;
+  for (uint64_t a = 0; a < num_arcs_; ++a) {
+    const float p = ArcLog10Prob(static_cast<uint32_t>(a));
+    if (!std::isfinite(p))
+      throw ModelFileError("a log-probability is " + FormatValue(p) + " (arc " + std::to_string(a) +
+                           "); every model value must be finite");
+    max_prob = std::max(max_prob, std::fabs(p));
+  }
+  for (uint64_t s = 0; s < num_states_; ++s) {
+    const float bo = BackoffWeight(static_cast<StateId>(s));
+    if (!std::isfinite(bo))
+      throw ModelFileError("a back-off weight is " + FormatValue(bo) + " (state " +
+                           std::to_string(s) + "); every model value must be finite");
+    max_backoff = std::max(max_backoff, std::fabs(bo));
+  }
+  max_abs_log10_prob_ = max_prob;
+  max_abs_log10_backoff_ = max_backoff;
 }
 
 // ---------------------------------------------------------------------------------------
