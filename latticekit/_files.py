@@ -7,7 +7,7 @@ import errno
 import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Union
@@ -153,3 +153,34 @@ def read_tagged_safetensors(path: Union[str, os.PathLike], format_name: str, ver
     if header.get("version") != version:
         raise error(f"{path} has {what} format version {header.get('version')}, this latticekit reads {version}")
     return header, tensors
+
+
+def check_weights(path: Union[str, os.PathLike], tensors: Mapping[str, Any],
+                  shapes: Mapping[str, tuple[int, ...]], error: type[Exception],
+                  integer: tuple[str, ...] = ()) -> None:
+    """Checks the tensors of a weights file against what its header implies, before anything
+    is allocated from the header: exactly the names of ``shapes``, each of that shape, and of
+    a floating-point dtype of at least 16 bits with only finite values (the names in
+    ``integer``: a plain integer dtype instead).
+
+    Raises:
+        error: a tensor is missing, extra, of another shape or dtype, or holds NaN or inf.
+    """
+    import torch
+
+    names, expected = set(tensors), set(shapes)
+    if names != expected:
+        missing, extra = sorted(expected - names)[:3], sorted(names - expected)[:3]
+        raise error(f"{path}: tensors do not match the header (missing {missing}, unexpected {extra})")
+    floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    integers = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != tuple(shapes[name]):
+            raise error(f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, the header implies "
+                        f"{tuple(shapes[name])}")
+        allowed = integers if name in integer else floats
+        if tensor.dtype not in allowed:
+            raise error(f"{path}: tensor {name!r} has dtype {tensor.dtype}, expected one of "
+                        f"{', '.join(str(d) for d in allowed)}")
+        if tensor.dtype in floats and not bool(torch.isfinite(tensor).all()):
+            raise error(f"{path}: tensor {name!r} holds NaN or infinite values")
