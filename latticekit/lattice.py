@@ -155,7 +155,8 @@ class SausageLattice:
             # Best first; equal scores by token id for determinism.
             order = np.lexsort((part, -part_scores), axis=-1)
             tokens = np.take_along_axis(part, order, axis=-1).astype(np.int32)
-            scores = np.take_along_axis(part_scores, order, axis=-1).astype(np.float32)
+            with np.errstate(over="ignore"):  # below float32's range is -inf: refused below
+                scores = np.take_along_axis(part_scores, order, axis=-1).astype(np.float32)
         widths = np.full(tokens.shape[:-1], k, dtype=np.int32)
         if fix_first:
             widths[..., 0] = 1
