@@ -47,16 +47,16 @@ class NGramLM:
     def from_arpa(cls, path: "os.PathLike[str] | str", vocab: Optional[Sequence[str]] = None) -> "NGramLM":
         """Reads an ARPA back-off model (plain or gzip-compressed).
 
+        Model values: log-probabilities must be <= 0 and back-off weights finite; a
+        log-probability of ``-inf`` (probability zero; also any value below float32's range,
+        such as ``-1e39``) is stored as -99, the value SRILM writes for a zero probability.
+
         Args:
             path: the ARPA file; a name ending in ``.gz`` is decompressed.
             vocab: spelling of each token id, for models whose words are not decimal ids.
 
         Returns:
             The compiled model.
-
-        Model values: log-probabilities must be <= 0 and back-off weights finite; a
-        log-probability of ``-inf`` (probability zero; also any value below float32's range,
-        such as ``-1e39``) is stored as -99, the value SRILM writes for a zero probability.
 
         Raises:
             ArpaFormatError: the file is malformed or holds a value a model may not have
@@ -80,6 +80,8 @@ class NGramLM:
     ) -> "NGramLM":
         """Compiles a model from n-gram tables (the layout :meth:`ngrams` returns).
 
+        Model values follow :meth:`from_arpa`'s rules (``-inf`` log-probabilities become -99).
+
         Args:
             words: spelling of each word id used in the tables; must include ``<s>`` and
                 ``</s>``.
@@ -87,8 +89,6 @@ class NGramLM:
                 ``ids`` int32 of shape ``(count, n)`` indexing ``words``, the two others
                 float32 of shape ``(count,)``.
             vocab: as in :meth:`from_arpa`.
-
-        Model values follow :meth:`from_arpa`'s rules (``-inf`` log-probabilities become -99).
 
         Raises:
             ArpaFormatError: inconsistent tables (arrays of the wrong shape or dtype, ids
@@ -133,9 +133,9 @@ class NGramLM:
     def save(self, path: "os.PathLike[str] | str") -> None:
         """Writes the compact binary model (magic, version, checksum) atomically.
 
-        The file is written in ``path``'s folder, unnamed or under a temporary name, and
-        renamed into place, so a crash never leaves a half-written model behind (see
-        ``latticekit._files.atomic_write``: permission bits, symlinks).
+        The file is written in ``path``'s folder under a temporary name and renamed into
+        place, so a crash never leaves a half-written model behind (see
+        ``latticekit._files.atomic_write``: permission bits, symlinks, killed writers).
 
         Raises:
             FileAccessError: the file cannot be written (an ``OSError``).

@@ -13,29 +13,13 @@ import pytest
 from hypothesis import event, given, settings, strategies as st
 
 import latticekit as lk
-from arpa_gen import arpa_models, to_arpa
+from arpa_gen import SMALL_ARPA as GOOD, arpa_models, to_arpa
 from latticekit import _core
 from latticekit.errors import LatticeKitError
 
 DATA = Path(__file__).parent / "data"
 
-GOOD = """\\data\\
-ngram 1=4
-ngram 2=2
-
-\\1-grams:
--99\t<s>\t-0.5
--1.0\t</s>
--0.5\t5\t-0.2
--0.9\t6\t0.1
-
-\\2-grams:
--0.3\t<s> 5
--0.2\t5 6
-
-\\end\\
-"""
-LATTICE = lk.SausageLattice([[5, 6], [6, 5]], np.zeros((2, 2)))
+LATTICE = lk.SausageLattice([[7, 8], [8, 7]], np.zeros((2, 2)))
 
 
 def arpa(tmp_path, text, name="m.arpa"):
@@ -57,21 +41,21 @@ def assert_sane_paths(lm, lattice=LATTICE, p=4, alpha=1.0, **kw):
 
 @pytest.mark.parametrize("spelling", ["-inf", "-Infinity", "-1e999", "-1e39", "-" + "9" * 400])
 def test_minus_inf_log_probability_is_stored_as_minus_99(tmp_path, spelling):
-    lm = lk.NGramLM.from_arpa(arpa(tmp_path, GOOD.replace("-0.2\t5 6", f"{spelling}\t5 6")))
-    assert lm.token_logprobs([6], context=[5])[0] == pytest.approx(-99 * math.log(10))
+    lm = lk.NGramLM.from_arpa(arpa(tmp_path, GOOD.replace("-0.2\t7 8", f"{spelling}\t7 8")))
+    assert lm.token_logprobs([8], context=[7])[0] == pytest.approx(-99 * math.log(10))
     paths = assert_sane_paths(lm)
-    assert paths[-1].tokens == (5, 6)  # the zero-probability bigram ranks last
+    assert paths[-1].tokens == (7, 8)  # the zero-probability bigram ranks last
     assert lm.ngrams(2)[1].min() == -99.0
 
 
 @pytest.mark.parametrize("old,new,line,pattern", [
-    ("-0.2\t5 6", "nan\t5 6", 13, "log-probability is NaN in 2-gram '5 6'"),
-    ("-0.2\t5 6", "inf\t5 6", 13, "log-probability inf is positive"),
-    ("-0.2\t5 6", "1e-30\t5 6", 13, "is positive"),
-    ("-0.9\t6\t0.1", "-0.9\t6\t1e39", 9, r"back-off weight is \+inf \(or beyond float32's range"),
-    ("-0.9\t6\t0.1", "-0.9\t6\t-inf", 9, "back-off weight is -inf"),
-    ("-0.9\t6\t0.1", "-0.9\t6\tnan", 9, "back-off weight is NaN"),
-    ("-0.5\t5\t-0.2", "-0.5\t5\t-1e999", 8, "back-off weight is -inf"),
+    ("-0.2\t7 8", "nan\t7 8", 13, "log-probability is NaN in 2-gram '7 8'"),
+    ("-0.2\t7 8", "inf\t7 8", 13, "log-probability inf is positive"),
+    ("-0.2\t7 8", "1e-30\t7 8", 13, "is positive"),
+    ("-0.9\t8\t0.1", "-0.9\t8\t1e39", 9, r"back-off weight is \+inf \(or beyond float32's range"),
+    ("-0.9\t8\t0.1", "-0.9\t8\t-inf", 9, "back-off weight is -inf"),
+    ("-0.9\t8\t0.1", "-0.9\t8\tnan", 9, "back-off weight is NaN"),
+    ("-0.5\t7\t-0.2", "-0.5\t7\t-1e999", 8, "back-off weight is -inf"),
 ])
 def test_bad_values_name_line_and_ngram(tmp_path, old, new, line, pattern):
     path = arpa(tmp_path, GOOD.replace(old, new))

@@ -164,7 +164,7 @@ class ModelBuilder {
     FillTokensAndText();
     FileHeader *h = reinterpret_cast<FileHeader *>(model_->storage_->mutable_data());
     h->checksum = Checksum64(model_->storage_->data() + kHeaderSize, h->file_size - kHeaderSize);
-    model_->ScanValues();
+    model_->Validate();  // never throws (CheckValues); records the values' maxima
     model_->BuildFence();
     return std::move(model_);
   }
@@ -281,6 +281,10 @@ class ModelBuilder {
     for (size_t i = 0; i < o.size(); ++i) {
       float &prob = o.prob[i];
       const float backoff = o.backoff[i];
+      if (prob <= 0 && std::isfinite(backoff)) {
+        if (std::isinf(prob)) prob = kZeroProbLog10;
+        continue;
+      }
       std::string problem;
       if (std::isnan(prob)) {
         problem = "log-probability is NaN";
@@ -288,13 +292,11 @@ class ModelBuilder {
         problem = "log-probability " + FormatValue(prob) + " is positive";
       } else if (std::isnan(backoff)) {
         problem = "back-off weight is NaN";
-      } else if (std::isinf(backoff)) {
+      } else {
         problem = std::string("back-off weight is ") + (backoff > 0 ? "+" : "-") +
                   "inf (or beyond float32's range, ~3.4e38)";
       }
-      if (!problem.empty())
-        Fail(o.line[i], problem + " in " + std::to_string(n) + "-gram '" + Spell(&o.ids[i * n], n) + "'");
-      if (std::isinf(prob)) prob = kZeroProbLog10;
+      Fail(o.line[i], problem + " in " + std::to_string(n) + "-gram '" + Spell(&o.ids[i * n], n) + "'");
     }
   }
 
@@ -651,7 +653,6 @@ std::unique_ptr<Model> Model::Load(const std::string &path) {
   model->BindViews();
   try {
     model->Validate();
-    model->ScanValues();
   } catch (const ModelFileError &e) {
     throw fail(e.what());
   }
@@ -659,15 +660,28 @@ std::unique_ptr<Model> Model::Load(const std::string &path) {
   return model;
 }
 
-void Model::Validate() const {
+void Model::Validate() {
   auto check = [](bool ok, const char *what) {
     if (!ok) throw ModelFileError(std::string("inconsistent model structure: ") + what);
   };
+  // A file with a valid checksum may still be crafted: its values are checked too (in the
+  // loops that read their records anyway), and their largest magnitudes recorded.
+  auto check_value = [](float x, const char *what, uint64_t at) {
+    if (!std::isfinite(x))
+      throw ModelFileError(std::string("a ") + what + " is " + FormatValue(x) + " (at " + std::to_string(at) +
+                           "); every model value must be finite");
+  };
+  float max_prob = 0, max_backoff = 0;
   check(state_begin_[0] == 0 && state_begin_[1] == 1, "state table");
   for (int n = 1; n <= order_; ++n) check(state_begin_[n] >= state_begin_[n - 1] && state_begin_[n] <= num_states_, "state table");
   check(state_begin_[order_] == num_states_, "state table");
   check(ArcBegin(0) == 0 && ArcEnd(0) == num_words_, "root arcs");
-  for (uint64_t s = 0; s < num_states_; ++s) check(ArcBegin(s) <= ArcEnd(s), "arc table");
+  for (uint64_t s = 0; s < num_states_; ++s) {
+    check(ArcBegin(s) <= ArcEnd(s), "arc table");
+    const float bo = BackoffWeight(static_cast<StateId>(s));
+    check_value(bo, "back-off weight", s);
+    max_backoff = std::max(max_backoff, std::fabs(bo));
+  }
   check(states_[num_states_].arc_begin == num_arcs_, "arc table");
   check(states_[num_states_].backoff_weight == 0.0f && states_[num_states_].backoff_state == 0,
         "state table sentinel");
@@ -683,6 +697,9 @@ void Model::Validate() const {
       check(w < num_words_, "arc word");
       if (s == 0) check(w == a, "root arcs");
       if (a > ArcBegin(s)) check(ArcWord(a - 1) < w, "arc order");
+      const float p = ArcLog10Prob(a);
+      check_value(p, "log-probability", a);
+      max_prob = std::max(max_prob, std::fabs(p));
     }
   }
   for (uint64_t t = 0; t < num_tokens_; ++t) check(token_to_word_[t] < num_words_, "token table");
@@ -691,26 +708,6 @@ void Model::Validate() const {
   FileHeader h;
   std::memcpy(&h, storage_->data(), sizeof(h));
   check(text_begin_[num_words_] == h.text_bytes, "word table");
-}
-
-void Model::ScanValues() {
-  // A file with a valid checksum may still be crafted: its values are checked, not only its
-  // structure. Built models pass by construction (CheckValues).
-  float max_prob = 0, max_backoff = 0;
-  for (uint64_t a = 0; a < num_arcs_; ++a) {
-    const float p = ArcLog10Prob(static_cast<uint32_t>(a));
-    if (!std::isfinite(p))
-      throw ModelFileError("a log-probability is " + FormatValue(p) + " (arc " + std::to_string(a) +
-                           "); every model value must be finite");
-    max_prob = std::max(max_prob, std::fabs(p));
-  }
-  for (uint64_t s = 0; s < num_states_; ++s) {
-    const float bo = BackoffWeight(static_cast<StateId>(s));
-    if (!std::isfinite(bo))
-      throw ModelFileError("a back-off weight is " + FormatValue(bo) + " (state " +
-                           std::to_string(s) + "); every model value must be finite");
-    max_backoff = std::max(max_backoff, std::fabs(bo));
-  }
   max_abs_log10_prob_ = max_prob;
   max_abs_log10_backoff_ = max_backoff;
 }

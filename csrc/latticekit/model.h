@@ -168,9 +168,9 @@ class Model {
 
   void BindViews();  // points the array members into storage_
   void BuildFence();
-  void Validate() const;
-  // Checks that every value is finite (ModelFileError otherwise) and records their maxima.
-  void ScanValues();
+  // Checks the structure and that every value is finite (ModelFileError otherwise), and
+  // records the values' largest magnitudes.
+  void Validate();
 
   std::unique_ptr<ModelStorage> storage_;
   uint64_t serial_ = 0;
