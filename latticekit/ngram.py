@@ -12,7 +12,7 @@ import numpy as np
 from latticekit import _core
 from latticekit._arrays import token_array
 from latticekit._files import atomic_write, checked_path, read_bytes
-from latticekit.errors import ArpaFormatError
+from latticekit.errors import ArpaFormatError, LatticeError
 
 __all__ = ["NGramLM"]
 
@@ -215,9 +215,12 @@ class NGramLM:
         Returns:
             ``(ids, log10_prob, log10_backoff)``: int32 of shape ``(count, order)`` indexing
             :attr:`words`, and two float32 arrays of shape ``(count,)``.
+
+        Raises:
+            LatticeError: order is not an integer in ``1..self.order``.
         """
-        if not 1 <= order <= self.order:
-            raise ValueError(f"order must be in 1..{self.order}, got {order}")
+        if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= self.order:
+            raise LatticeError(f"order must be in 1..{self.order}, got {order!r}")
         return self._core.ngrams(int(order))
 
     @classmethod

@@ -266,3 +266,18 @@ def test_every_error_is_typed():
     assert issubclass(errors.OutOfMemoryError, MemoryError)
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), LatticeKitError)
+
+
+def test_pure_python_reader_and_ngrams_errors_are_typed(tmp_path):
+    from latticekit.lm.arpa_io import read_arpa
+
+    path = tmp_path / "m.arpa.gz"
+    path.write_bytes(b"\x1f\x8b" + b"garbage" * 10)
+    with pytest.raises(lk.ArpaFormatError, match="corrupt gzip"):
+        read_arpa(str(path))
+    with pytest.raises(lk.errors.FileAccessError):
+        read_arpa(str(tmp_path / "missing.arpa"))
+    lm = lk.NGramLM.from_arpa(arpa(tmp_path, GOOD))
+    for order in (0, 3, 1.5):
+        with pytest.raises(lk.LatticeError, match="order must be in 1..2"):
+            lm.ngrams(order)
