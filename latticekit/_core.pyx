@@ -5,7 +5,11 @@ Arrays cross as typed memoryviews, validated by the Python layer; every compute 
 without the GIL.
 """
 
+import os
+
 import numpy as np
+
+from latticekit._files import checked_path
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libcpp cimport bool
@@ -14,6 +18,8 @@ from libcpp.string cimport string
 from libcpp.utility cimport move
 from libcpp.vector cimport vector
 
+from cpython.memoryview cimport PyMemoryView_FromMemory
+from cpython.buffer cimport PyBUF_READ
 from libc.math cimport isfinite
 from libc.string cimport memcpy
 from libcpp.algorithm cimport sort
@@ -21,12 +27,15 @@ from libcpp.algorithm cimport sort
 from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountTableOutput,
                               CountTableView, FormatArpaLines, RowMap,
                               MergeCountOrder, Model, NGramTables, OrderTable, ParseArpa,
+                              ParseArpaHeader,
                               LookupChildren, ParseIdLines, PBestBatch, PBestOne, LatticeView,
-                              PathsOut, StateId)
+                              PathsOut, StateId, Checksum64)
 
 
 cdef string _path_bytes(path):
-    return str(path).encode("utf-8")
+    """A file path for the C++ core: str, bytes or os.PathLike, refused (FileAccessError)
+    when it cannot name a file."""
+    return os.fsencode(checked_path(path))
 
 
 cdef class CoreModel:
@@ -90,10 +99,14 @@ cdef class CoreModel:
             self.model = Model.Load(c_path)
         return self
 
-    def save(self, path):
-        cdef string c_path = _path_bytes(path)
-        with nogil:
-            self.model.get().Save(c_path)
+    def write_image(self, f):
+        """Writes the binary model's bytes to the binary file object f (no copy is made)."""
+        cdef Model* m = self.model.get()
+        view = PyMemoryView_FromMemory(<char*> m.image(), m.size_bytes(), PyBUF_READ)
+        try:
+            f.write(view)
+        finally:
+            view.release()  # the bytes belong to self; no view outlives this call
 
     @property
     def order(self):
@@ -160,10 +173,30 @@ cdef class CoreModel:
     def pbest_batch(self, const int32_t[:, :, ::1] tokens, const float[:, :, ::1] scores,
                     widths, context, context_offsets, bint bos, int p, double alpha,
                     int threads):
-        """Raw batched search; the Python layer validates every argument first."""
+        """Raw batched search; the Python layer validates every argument first. The outputs
+        have min(p, the largest number of paths of any lattice) rows per lattice."""
         cdef int64_t batch = tokens.shape[0]
         cdef int h = tokens.shape[1]
         cdef int k = tokens.shape[2]
+        cdef const int32_t[:, ::1] w_view
+        cdef const int32_t* w_ptr = NULL
+        if widths is not None:
+            w_view = widths
+            w_ptr = &w_view[0, 0] if batch > 0 else NULL
+        cdef int64_t b, paths, most = 0
+        cdef int i
+        with nogil:  # no output row beyond the paths a lattice has
+            for b in range(batch):
+                paths = 1
+                for i in range(h):
+                    paths *= w_ptr[b * h + i] if w_ptr != NULL else k
+                    if paths >= p:
+                        paths = p
+                        break
+                most = max(most, paths)
+                if most == p:
+                    break
+        p = <int> most if batch > 0 else p
         out_tokens = np.full((batch, p, h), -1, dtype=np.int32)
         out_score = np.full((batch, p), np.nan, dtype=np.float64)
         out_draft = np.full((batch, p), np.nan, dtype=np.float64)
@@ -174,17 +207,12 @@ cdef class CoreModel:
         if batch == 0:
             return out_tokens, out_score, out_draft, out_lm, out_count, out_pops, out_transitions
         cdef int32_t[:, :, ::1] ot = out_tokens
-        cdef double[:, ::1] os = out_score
+        cdef double[:, ::1] osc = out_score
         cdef double[:, ::1] od = out_draft
         cdef double[:, ::1] ol = out_lm
         cdef int32_t[::1] oc = out_count
         cdef int64_t[::1] op = out_pops
         cdef int64_t[::1] otr = out_transitions
-        cdef const int32_t[:, ::1] w_view
-        cdef const int32_t* w_ptr = NULL
-        if widths is not None:
-            w_view = widths
-            w_ptr = &w_view[0, 0]
         cdef const int32_t[::1] c_view
         cdef const int64_t[::1] co_view
         cdef const int32_t* c_ptr = NULL
@@ -197,7 +225,7 @@ cdef class CoreModel:
             co_ptr = &co_view[0]
         with nogil:
             PBestBatch(self.model.get()[0], &tokens[0, 0, 0], &scores[0, 0, 0], w_ptr, batch, h, k,
-                       c_ptr, co_ptr, bos, p, alpha, threads, &ot[0, 0, 0], &os[0, 0], &od[0, 0],
+                       c_ptr, co_ptr, bos, p, alpha, threads, &ot[0, 0, 0], &osc[0, 0], &od[0, 0],
                        &ol[0, 0], &oc[0], &op[0], &otr[0])
         return out_tokens, out_score, out_draft, out_lm, out_count, out_pops, out_transitions
 
@@ -234,6 +262,26 @@ cdef class CoreModel:
         cdef int r, d
         return [path_type(tuple([out_tokens[r * h + d] for d in range(h)]), out_score[r],
                           out_draft[r], out_lm[r]) for r in range(n)]
+
+
+def checksum64(const unsigned char[::1] data):
+    """The binary model format's checksum of a byte range (what its header stores for the
+    bytes after the header); the tests and the fuzzer use it to craft files."""
+    return Checksum64(<const char*> &data[0] if data.shape[0] > 0 else <const char*> "", data.shape[0])
+
+
+def arpa_header(const unsigned char[::1] data, path):
+    """(counts, header size in bytes) of the beginning of an ARPA text, or None when it ends
+    before the header does (see ParseArpaHeader)."""
+    cdef string source = _path_bytes(path)
+    cdef vector[int64_t] counts
+    cdef size_t header_end = 0
+    cdef bool complete
+    cdef const char* ptr = <const char*> &data[0] if data.shape[0] > 0 else <const char*> ""
+    cdef size_t size = data.shape[0]
+    with nogil:
+        complete = ParseArpaHeader(ptr, size, source, &counts, &header_end)
+    return (list(counts), header_end) if complete else None
 
 
 def lattice_problem(const int32_t[:, :, ::1] tokens, const float[:, :, ::1] scores,

@@ -12,6 +12,7 @@ cdef extern from "latticekit/errors.h" namespace "latticekit" nogil:
         string message
         string path
         long line
+        int code
     ErrorInfo CurrentError()
 
 
@@ -28,8 +29,12 @@ cdef inline int raise_core_error() except -1:
     if info.kind == 3:
         raise errors.LatticeError(message)
     if info.kind == 4:
-        raise MemoryError(message)
-    raise errors.LatticeKitError(message)
+        raise errors.OutOfMemoryError(message)
+    if info.kind == 5:
+        raise errors.FileAccessError(message, info.path.decode("utf-8", "surrogateescape"), info.code)
+    if info.kind == 6:
+        raise errors.ThreadStartError(message, info.code)
+    raise errors.LatticeKitError(f"internal error (a bug of latticekit's, please report it): {message}")
 
 
 cdef extern from "latticekit/arpa.h" namespace "latticekit" nogil:
@@ -44,6 +49,8 @@ cdef extern from "latticekit/arpa.h" namespace "latticekit" nogil:
         vector[OrderTable] orders
 
     NGramTables ParseArpa(const char* data, size_t size, const string& path) except +raise_core_error
+    bool ParseArpaHeader(const char* data, size_t size, const string& path, vector[int64_t]* counts,
+                         size_t* header_end) except +raise_core_error
     void FormatArpaLines(const char* words, const int64_t* word_offsets, size_t num_words,
                          const int32_t* ids, size_t n, int k, const double* log10_prob,
                          const double* log10_backoff, const unsigned char* show_backoff,
@@ -106,7 +113,7 @@ cdef extern from "latticekit/model.h" namespace "latticekit" nogil:
                                 const string& source) except +raise_core_error
         @staticmethod
         unique_ptr[Model] Load(const string& path) except +raise_core_error
-        void Save(const string& path) except +raise_core_error
+        const char* image()
 
         int order()
         uint64_t count(int n)
@@ -123,6 +130,10 @@ cdef extern from "latticekit/model.h" namespace "latticekit" nogil:
         StateId ContextState(const int32_t* context, size_t n, bool bos)
         string WordText(WordId w)
         void NGrams(int n, int32_t* ids, float* log10_prob, float* log10_backoff)
+
+
+cdef extern from "latticekit/storage.h" namespace "latticekit" nogil:
+    uint64_t Checksum64(const char* data, size_t size)
 
 
 cdef extern from "latticekit/search.h" namespace "latticekit" nogil:

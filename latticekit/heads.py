@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from latticekit._files import atomic_write, read_tagged_safetensors
+from latticekit._files import atomic_write, check_weights, read_tagged_safetensors
 from latticekit.errors import LatticeKitError
 
 __all__ = [
@@ -275,11 +275,27 @@ class BlockHeads(nn.Module):
 
 
 def _read(path: Union[str, os.PathLike]) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """Header and tensors of a heads file, with every failure as a HeadsFormatError."""
+    """Header and tensors of a heads file, with every failure as a HeadsFormatError.
+
+    The tensors are checked against the header before anything is allocated from it: one
+    block per head after the first, each tensor of the shape the sizes imply, of a
+    floating-point dtype, with finite values.
+    """
     header, tensors = read_tagged_safetensors(path, FORMAT_NAME, FORMAT_VERSION, "heads", HeadsFormatError)
     for key in ("num_heads", "hidden_size", "vocab_size", "intermediate_size"):
-        if not isinstance(header.get(key), int) or header[key] < 1:
+        value = header.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise HeadsFormatError(f"{path}: header field {key!r} is missing or invalid")
+    try:
+        with torch.device("meta"):  # shapes only, nothing allocated
+            block = ResidualBlock(header["hidden_size"], header["intermediate_size"]).state_dict()
+    except (RuntimeError, ValueError, OverflowError) as exc:  # sizes beyond any tensor
+        raise HeadsFormatError(f"{path}: the header's sizes describe no possible heads: {exc}") from exc
+    if len(tensors) != (header["num_heads"] - 1) * len(block):
+        raise HeadsFormatError(f"{path}: {len(tensors)} tensors, the header's {header['num_heads']} heads "
+                               f"need {(header['num_heads'] - 1) * len(block)}")
+    shapes = {f"{i}.{name}": tuple(t.shape) for i in range(header["num_heads"] - 1) for name, t in block.items()}
+    check_weights(path, tensors, shapes, HeadsFormatError)
     return header, tensors
 
 

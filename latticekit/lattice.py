@@ -115,15 +115,28 @@ class SausageLattice:
         """
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
             raise LatticeError(f"k must be an int, got {type(k).__name__}")
+        is_torch = type(logits).__module__.startswith("torch")
+        if is_torch:
+            import torch
+
+            if logits.dtype.is_complex or logits.dtype == torch.bool:
+                raise LatticeError(f"logits must be real numbers, got dtype {logits.dtype}")
+        else:
+            try:
+                logits = np.asarray(logits)
+            except (TypeError, ValueError) as exc:  # ragged nested lists, ...
+                raise LatticeError(f"logits must be an array of real numbers: {exc}") from exc
+            if logits.dtype.kind not in "iuf":
+                raise LatticeError(f"logits must be real numbers, got dtype {logits.dtype}")
         shape = tuple(logits.shape)
         if len(shape) not in (2, 3):
             raise LatticeError(f"logits must have shape (h, vocab) or (batch, h, vocab), got {shape}")
+        if shape[-2] < 1:
+            raise LatticeError(f"logits need at least one head (h >= 1), got shape {shape}")
         vocab = shape[-1]
         if not 1 <= k <= vocab:
             raise LatticeError(f"k={k} must lie in 1..vocab ({vocab})")
-        if type(logits).__module__.startswith("torch"):
-            import torch
-
+        if is_torch:
             with torch.no_grad():
                 x = logits.float()
                 if not bool(torch.isfinite(x).all()):
@@ -142,7 +155,8 @@ class SausageLattice:
             # Best first; equal scores by token id for determinism.
             order = np.lexsort((part, -part_scores), axis=-1)
             tokens = np.take_along_axis(part, order, axis=-1).astype(np.int32)
-            scores = np.take_along_axis(part_scores, order, axis=-1).astype(np.float32)
+            with np.errstate(over="ignore"):  # below float32's range is -inf: refused below
+                scores = np.take_along_axis(part_scores, order, axis=-1).astype(np.float32)
         widths = np.full(tokens.shape[:-1], k, dtype=np.int32)
         if fix_first:
             widths[..., 0] = 1

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
+import zlib
 from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
 from latticekit import _core
 from latticekit._arrays import token_array
-from latticekit.errors import ArpaFormatError, ModelFormatError
+from latticekit._files import atomic_write, checked_path, read_bytes
+from latticekit.errors import ArpaFormatError, LatticeError
 
 __all__ = ["NGramLM"]
 
@@ -46,6 +47,10 @@ class NGramLM:
     def from_arpa(cls, path: "os.PathLike[str] | str", vocab: Optional[Sequence[str]] = None) -> "NGramLM":
         """Reads an ARPA back-off model (plain or gzip-compressed).
 
+        Model values: log-probabilities must be <= 0 and back-off weights finite; a
+        log-probability of ``-inf`` (probability zero; also any value below float32's range,
+        such as ``-1e39``) is stored as -99, the value SRILM writes for a zero probability.
+
         Args:
             path: the ARPA file; a name ending in ``.gz`` is decompressed.
             vocab: spelling of each token id, for models whose words are not decimal ids.
@@ -54,17 +59,15 @@ class NGramLM:
             The compiled model.
 
         Raises:
-            ArpaFormatError: the file is malformed; the message names file and line.
-            OSError: the file cannot be read.
+            ArpaFormatError: the file is malformed or holds a value a model may not have
+                (NaN, a positive log-probability, an infinite back-off weight); the message
+                names file and line.
+            FileAccessError: the file cannot be read (an ``OSError``).
         """
-        path = os.fspath(path)
-        with open(path, "rb") as f:
-            data = f.read()
+        path = checked_path(path)
+        data = read_bytes(path)
         if path.endswith(".gz") or data[:2] == b"\x1f\x8b":
-            try:
-                data = gzip.decompress(data)
-            except (OSError, EOFError) as exc:
-                raise ArpaFormatError(f"{path}: corrupt gzip stream: {exc}", path, 0) from exc
+            data = _inflate_arpa(data, path)
         buffer = np.frombuffer(data, dtype=np.uint8)
         return cls(_core.CoreModel.from_arpa_bytes(buffer, path, _vocab_list(vocab)))
 
@@ -77,6 +80,8 @@ class NGramLM:
     ) -> "NGramLM":
         """Compiles a model from n-gram tables (the layout :meth:`ngrams` returns).
 
+        Model values follow :meth:`from_arpa`'s rules (``-inf`` log-probabilities become -99).
+
         Args:
             words: spelling of each word id used in the tables; must include ``<s>`` and
                 ``</s>``.
@@ -86,20 +91,30 @@ class NGramLM:
             vocab: as in :meth:`from_arpa`.
 
         Raises:
-            ArpaFormatError: inconsistent tables (duplicates, words missing from unigrams).
-            ValueError: arrays of the wrong shape.
+            ArpaFormatError: inconsistent tables (arrays of the wrong shape or dtype, ids
+                outside ``words``, duplicates, words missing from unigrams, NaN, positive
+                log-probabilities, infinite back-off weights); its path is ``"<tables>"``.
         """
         prepared = []
         for n, table in enumerate(tables, start=1):
-            ids, prob, backoff = table
-            ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1, n)
-            prob = np.ascontiguousarray(prob, dtype=np.float32).reshape(-1)
-            backoff = np.ascontiguousarray(backoff, dtype=np.float32).reshape(-1)
-            if not (ids.shape[0] == prob.shape[0] == backoff.shape[0]):
-                raise ValueError(f"order {n}: ids, log10_prob and log10_backoff differ in length")
+            try:
+                ids, prob, backoff = (np.asarray(x) for x in table)
+            except (TypeError, ValueError) as exc:
+                raise _table_error(f"order {n}: expected (ids, log10_prob, log10_backoff) arrays ({exc})") from exc
+            if ids.size and not np.issubdtype(ids.dtype, np.integer):
+                raise _table_error(f"order {n}: ids must be integers, got dtype {ids.dtype}")
+            for name, x in (("log10_prob", prob), ("log10_backoff", backoff)):
+                if x.size and not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+                    raise _table_error(f"order {n}: {name} must be real numbers, got dtype {x.dtype}")
+            if ids.size % n or not (ids.size // n == prob.size == backoff.size):
+                raise _table_error(f"order {n}: ids ({ids.shape}), log10_prob ({prob.shape}) and "
+                                   f"log10_backoff ({backoff.shape}) do not describe the same n-grams")
             if ids.size and (ids.min() < 0 or ids.max() >= len(words)):
-                raise ValueError(f"order {n}: word ids must index words (0..{len(words) - 1})")
-            prepared.append((ids, prob, backoff))
+                raise _table_error(f"order {n}: word ids must index words (0..{len(words) - 1})")
+            with np.errstate(over="ignore"):  # beyond float32 is inf, which the core judges
+                prepared.append((np.ascontiguousarray(ids, dtype=np.int32).reshape(-1, n),
+                                 np.ascontiguousarray(prob, dtype=np.float32).reshape(-1),
+                                 np.ascontiguousarray(backoff, dtype=np.float32).reshape(-1)))
         core = _core.CoreModel.from_tables(list(words), prepared, _vocab_list(vocab), "<tables>")
         return cls(core)
 
@@ -108,17 +123,25 @@ class NGramLM:
         """Memory-maps a binary model written by :meth:`save`, checking it completely.
 
         Raises:
-            ModelFormatError: not a latticekit model, another version, truncated or corrupted.
+            ModelFormatError: not a latticekit model, another version, truncated, corrupted,
+                or holding a NaN or infinite value (the checksum guards against accidents,
+                not against a crafted file: the values are checked too).
+            FileAccessError: the file cannot be opened or mapped (an ``OSError``).
         """
-        return cls(_core.CoreModel.load(os.fspath(path)))
+        return cls(_core.CoreModel.load(path))
 
     def save(self, path: "os.PathLike[str] | str") -> None:
         """Writes the compact binary model (magic, version, checksum) atomically.
 
-        The file is written next to ``path`` under a temporary name and renamed into place,
-        so a crash never leaves a half-written model behind.
+        The file is written in ``path``'s folder under a temporary name and renamed into
+        place, so a crash never leaves a half-written model behind (see
+        ``latticekit._files.atomic_write``: permission bits, symlinks, killed writers).
+
+        Raises:
+            FileAccessError: the file cannot be written (an ``OSError``).
         """
-        self._core.save(os.fspath(path))
+        with atomic_write(path) as f:
+            self._core.write_image(f)
 
     # -- properties ------------------------------------------------------------------
 
@@ -192,9 +215,12 @@ class NGramLM:
         Returns:
             ``(ids, log10_prob, log10_backoff)``: int32 of shape ``(count, order)`` indexing
             :attr:`words`, and two float32 arrays of shape ``(count,)``.
+
+        Raises:
+            LatticeError: order is not an integer in ``1..self.order``.
         """
-        if not 1 <= order <= self.order:
-            raise ValueError(f"order must be in 1..{self.order}, got {order}")
+        if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= self.order:
+            raise LatticeError(f"order must be in 1..{self.order}, got {order!r}")
         return self._core.ngrams(int(order))
 
     @classmethod
@@ -220,6 +246,64 @@ class NGramLM:
         from latticekit.lm.arpa_io import write_arpa
 
         write_arpa(os.fspath(path), self.words, [self.ngrams(n) for n in range(1, self.order + 1)])
+
+
+# A gzip-compressed ARPA file is inflated only as far as its header allows: up to this much
+# before the header is complete, then at most _BYTES_PER_FIELD per field of the n-grams it
+# announces (a log-probability, n words, a back-off weight).
+_MAX_PREAMBLE = 64 << 20
+_BYTES_PER_FIELD = 1024
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _inflate_arpa(data: bytes, path: str) -> bytearray:
+    """The decompressed text of a gzip-compressed ARPA file (members concatenated), never
+    inflated beyond what its header announces.
+
+    Raises:
+        ArpaFormatError: a corrupt or truncated gzip stream, or more text than the header allows.
+    """
+    out = bytearray()
+    limit = None
+    next_header_try = 0
+    stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    data = memoryview(data)
+    at = 0
+    try:
+        while True:
+            piece = data[at:at + (1 << 16)]  # at most ~64 MiB of text per 64 KiB
+            at += len(piece)
+            out += stream.decompress(piece)
+            if stream.eof:  # one gzip member ends; another may follow
+                at -= len(stream.unused_data)
+                if at == len(data):
+                    break
+                if bytes(data[at:at + 2]) != _GZIP_MAGIC:
+                    raise ArpaFormatError(f"{path}: bytes after the gzip stream are not gzip data", path, 0)
+                stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            elif at == len(data):
+                raise ArpaFormatError(f"{path}: corrupt gzip stream: it ends early", path, 0)
+            if limit is None and len(out) >= next_header_try:
+                next_header_try = 2 * len(out)  # geometric: each byte is read O(1) times here
+                header = _core.arpa_header(np.frombuffer(out, dtype=np.uint8), path)
+                if header is not None:
+                    counts, header_size = header
+                    limit = header_size + _BYTES_PER_FIELD * sum(
+                        count * (n + 2) for n, count in enumerate(counts, start=1))
+                elif len(out) > _MAX_PREAMBLE:
+                    raise ArpaFormatError(f"{path}: no complete \\data\\ header in the first "
+                                          f"{_MAX_PREAMBLE >> 20} MiB of decompressed text", path, 0)
+            if limit is not None and len(out) > limit:
+                raise ArpaFormatError(f"{path}: decompresses to more than the {limit} bytes its header "
+                                      f"allows (at most {_BYTES_PER_FIELD} per field of the n-grams it "
+                                      "announces)", path, 0)
+    except zlib.error as exc:
+        raise ArpaFormatError(f"{path}: corrupt gzip stream: {exc}", path, 0) from exc
+    return out
+
+
+def _table_error(message: str) -> ArpaFormatError:
+    return ArpaFormatError(f"<tables>: {message}", "<tables>", 0)
 
 
 def _vocab_list(vocab: Optional[Sequence[str]]) -> Optional[list]:

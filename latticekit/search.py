@@ -35,8 +35,9 @@ class PBestResult:
     Indexing (``result[b]``) and iteration give ``list[Path]`` per lattice, best first.
 
     Attributes:
-        tokens (`np.ndarray` of shape `(batch, p, h)`): int32 drafts, -1 past ``counts[b]``.
-        scores, draft_scores, lm_scores (`np.ndarray` of shape `(batch, p)`): float64, NaN
+        tokens (`np.ndarray` of shape `(batch, q, h)`): int32 drafts, -1 past ``counts[b]``;
+            q is ``min(p, the largest number of paths of any lattice of the batch)``.
+        scores, draft_scores, lm_scores (`np.ndarray` of shape `(batch, q)`): float64, NaN
             past ``counts[b]``.
         counts (`np.ndarray` of shape `(batch,)`): paths found per lattice (< p only when the
             lattice has fewer than p paths).
@@ -67,14 +68,26 @@ class PBestResult:
             yield self[b]
 
 
+# Worker threads of one pbest_batch call; far more than any machine runs at once.
+MAX_THREADS = 1024
+
+
 def _check_search_args(lm: Any, p: Any, alpha: Any) -> None:
+    """Checks what the search takes; the core then bounds alpha by the model's values (an
+    alpha that would overflow the path scores is a LatticeError)."""
     if not isinstance(lm, NGramLM):
         raise LatticeError(f"lm must be an NGramLM, got {type(lm).__name__}")
     if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
         raise LatticeError(f"p must be an integer >= 1, got {p!r}")
     if p > 2**20:
         raise LatticeError(f"p={p} is too large (at most 2**20)")
-    if not isinstance(alpha, (int, float, np.floating, np.integer)) or not math.isfinite(alpha) or alpha < 0:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
+        raise LatticeError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    try:
+        finite = math.isfinite(alpha)
+    except OverflowError:  # an int beyond float's range
+        finite = False
+    if not finite or alpha < 0:
         raise LatticeError(f"alpha must be a finite number >= 0, got {alpha!r}")
 
 
@@ -97,7 +110,8 @@ def pbest(
         lattice: a single lattice (use :func:`pbest_batch` for a batch).
         lm: the n-gram model.
         p: number of paths wanted; fewer come back only when the lattice has fewer.
-        alpha: weight of the n-gram score, finite and >= 0.
+        alpha: weight of the n-gram score, finite and >= 0, and small enough that no path
+            score overflows (about 1e300 / (|largest model value| x (h + 2 x order))).
         context: the decoded prefix (token ids); only its last ``order - 1`` tokens matter.
         bos: the prefix starts at ``<s>``.
 
@@ -105,7 +119,8 @@ def pbest(
         ``min(p, lattice.num_paths)`` paths, best first.
 
     Raises:
-        LatticeError: a batched lattice, p < 1, alpha negative or not finite.
+        LatticeError: a batched lattice, p < 1, alpha negative, not finite or so large that
+            the path scores would overflow.
         VocabularyError: negative ids among the last ``order - 1`` tokens of context
             (the only ones read).
     """
@@ -137,18 +152,22 @@ def pbest_batch(
         lm: the n-gram model, shared read-only by all threads.
         p, alpha, bos: as in :func:`pbest`.
         contexts: one decoded prefix per lattice, or None for none.
-        threads: worker threads; default ``os.cpu_count()``.
+        threads: worker threads, 1 to ``MAX_THREADS`` (1024); default ``os.cpu_count()``
+            (at most 1024). No more threads start than there are lattices.
 
     Returns:
-        A :class:`PBestResult`; ``result[b]`` is ``pbest`` of lattice b.
+        A :class:`PBestResult`; ``result[b]`` is ``pbest`` of lattice b. Its arrays have
+        ``min(p, the largest number of paths of any lattice)`` rows per lattice.
 
     Raises:
         LatticeError: mismatched shapes or bad arguments.
+        ThreadStartError: the system refused a worker thread (an ``OSError``); the threads
+            that had started were joined.
     """
     _check_search_args(lm, p, alpha)
     tokens, scores, widths = _stack(lattices)
     if threads is None:
-        threads = os.cpu_count() or 1
+        threads = min(os.cpu_count() or 1, MAX_THREADS)
     return _search(tokens, scores, widths, lm, p, alpha, contexts, bos, threads)
 
 
@@ -165,8 +184,8 @@ def _search(tokens, scores, widths, lm, p, alpha, contexts, bos, threads) -> PBe
         offsets = np.zeros(batch + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([len(c) for c in parts])
         flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
-        raise LatticeError(f"threads must be an integer >= 1, got {threads!r}")
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= MAX_THREADS:
+        raise LatticeError(f"threads must be an integer in 1..{MAX_THREADS}, got {threads!r}")
     out = lm._core.pbest_batch(tokens, scores, widths, flat, offsets, bool(bos), int(p),
                                float(alpha), int(threads))
     return PBestResult(*out)

@@ -1,10 +1,29 @@
-"""Hypothesis strategies for random ARPA back-off models."""
+"""ARPA models for tests: a small fixed one, and hypothesis strategies for random ones."""
 
 from __future__ import annotations
 
 from typing import Dict, Tuple
 
 from hypothesis import strategies as st
+
+
+# A valid two-order model over the words 7 and 8, for tests that damage one line of it.
+SMALL_ARPA = """\\data\\
+ngram 1=4
+ngram 2=2
+
+\\1-grams:
+-99\t<s>\t-0.5
+-1.0\t</s>
+-0.5\t7\t-0.2
+-0.9\t8\t0.1
+
+\\2-grams:
+-0.3\t<s> 7
+-0.2\t7 8
+
+\\end\\
+"""
 
 
 @st.composite

@@ -51,8 +51,9 @@ def test_save_leaves_no_temporary_files_and_replaces_atomically(model_and_file, 
 
 def test_save_to_missing_folder_fails_cleanly(model_and_file, tmp_path):
     lm, _ = model_and_file
-    with pytest.raises(lk.ModelFormatError, match="cannot create"):
+    with pytest.raises(lk.errors.FileAccessError, match="cannot write") as info:
         lm.save(tmp_path / "no" / "such" / "dir" / "m.lkm")
+    assert isinstance(info.value, OSError) and info.value.errno == 2
 
 
 @pytest.mark.parametrize("damage", ["empty", "magic", "version", "truncate_header", "truncate_tail",
@@ -93,7 +94,9 @@ def test_random_corruption_never_crashes(model_and_file, tmp_path_factory, offse
 
 
 def test_missing_file_and_directory():
-    with pytest.raises(lk.ModelFormatError, match="cannot open"):
+    # The file system's problems are OSErrors; the content's, ModelFormatError (ValueError).
+    with pytest.raises(lk.errors.FileAccessError, match="cannot open") as info:
         lk.NGramLM.load("/nonexistent/model.lkm")
-    with pytest.raises(lk.ModelFormatError, match="not a regular file"):
+    assert isinstance(info.value, OSError) and info.value.errno == 2
+    with pytest.raises(lk.errors.FileAccessError, match="not a regular file"):
         lk.NGramLM.load(DATA)

@@ -7,26 +7,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import latticekit as lk
+from arpa_gen import SMALL_ARPA as GOOD
 from reference import slow_lattice_problem
 
 DATA = Path(__file__).parent / "data"
 
-GOOD = """\\data\\
-ngram 1=4
-ngram 2=2
-
-\\1-grams:
--99\t<s>\t-0.5
--1.0\t</s>
--0.5\t7\t-0.2
--0.9\t8\t0.1
-
-\\2-grams:
--0.3\t<s> 7
--0.2\t7 8
-
-\\end\\
-"""
 
 
 def arpa(tmp_path, text):

@@ -1,5 +1,6 @@
 #include "latticekit/arpa.h"
 
+#include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -14,12 +15,16 @@ namespace {
 // Walks the buffer line by line, counting lines for error messages.
 class LineReader {
  public:
-  LineReader(const char *data, size_t size) : p_(data), end_(data + size) {}
+  // partial: the text is the beginning of a longer one, so a last line without its newline
+  // may be cut short and is not returned.
+  LineReader(const char *data, size_t size, bool partial)
+      : begin_(data), p_(data), end_(data + size), partial_(partial) {}
 
   bool Next(std::string_view *line) {
     if (p_ >= end_) return false;
     const char *start = p_;
     while (p_ < end_ && *p_ != '\n') ++p_;
+    if (partial_ && p_ == end_) return false;
     const char *stop = p_;
     if (p_ < end_) ++p_;  // skip '\n'
     if (stop > start && stop[-1] == '\r') --stop;
@@ -28,10 +33,14 @@ class LineReader {
     return true;
   }
   long number() const { return number_; }
+  size_t remaining() const { return static_cast<size_t>(end_ - p_); }
+  size_t offset() const { return static_cast<size_t>(p_ - begin_); }
 
  private:
+  const char *begin_;
   const char *p_;
   const char *end_;
+  bool partial_;
   long number_ = 0;
 };
 
@@ -60,10 +69,25 @@ size_t Split(std::string_view s, std::string_view *fields, size_t max_fields) {
   return n;
 }
 
+// Thrown instead of "file ends early" when the parser reads the beginning of a text.
+struct NeedMoreText {};
+
 class ArpaParser {
  public:
-  ArpaParser(const char *data, size_t size, const std::string &path)
-      : reader_(data, size), path_(path) {}
+  ArpaParser(const char *data, size_t size, const std::string &path, bool partial = false)
+      : reader_(data, size, partial), path_(path), partial_(partial) {}
+
+  // The header alone: false when the text ends before it does (partial parsers only).
+  bool ParseHeader(std::vector<int64_t> *counts, size_t *header_lines_end) {
+    try {
+      ReadHeader();
+    } catch (const NeedMoreText &) {
+      return false;
+    }
+    counts->assign(counts_.begin(), counts_.end());
+    *header_lines_end = reader_.offset();
+    return true;
+  }
 
   NGramTables Parse() {
     ReadHeader();
@@ -78,6 +102,7 @@ class ArpaParser {
  private:
   [[noreturn]] void Fail(const std::string &what) { throw ArpaError(path_, reader_.number(), what); }
   [[noreturn]] void FailEof(const std::string &what) {
+    if (partial_) throw NeedMoreText();
     throw ArpaError(path_, 0, "file ends early: " + what);
   }
 
@@ -110,10 +135,30 @@ class ArpaParser {
              std::to_string(order) + " after " + std::to_string(counts_.size()));
       if (order > 255) Fail("order " + std::to_string(order) + " is larger than 255");
       counts_.push_back(count);
+      count_lines_.push_back(reader_.number());
     }
     if (counts_.empty()) Fail("the \\data\\ section lists no 'ngram N=count' line");
+    if (!partial_) CheckCountsFit();
     pending_ = line;  // the first section header, already read
     has_pending_ = true;
+  }
+
+  // The header's counts are believed only as far as the rest of the file can hold them, so
+  // that a forged count cannot make the sections reserve more than the file's size: an
+  // n-gram line of order n has n + 1 fields of at least one byte, each followed by a blank
+  // or a newline (the last one too: the \end\ line follows).
+  void CheckCountsFit() {
+    const uint64_t left = reader_.remaining();  // after the first section's header line
+    uint64_t need = 0;
+    for (size_t n = 1; n <= counts_.size(); ++n) {
+      const uint64_t per_line = 2 * (n + 1);
+      const uint64_t count = static_cast<uint64_t>(counts_[n - 1]);
+      if (count > left / per_line || (need += count * per_line) > left)
+        throw ArpaError(path_, count_lines_[n - 1],
+                        "the header announces " + std::to_string(count) + " " + std::to_string(n) +
+                            "-grams, more than the rest of the file (" + std::to_string(left) +
+                            " bytes) can hold");
+    }
   }
 
   long ParseCount(std::string_view s, std::string_view line) {
@@ -136,8 +181,10 @@ class ArpaParser {
     } else if (ec != std::errc() || ptr != end) {
       Fail(std::string("cannot parse ") + what + " '" + std::string(s) + "'");
     }
-    if (std::isnan(value)) Fail(std::string(what) + " is NaN");
-    if (value == HUGE_VAL) Fail(std::string(what) + " is +inf");
+    // Beyond float32's range is +-inf (converting such a double to float is undefined);
+    // what a value may be is the model builder's to say (model.cc, CheckValues).
+    if (value > FLT_MAX) return HUGE_VALF;
+    if (value < -FLT_MAX) return -HUGE_VALF;
     return static_cast<float>(value);
   }
 
@@ -182,7 +229,6 @@ class ArpaParser {
              std::to_string(order) + " words and an optional back-off weight; got " +
              (n > max_fields ? std::string("more fields") : std::to_string(n) + " fields"));
       float prob = ParseNumber(fields[0], "log-probability");
-      if (prob > 0) Fail("log-probability " + std::string(fields[0]) + " is positive");
       float backoff = n == order + 2 ? ParseNumber(fields[order + 1], "back-off weight") : 0.0f;
       for (size_t k = 0; k < order; ++k) table.ids.push_back(WordId(fields[1 + k]));
       table.log10_prob.push_back(prob);
@@ -204,7 +250,9 @@ class ArpaParser {
 
   LineReader reader_;
   const std::string &path_;
+  bool partial_;
   std::vector<long> counts_;
+  std::vector<long> count_lines_;  // the line of each 'ngram N=count'
   std::string_view pending_;
   bool has_pending_ = false;
   std::unordered_map<std::string_view, int32_t> word_ids_;
@@ -216,6 +264,11 @@ class ArpaParser {
 
 NGramTables ParseArpa(const char *data, size_t size, const std::string &path) {
   return ArpaParser(data, size, path).Parse();
+}
+
+bool ParseArpaHeader(const char *data, size_t size, const std::string &path,
+                     std::vector<int64_t> *counts, size_t *header_end) {
+  return ArpaParser(data, size, path, /*partial=*/true).ParseHeader(counts, header_end);
 }
 
 namespace {

@@ -29,6 +29,13 @@ struct NGramTables {
 // Throws ArpaError naming the path and the 1-based line of the first problem.
 NGramTables ParseArpa(const char *data, size_t size, const std::string &path);
 
+// Reads only the header of the beginning of an ARPA text (commentary, \data\ and its
+// 'ngram N=count' lines). Returns false when the text ends before the header does; throws
+// ArpaError for a malformed header. On success counts[n - 1] is the announced count of order
+// n, and *header_end the size of the header, the first section's header line included.
+bool ParseArpaHeader(const char *data, size_t size, const std::string &path,
+                     std::vector<int64_t> *counts, size_t *header_end);
+
 // Appends the ARPA lines of n n-grams of order k to out, one "prob<TAB>w1 ... wk[<TAB>backoff]"
 // line each, numbers printed with C's %.7g (NaN as "nan"). Word w is spelled by the bytes
 // words[word_offsets[w] .. word_offsets[w + 1]); ids is row-major [n, k]; the back-off field

@@ -1,7 +1,9 @@
 #include "latticekit/counting.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -133,7 +135,10 @@ constexpr size_t kBlockValues = size_t{1} << 16;
 
 std::FILE *OpenFile(const std::string &path, const char *mode) {
   std::FILE *file = std::fopen(path.c_str(), mode);
-  if (file == nullptr) throw std::runtime_error("cannot open " + path);
+  if (file == nullptr) {
+    const int err = errno;
+    throw FileSystemError(path, err, std::string("cannot open: ") + std::strerror(err));
+  }
   return file;
 }
 
@@ -160,16 +165,16 @@ class SequentialReader {
 
  private:
   void Fill(size_t i) {
-    if (i >= size_) throw std::runtime_error("read past the end of " + path_);
+    if (i >= size_) throw std::logic_error("read past the end of " + path_);
     const size_t n = std::min(kBlockValues, size_ - i);
     // the file position is right after the buffer, unless nothing was read yet
     if (buffer_.empty() || i != begin_ + buffer_.size()) {
       if (std::fseek(file_, static_cast<long>(i * sizeof(T)), SEEK_SET) != 0)
-        throw std::runtime_error("cannot seek in " + path_);
+        throw FileSystemError(path_, errno, "cannot seek");
     }
     buffer_.resize(n);
     if (std::fread(buffer_.data(), sizeof(T), n, file_) != n)
-      throw std::runtime_error("cannot read " + path_ + " (truncated?)");
+      throw FileSystemError(path_, std::ferror(file_) ? errno : 0, "cannot read (truncated?)");
     begin_ = i;
   }
 
@@ -210,7 +215,7 @@ class Appender {
     Flush();
     if (std::fclose(file_) != 0) {
       file_ = nullptr;
-      throw std::runtime_error("cannot write " + path_);
+      throw FileSystemError(path_, errno, std::string("cannot write: ") + std::strerror(errno));
     }
     file_ = nullptr;
   }
@@ -218,7 +223,7 @@ class Appender {
  private:
   void Flush() {
     if (std::fwrite(buffer_.data(), sizeof(T), buffer_.size(), file_) != buffer_.size())
-      throw std::runtime_error("cannot write " + path_);
+      throw FileSystemError(path_, errno, std::string("cannot write: ") + std::strerror(errno));
     buffer_.clear();
   }
 

@@ -3,6 +3,7 @@
 #ifndef LATTICEKIT_ERRORS_H_
 #define LATTICEKIT_ERRORS_H_
 
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -38,14 +39,48 @@ class InvalidArgument : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// A file that cannot be opened, read, written or mapped: a problem of the file system, not
+// of the file's content. code is the errno value (0 when there is none).
+class FileSystemError : public std::runtime_error {
+ public:
+  FileSystemError(const std::string &path, int code, const std::string &what)
+      : std::runtime_error(path + ": " + what), path_(path), code_(code) {}
+  const std::string &path() const { return path_; }
+  int code() const { return code_; }
+
+ private:
+  std::string path_;
+  int code_;
+};
+
+// The operating system refused a worker thread (a thread, memory or pids limit). code is
+// the errno value.
+class ThreadStartError : public std::runtime_error {
+ public:
+  ThreadStartError(int code, const std::string &what) : std::runtime_error(what), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
 // What the exception being handled is, for bindings that translate it. Call it only
 // inside a catch block.
 struct ErrorInfo {
-  enum Kind { kOther = 0, kArpa = 1, kModelFile = 2, kInvalidArgument = 3, kNoMemory = 4 };
+  enum Kind {
+    kOther = 0,  // a bug of latticekit's, not the input's
+    kArpa = 1,
+    kModelFile = 2,
+    kInvalidArgument = 3,
+    kNoMemory = 4,
+    kFileSystem = 5,
+    kThreadStart = 6,
+  };
   int kind = kOther;
   std::string message;
   std::string path;
   long line = 0;
+  int code = 0;  // errno, for kFileSystem and kThreadStart
 };
 
 inline ErrorInfo CurrentError() {
@@ -63,9 +98,21 @@ inline ErrorInfo CurrentError() {
   } catch (const InvalidArgument &e) {
     info.kind = ErrorInfo::kInvalidArgument;
     info.message = e.what();
+  } catch (const FileSystemError &e) {
+    info.kind = ErrorInfo::kFileSystem;
+    info.message = e.what();
+    info.path = e.path();
+    info.code = e.code();
+  } catch (const ThreadStartError &e) {
+    info.kind = ErrorInfo::kThreadStart;
+    info.message = e.what();
+    info.code = e.code();
   } catch (const std::bad_alloc &) {
     info.kind = ErrorInfo::kNoMemory;
     info.message = "out of memory";
+  } catch (const std::length_error &e) {  // a size beyond what a container can hold
+    info.kind = ErrorInfo::kNoMemory;
+    info.message = std::string("out of memory: a requested size is too large (") + e.what() + ")";
   } catch (const std::exception &e) {
     info.message = e.what();
   } catch (...) {

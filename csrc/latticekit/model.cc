@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -18,6 +20,7 @@ constexpr char kMagic[8] = {'L', 'T', 'K', 'N', 'G', 'R', 'A', 'M'};
 constexpr uint32_t kVersion = 2;
 constexpr uint64_t kEndianMark = 0x0102030405060708ULL;
 constexpr float kMissingUnkLog10 = -100.0f;  // what KenLM substitutes when <unk> is absent
+constexpr float kZeroProbLog10 = -99.0f;     // a zero probability (-inf), as SRILM writes it
 constexpr uint64_t kMaxTokens = uint64_t(1) << 26;
 
 enum Section {
@@ -60,6 +63,12 @@ uint64_t Layout(const FileHeader &h, uint64_t *offsets) {
     at = AlignUp(at + sizes[i]);
   }
   return at;
+}
+
+std::string FormatValue(float x) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.9g", static_cast<double>(x));
+  return buffer;
 }
 
 bool ParseTokenId(const std::string &s, uint64_t *id) {
@@ -143,6 +152,7 @@ class ModelBuilder {
     AssignWordIds();
     ConvertOrders();
     for (int n = 1; n <= order_; ++n) {
+      CheckValues(n);
       SortLexicographically(&orders_[n - 1], n, bits_);
       CheckDuplicates(n);
     }
@@ -154,6 +164,7 @@ class ModelBuilder {
     FillTokensAndText();
     FileHeader *h = reinterpret_cast<FileHeader *>(model_->storage_->mutable_data());
     h->checksum = Checksum64(model_->storage_->data() + kHeaderSize, h->file_size - kHeaderSize);
+    model_->Validate();  // never throws (CheckValues); records the values' maxima
     model_->BuildFence();
     return std::move(model_);
   }
@@ -258,6 +269,34 @@ class ModelBuilder {
       o.line = t.lines.empty() ? std::vector<uint32_t>(o.prob.size(), 0) : std::move(t.lines);
       o.filler.assign(o.prob.size(), 0);
       t = OrderTable();
+    }
+  }
+
+  // What a model value may be, whatever the source (ARPA, n-gram tables, FST): a
+  // log-probability is <= 0, and -inf (probability zero; also any value below float32's
+  // range, such as -1e39 or -1e999) is stored as kZeroProbLog10 so that every path keeps a
+  // finite score; NaN or positive ones are refused. Back-off weights must be finite.
+  void CheckValues(int n) {
+    BuildOrder &o = orders_[n - 1];
+    for (size_t i = 0; i < o.size(); ++i) {
+      float &prob = o.prob[i];
+      const float backoff = o.backoff[i];
+      if (prob <= 0 && std::isfinite(backoff)) {
+        if (std::isinf(prob)) prob = kZeroProbLog10;
+        continue;
+      }
+      std::string problem;
+      if (std::isnan(prob)) {
+        problem = "log-probability is NaN";
+      } else if (prob > 0) {
+        problem = "log-probability " + FormatValue(prob) + " is positive";
+      } else if (std::isnan(backoff)) {
+        problem = "back-off weight is NaN";
+      } else {
+        problem = std::string("back-off weight is ") + (backoff > 0 ? "+" : "-") +
+                  "inf (or beyond float32's range, ~3.4e38)";
+      }
+      Fail(o.line[i], problem + " in " + std::to_string(n) + "-gram '" + Spell(&o.ids[i * n], n) + "'");
     }
   }
 
@@ -460,6 +499,10 @@ class ModelBuilder {
         StateId next;
         const double p = m.BackoffWeight(src) +
                          m.Advance(m.BackoffState(src), o.ids[i * n + n - 1], &next);
+        if (!(std::fabs(p) <= FLT_MAX))
+          Fail(o.line[i], "the " + std::to_string(n) + "-gram '" + Spell(&o.ids[i * n], n) +
+                              "' is missing and the probability back-off gives it (log10 " +
+                              std::to_string(p) + ") is beyond float32's range");
         const float p32 = static_cast<float>(p);
         std::memcpy(arcs + m.arc_stride_ * a + word_bytes, &p32, 4);
       }
@@ -571,9 +614,7 @@ uint64_t Model::count(int n) const {
 
 uint64_t Model::size_bytes() const { return storage_->size(); }
 
-void Model::Save(const std::string &path) const {
-  WriteFileAtomically(path, storage_->data(), storage_->size());
-}
+const char *Model::image() const { return storage_->data(); }
 
 std::unique_ptr<Model> Model::Load(const std::string &path) {
   std::unique_ptr<ModelStorage> storage(ModelStorage::Map(path));
@@ -619,15 +660,28 @@ std::unique_ptr<Model> Model::Load(const std::string &path) {
   return model;
 }
 
-void Model::Validate() const {
+void Model::Validate() {
   auto check = [](bool ok, const char *what) {
     if (!ok) throw ModelFileError(std::string("inconsistent model structure: ") + what);
   };
+  // A file with a valid checksum may still be crafted: its values are checked too (in the
+  // loops that read their records anyway), and their largest magnitudes recorded.
+  auto check_value = [](float x, const char *what, uint64_t at) {
+    if (!std::isfinite(x))
+      throw ModelFileError(std::string("a ") + what + " is " + FormatValue(x) + " (at " + std::to_string(at) +
+                           "); every model value must be finite");
+  };
+  float max_prob = 0, max_backoff = 0;
   check(state_begin_[0] == 0 && state_begin_[1] == 1, "state table");
   for (int n = 1; n <= order_; ++n) check(state_begin_[n] >= state_begin_[n - 1] && state_begin_[n] <= num_states_, "state table");
   check(state_begin_[order_] == num_states_, "state table");
   check(ArcBegin(0) == 0 && ArcEnd(0) == num_words_, "root arcs");
-  for (uint64_t s = 0; s < num_states_; ++s) check(ArcBegin(s) <= ArcEnd(s), "arc table");
+  for (uint64_t s = 0; s < num_states_; ++s) {
+    check(ArcBegin(s) <= ArcEnd(s), "arc table");
+    const float bo = BackoffWeight(static_cast<StateId>(s));
+    check_value(bo, "back-off weight", s);
+    max_backoff = std::max(max_backoff, std::fabs(bo));
+  }
   check(states_[num_states_].arc_begin == num_arcs_, "arc table");
   check(states_[num_states_].backoff_weight == 0.0f && states_[num_states_].backoff_state == 0,
         "state table sentinel");
@@ -643,6 +697,9 @@ void Model::Validate() const {
       check(w < num_words_, "arc word");
       if (s == 0) check(w == a, "root arcs");
       if (a > ArcBegin(s)) check(ArcWord(a - 1) < w, "arc order");
+      const float p = ArcLog10Prob(a);
+      check_value(p, "log-probability", a);
+      max_prob = std::max(max_prob, std::fabs(p));
     }
   }
   for (uint64_t t = 0; t < num_tokens_; ++t) check(token_to_word_[t] < num_words_, "token table");
@@ -651,6 +708,8 @@ void Model::Validate() const {
   FileHeader h;
   std::memcpy(&h, storage_->data(), sizeof(h));
   check(text_begin_[num_words_] == h.text_bytes, "word table");
+  max_abs_log10_prob_ = max_prob;
+  max_abs_log10_backoff_ = max_backoff;
 }
 
 // ---------------------------------------------------------------------------------------

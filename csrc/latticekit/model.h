@@ -71,8 +71,8 @@ class Model {
   // Maps a binary model file and checks it completely (checksum and structure).
   // Throws ModelFileError for anything that is not an intact model of this version.
   static std::unique_ptr<Model> Load(const std::string &path);
-  // Writes the binary model to path via a temporary file and a rename.
-  void Save(const std::string &path) const;
+  // The binary model's bytes (what a file written from them loads as), size_bytes() long.
+  const char *image() const;
 
   ~Model();
   Model(const Model &) = delete;
@@ -86,6 +86,10 @@ class Model {
   uint64_t num_tokens() const { return num_tokens_; }
   uint64_t size_bytes() const;
   bool has_vocab() const { return has_vocab_; }
+  // The largest |log10 probability| of any arc and |log10 back-off weight| of any state:
+  // what bounds a path's score (the search's alpha limit). Every model value is finite.
+  double MaxAbsLog10Prob() const { return max_abs_log10_prob_; }
+  double MaxAbsLog10Backoff() const { return max_abs_log10_backoff_; }
   // Distinct for every Model object of the process, never reused.
   uint64_t serial() const { return serial_; }
 
@@ -164,7 +168,9 @@ class Model {
 
   void BindViews();  // points the array members into storage_
   void BuildFence();
-  void Validate() const;
+  // Checks the structure and that every value is finite (ModelFileError otherwise), and
+  // records the values' largest magnitudes.
+  void Validate();
 
   std::unique_ptr<ModelStorage> storage_;
   uint64_t serial_ = 0;
@@ -176,6 +182,7 @@ class Model {
   const StateRecord *states_ = nullptr;      // [num_states + 1], the last one a sentinel
   const unsigned char *arcs_ = nullptr;      // [num_arcs] ArcRecords
   size_t arc_stride_ = 6;
+  float max_abs_log10_prob_ = 0, max_abs_log10_backoff_ = 0;
   const uint32_t *token_to_word_ = nullptr;  // [num_tokens]
   const uint64_t *text_begin_ = nullptr;     // [num_words + 1]
   const char *text_ = nullptr;

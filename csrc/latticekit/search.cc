@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 
 #ifdef __SSE2__
@@ -21,6 +25,9 @@ constexpr double kLn10 = 2.302585092994045684;
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr int32_t kUnreached = -1;  // a consuming cell that no prefix reaches
 constexpr StateId kNoState = 0xFFFFFFFFu;
+// No partial score may exceed this in magnitude (Run bounds alpha by it): a sum of two such
+// scores (pass 2's V + W) and the rounding margin stay far from double's 1.8e308.
+constexpr double kScoreLimit = 1e300;
 
 // Open-addressing map from a 32-bit key to a 32-bit value, cleared in O(1) by bumping a stamp.
 class StampedMap {
@@ -359,6 +366,10 @@ struct PBestSearch::Impl {
   void BuildTree(int t) {
     Column &col = columns[t];
     col.width = widths[t];
+    // Every prefix score is finite (Run bounds alpha, the model's values are finite), so
+    // the root takes every arc of a reached state and every column has a reached state.
+    if (slot_begin[t] == slot_begin[t + 1])
+      throw std::logic_error("the search reached no state at position " + std::to_string(t));
     node_of_state.Clear();
     pending.clear();
     bool inserted;
@@ -822,6 +833,21 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   if (!(alpha >= 0) || std::isinf(alpha)) throw InvalidArgument("alpha must be finite and >= 0");
   if (model.order() > 64)  // pass 3 keeps the back-off hops of one arc in a fixed array
     throw InvalidArgument("models of order above 64 are not supported by the search");
+  // A path of h tokens pays at most h log-probabilities and h + order - 1 back-off weights
+  // (each weight shortens the history by one word, each token lengthens it by at most one);
+  // partial scores of passes 1 and 2 add at most order - 1 weights more. Bounding alpha
+  // keeps every one of them far from overflow, so no score is ever inf or NaN.
+  const double per_term = model.MaxAbsLog10Prob() + model.MaxAbsLog10Backoff();
+  const double max_alpha =
+      per_term > 0 ? kScoreLimit / (kLn10 * per_term * (double(h) + 2.0 * model.order())) : kScoreLimit;
+  if (alpha > max_alpha) {
+    char message[256];
+    std::snprintf(message, sizeof message,
+                  "alpha=%.6g would overflow the path scores: with this model (|log10 p| up to "
+                  "%.6g, |log10 back-off| up to %.6g) and h=%d positions, alpha must be at most %.6g",
+                  alpha, model.MaxAbsLog10Prob(), model.MaxAbsLog10Backoff(), h, max_alpha);
+    throw InvalidArgument(message);
+  }
   s.lattice = &lattice;
   s.h = h;
   s.k = k;
@@ -832,6 +858,7 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   s.words.resize(static_cast<size_t>(h) * k);
   s.draft.resize(static_cast<size_t>(h) * k);
   s.widths.resize(h);
+  double max_draft = 0.0;
   for (int i = 0; i < h; ++i) {
     const int width = lattice.widths ? lattice.widths[i] : k;
     if (width < 1 || width > k) throw InvalidArgument("lattice width out of range");
@@ -840,8 +867,14 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
       const size_t at = static_cast<size_t>(i) * k + j;
       s.words[at] = model.TokenToWord(lattice.tokens[at]);
       s.draft[at] = lattice.scores[at];
+      if (!std::isfinite(s.draft[at])) throw InvalidArgument("lattice scores must be finite");
+      max_draft = std::max(max_draft, std::fabs(s.draft[at]));
     }
   }
+  // The largest magnitude a partial score's terms may add up to: the rounding of sums in
+  // different orders (pass 2 against pass 3) is a tiny fraction of it, which pass 3's margin
+  // covers even when large terms of opposite signs cancel.
+  const double magnitude = alpha * kLn10 * per_term * (double(h) + 2.0 * model.order()) + h * max_draft;
 
   // Pass 1.
   s.slot_begin.assign(h + 2, 0);
@@ -887,12 +920,14 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
           (s.best[f] == s.best[winner] && s.PrefixLess(h, f, -1, winner, -1)))
         winner = static_cast<int32_t>(f);
     }
+    if (winner < 0) throw std::logic_error("the search reached no final state");
     write(0, winner, -1);
     return 1;
   }
 
   const double tau = s.Backward();
-  s.PBestForward(tau - 1e-9 * (1.0 + std::fabs(tau)));
+  const double rounding = 4.0 * (double(h) + 2.0 * model.order()) * DBL_EPSILON * magnitude;
+  s.PBestForward(tau - 1e-9 * (1.0 + std::fabs(tau)) - rounding);
   std::vector<Entry> &final_entries = s.final_entries;
   final_entries.clear();
   for (uint32_t f = s.slot_begin[h]; f < s.slot_begin[h + 1]; ++f)
@@ -973,7 +1008,18 @@ void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,
   } else {
     std::vector<std::thread> pool;
     pool.reserve(threads);
-    for (int t = 0; t < threads; ++t) pool.emplace_back(work);
+    try {
+      for (int t = 0; t < threads; ++t) pool.emplace_back(work);
+    } catch (const std::system_error &e) {
+      // The system refused a thread: the workers already started stop after their current
+      // lattice and are joined (destroying a joinable thread would terminate the process).
+      next.store(batch);
+      for (std::thread &t : pool) t.join();
+      throw ThreadStartError(e.code().value(),
+                             "cannot start worker thread " + std::to_string(pool.size() + 1) +
+                                 " of " + std::to_string(threads) + ": " + e.what() +
+                                 "; use fewer threads");
+    }
     for (std::thread &t : pool) t.join();
   }
   if (error) std::rethrow_exception(error);

@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <random>
 
 #include "latticekit/errors.h"
 
@@ -24,17 +23,21 @@ ModelStorage *ModelStorage::Allocate(size_t size) {
 }
 
 ModelStorage *ModelStorage::Map(const std::string &path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw ModelFileError(path + ": cannot open: " + std::strerror(errno));
+  // O_NONBLOCK: a FIFO given by mistake is refused below instead of blocking the open.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    throw FileSystemError(path, err, std::string("cannot open: ") + std::strerror(err));
+  }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
-    throw ModelFileError(path + ": cannot stat: " + std::strerror(err));
+    throw FileSystemError(path, err, std::string("cannot stat: ") + std::strerror(err));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw ModelFileError(path + ": not a regular file");
+    throw FileSystemError(path, S_ISDIR(st.st_mode) ? EISDIR : EINVAL, "not a regular file");
   }
   ModelStorage *storage = new ModelStorage();
   storage->size_ = static_cast<size_t>(st.st_size);
@@ -48,7 +51,7 @@ ModelStorage *ModelStorage::Map(const std::string &path) {
   ::close(fd);
   if (p == MAP_FAILED) {
     delete storage;
-    throw ModelFileError(path + ": cannot map: " + std::strerror(err));
+    throw FileSystemError(path, err, std::string("cannot map: ") + std::strerror(err));
   }
   storage->data_ = static_cast<char *>(p);
   storage->mapped_ = true;
@@ -57,36 +60,6 @@ ModelStorage *ModelStorage::Map(const std::string &path) {
 
 ModelStorage::~ModelStorage() {
   if (mapped_ && data_ != nullptr) ::munmap(data_, size_);
-}
-
-void WriteFileAtomically(const std::string &path, const char *data, size_t size) {
-  std::random_device rd;
-  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw ModelFileError(path + ": cannot create " + tmp + ": " + std::strerror(errno));
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = ::write(fd, data + done, size - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw ModelFileError(path + ": write failed: " + std::strerror(err));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw ModelFileError(path + ": write failed: " + std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw ModelFileError(path + ": cannot rename the temporary file into place: " +
-                         std::strerror(err));
-  }
 }
 
 namespace {

@@ -1,4 +1,6 @@
-// The bytes of a model image: owned (freshly built) or memory-mapped (loaded).
+// The bytes of a model image: owned (freshly built) or memory-mapped (loaded). Writing an
+// image to a file is the Python layer's (latticekit/_files.py: one atomic writer for every
+// file latticekit writes).
 #ifndef LATTICEKIT_STORAGE_H_
 #define LATTICEKIT_STORAGE_H_
 
@@ -13,7 +15,8 @@ class ModelStorage {
  public:
   // Zero-filled, 64-byte aligned, owned bytes.
   static ModelStorage *Allocate(size_t size);
-  // Maps path read-only. Throws ModelFileError when it cannot be opened or mapped.
+  // Maps path read-only. Throws FileSystemError when it cannot be opened or mapped, and
+  // ModelFileError when it is empty.
   static ModelStorage *Map(const std::string &path);
   ~ModelStorage();
   ModelStorage(const ModelStorage &) = delete;
@@ -30,10 +33,6 @@ class ModelStorage {
   size_t size_ = 0;
   bool mapped_ = false;
 };
-
-// Writes bytes to path through a temporary file in the same folder and an atomic rename.
-// Throws ModelFileError on failure; the destination is then untouched.
-void WriteFileAtomically(const std::string &path, const char *data, size_t size);
 
 // A fast 64-bit checksum (xxHash64-style rounds) of a byte range.
 uint64_t Checksum64(const char *data, size_t size);

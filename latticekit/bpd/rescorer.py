@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from latticekit._files import atomic_write, read_tagged_safetensors
+from latticekit._files import atomic_write, check_weights, read_tagged_safetensors
 from latticekit.errors import LatticeKitError
 
 __all__ = [
@@ -282,14 +282,8 @@ class NeuralRescorer(nn.Module):
         Raises:
             RescorerFormatError: the file is missing, damaged, or its tensors do not match its header.
         """
-        header, tensors = read_tagged_safetensors(path, FORMAT_NAME, FORMAT_VERSION, "rescorer",
-                                                  RescorerFormatError)
-        if any(not isinstance(header.get(key), int) or header[key] < 1 for key in _CONFIG_KEYS):
-            raise RescorerFormatError(f"{path}: header lacks a valid {_CONFIG_KEYS} field")
-        vocab_map = tensors.get("vocab_map")
-        if vocab_map is None or vocab_map.dim() != 1 or vocab_map.numel() != header["vocab_size"] \
-                or int(vocab_map.max()) + 1 != header["num_classes"] or int(vocab_map.min()) < 0:
-            raise RescorerFormatError(f"{path}: vocab_map does not match the header")
+        header, tensors = _read(path)
+        vocab_map = tensors["vocab_map"]
         metadata = {k: v for k, v in header.items() if k not in _CONFIG_KEYS + ("format", "version")}
         try:
             model = cls(vocab_map.long(), header["d_model"], header["num_layers"], header["num_heads"],
@@ -301,6 +295,47 @@ class NeuralRescorer(nn.Module):
         except (RuntimeError, ValueError) as exc:
             raise RescorerFormatError(f"{path}: tensors do not match the header: {exc}") from exc
         return model.to(device).eval()
+
+
+def _read(path: Union[str, os.PathLike]) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """Header and tensors of a rescorer file, with every failure as a RescorerFormatError.
+
+    The tensors are checked against the header before anything is allocated from it: the
+    vocabulary map (integers) matches the sizes, and every weight has the shape the sizes
+    imply, a floating-point dtype and finite values.
+    """
+    header, tensors = read_tagged_safetensors(path, FORMAT_NAME, FORMAT_VERSION, "rescorer",
+                                              RescorerFormatError)
+    if any(not isinstance(header.get(key), int) or isinstance(header[key], bool) or header[key] < 1
+           for key in _CONFIG_KEYS):
+        raise RescorerFormatError(f"{path}: header lacks a valid {_CONFIG_KEYS} field")
+    vocab_map = tensors.get("vocab_map")
+    if vocab_map is None or vocab_map.dim() != 1 or vocab_map.dtype.is_floating_point \
+            or vocab_map.dtype.is_complex or vocab_map.dtype == torch.bool \
+            or vocab_map.numel() != header["vocab_size"] \
+            or int(vocab_map.max()) + 1 != header["num_classes"] or int(vocab_map.min()) < 0:
+        raise RescorerFormatError(f"{path}: vocab_map does not match the header")
+    if header["d_model"] % header["num_heads"]:
+        raise RescorerFormatError(f"{path}: d_model ({header['d_model']}) is not a multiple of "
+                                  f"num_heads ({header['num_heads']})")
+    num_layers = header["num_layers"]
+    layers = {name.split(".")[1] for name in tensors if name.startswith("layers.")}
+    if len(layers) != num_layers:
+        raise RescorerFormatError(f"{path}: {len(layers)} layers of weights, the header says {num_layers}")
+    try:
+        with torch.device("meta"):  # shapes only, nothing allocated; one layer stands for all
+            one_layer = NeuralRescorer(vocab_map.long(), header["d_model"], 1, header["num_heads"],
+                                       header["d_ff"], header["max_len"]).state_dict()
+    except (RuntimeError, ValueError, OverflowError) as exc:  # sizes beyond any tensor
+        raise RescorerFormatError(f"{path}: the header's sizes describe no possible model: {exc}") from exc
+    shapes = {}
+    for name, t in one_layer.items():
+        if name.startswith("layers.0."):
+            shapes.update({f"layers.{i}.{name[len('layers.0.'):]}": tuple(t.shape) for i in range(num_layers)})
+        elif name != "class_penalty":  # computed, not saved
+            shapes[name] = tuple(t.shape)
+    check_weights(path, tensors, shapes, RescorerFormatError, integer=("vocab_map",))
+    return header, tensors
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import gzip
 import io
+import zlib
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -22,7 +23,7 @@ from typing import IO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from latticekit import _core
-from latticekit._files import atomic_write
+from latticekit._files import atomic_write, file_error
 from latticekit.errors import ArpaFormatError
 from latticekit.lm.model import BackoffModel
 from latticekit.lm.trie import EOS, SPECIAL_WORDS
@@ -142,8 +143,9 @@ def read_arpa(path: str, words: Optional[Sequence[str]] = None) -> BackoffModel:
         The model; log10 values are kept as float64 exactly as printed.
 
     Raises:
-        ArpaFormatError: naming the file and line, if the file is malformed.
-        OSError: if it cannot be read.
+        ArpaFormatError: naming the file and line, if the file is malformed (a corrupt gzip
+            stream included).
+        FileAccessError: if it cannot be read (an ``OSError``).
     """
     table: List[str] = list(words) if words is not None else list(SPECIAL_WORDS)
     if tuple(table[:3]) != SPECIAL_WORDS:
@@ -152,11 +154,14 @@ def read_arpa(path: str, words: Optional[Sequence[str]] = None) -> BackoffModel:
     declared: List[int] = []
     ngrams: List[List[List[str]]] = []
     try:
-        f = _open_text(path)
-        lines = f.read().split("\n")
-        f.close()
+        with _open_text(path) as f:
+            lines = f.read().split("\n")
     except UnicodeDecodeError as exc:
         raise ArpaFormatError(f"{path}: not UTF-8 text ({exc})", path, 0) from exc
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise ArpaFormatError(f"{path}: corrupt gzip stream: {exc}", path, 0) from exc
+    except OSError as exc:
+        raise file_error(exc, "read", path) from exc
     i = 0
     while i < len(lines) and lines[i].strip() != "\\data\\":
         i += 1

@@ -1,0 +1,102 @@
+"""Hostile paths and files (issue 18): NUL bytes, failed saves, permission bits, symlinks,
+writers killed mid-write."""
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import latticekit as lk
+from latticekit.errors import FileAccessError
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+
+
+def test_paths_with_a_nul_byte_are_refused(lm, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for call in (lambda: lm.save("a\0b"), lambda: lk.NGramLM.load("a\0b"),
+                 lambda: lk.NGramLM.from_arpa("a\0b"), lambda: lm.write_arpa("a\0b")):
+        with pytest.raises(FileAccessError, match="NUL byte") as info:
+            call()
+        assert isinstance(info.value, OSError)
+    assert os.listdir(tmp_path) == []  # "a\0b" used to write "a"
+
+
+def test_failed_save_is_an_oserror(lm, tmp_path):
+    (tmp_path / "dir").mkdir()
+    for target in (tmp_path / "dir", tmp_path / "missing" / "m.lkm"):
+        with pytest.raises(FileAccessError, match="cannot write") as info:
+            lm.save(target)
+        assert isinstance(info.value, OSError) and info.value.errno
+    assert sorted(os.listdir(tmp_path)) == ["dir"] and os.listdir(tmp_path / "dir") == []
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_new_files_follow_the_umask(lm, tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        lm.save(tmp_path / "m.lkm")
+        lm.write_arpa(tmp_path / "m.arpa")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "m.lkm").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "m.arpa").stat().st_mode) == mode
+
+
+def test_replaced_files_keep_their_mode(lm, tmp_path):
+    target = tmp_path / "m.lkm"
+    target.write_bytes(b"old")
+    target.chmod(0o600)
+    lm.save(target)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert lk.NGramLM.load(target).counts == lm.counts
+
+
+def test_a_symlink_stays_and_its_target_is_replaced(lm, tmp_path):
+    (tmp_path / "real").mkdir()
+    real = tmp_path / "real" / "m.lkm"
+    real.write_bytes(b"old")
+    link = tmp_path / "link.lkm"
+    link.symlink_to(real)
+    lm.save(link)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert lk.NGramLM.load(real).counts == lm.counts
+    dangling = tmp_path / "dangling.lkm"
+    dangling.symlink_to(tmp_path / "real" / "new.lkm")
+    lm.save(dangling)  # as open() would: the link's target is created
+    assert dangling.is_symlink() and lk.NGramLM.load(tmp_path / "real" / "new.lkm").order == 3
+    assert sorted(os.listdir(tmp_path / "real")) == ["m.lkm", "new.lkm"]
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(lm, tmp_path):
+    target = tmp_path / "m.lkm"
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from latticekit._files import atomic_write
+        with atomic_write({str(target)!r}) as f:
+            f.write(b"x" * (8 << 20))
+            f.flush()
+            print("writing", flush=True)
+            time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    left = os.listdir(tmp_path)
+    assert len(left) == 1 and left[0].startswith(".m.lkm.lk-") and (tmp_path / left[0]).stat().st_size == 8 << 20
+    alive = tmp_path / f".m.lkm.lk-{os.uname().nodename}-{os.getppid()}-0.tmp"  # a live writer's
+    alive.write_bytes(b"")
+    lm.save(target)
+    assert sorted(os.listdir(tmp_path)) == sorted(["m.lkm", alive.name])
