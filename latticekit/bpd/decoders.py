@@ -1,5 +1,6 @@
-"""Blockwise parallel decoders: greedy baseline, vanilla BPD, n-gram BPD, neural local
-rescoring, oracle top-k.
+"""The decode loop of every blockwise parallel decoder: greedy baseline, vanilla BPD, n-gram
+BPD, neural local rescoring, oracle top-k and cost-aware ``auto`` (the strategies live in
+:mod:`latticekit.bpd.drafters`).
 
 Every decoder makes ONE target call per step. The call verifies the step's drafts (one tree
 pass, :func:`latticekit.torch.verify`) and returns the target's final hidden state at the last
@@ -32,7 +33,6 @@ from latticekit.bpd.errors import DecoderConfigError, HeadsError
 from latticekit.bpd.records import DecoderConfig, Decoding, StepRecord
 from latticekit.lattice import SausageLattice
 from latticekit.torch import DraftTree, prefill, target_probs, verify
-
 from latticekit.torch.target import Target
 
 __all__ = ["decode", "greedy_decode"]
