@@ -7,7 +7,12 @@ probability with a logistic model of the node's features (:func:`node_features`)
 * the head's own log-probability of the token (the lattice arc's score), as a logit;
 * the n-gram model's conditional log-probability of the token after the decoded text and the
   path before it, as a logit (0 without a model);
+* the cache model's conditional log-probability (the decoded text's own n-grams interpolated
+  with the n-gram model, :class:`~latticekit.bpd.cache_model.CacheModel`), as a logit (0 where
+  no cache model drafted: ``auto`` with heads alone);
 * the depth (one intercept per depth: heads further out know less).
+
+A feature a tree lacks (no heads: the heads-free drafter) is 0, so it adds nothing.
 
 A node's acceptance probability is the product of the conditionals along its path. The model
 starts from a prior (``AcceptanceModel.prior``: calibrated heads, P = q; or weights fitted
@@ -32,7 +37,7 @@ import numpy as np
 from latticekit._files import atomic_write
 from latticekit.bpd.errors import DecoderConfigError
 
-__all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "node_features", "logit"]
+__all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "FEATURES", "node_features", "logit"]
 
 _CLIP = 8.0  # logits are clipped to [-8, 8] (probabilities 3e-4 .. 0.9997)
 _SCALE = 4.0  # features enter the model divided by this, so one learning rate suits them all
@@ -55,6 +60,8 @@ class CandidateTree:
         head_logprob (`(n,)` float64): the head's log-probability of the node's token.
         ngram_logprob (`(n,)` float64): the n-gram model's conditional log-probability, or NaN
             without a model.
+        cache_logprob (`(n,)` float64): the cache model's conditional log-probability, or NaN
+            (None: NaN everywhere).
     """
 
     tokens: np.ndarray
@@ -62,18 +69,25 @@ class CandidateTree:
     depths: np.ndarray
     head_logprob: np.ndarray
     ngram_logprob: np.ndarray
+    cache_logprob: Optional[np.ndarray] = None
+
+    def __post_init__(self) -> None:
+        if self.cache_logprob is None:
+            self.cache_logprob = np.full(self.tokens.shape[0], np.nan)
 
     @property
     def size(self) -> int:
         return int(self.tokens.shape[0])
 
     @classmethod
+    @classmethod
     def from_paths(cls, paths: Sequence[Sequence[int]], head_logprobs: Sequence[Sequence[float]],
-                   ngram_logprobs: Optional[Sequence[Sequence[float]]] = None) -> "CandidateTree":
+                   ngram_logprobs: Optional[Sequence[Sequence[float]]] = None,
+                   cache_logprobs: Optional[Sequence[Sequence[float]]] = None) -> "CandidateTree":
         """Merges candidate paths (token sequences after the root, best first) into a trie;
         each path's per-token features come along (equal prefixes have equal features)."""
         index: dict[tuple[int, int], int] = {}
-        tokens, parents, depths, head, ngram = [], [], [], [], []
+        tokens, parents, depths, head, ngram, cache = [], [], [], [], [], []
         for p, path in enumerate(paths):
             parent = -1
             for j, token in enumerate(path):
@@ -86,10 +100,11 @@ class CandidateTree:
                     depths.append(j + 1)
                     head.append(float(head_logprobs[p][j]))
                     ngram.append(float(ngram_logprobs[p][j]) if ngram_logprobs is not None else np.nan)
+                    cache.append(float(cache_logprobs[p][j]) if cache_logprobs is not None else np.nan)
                 parent = node
         return cls(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
                    np.asarray(depths, dtype=np.int64), np.asarray(head, dtype=np.float64),
-                   np.asarray(ngram, dtype=np.float64))
+                   np.asarray(ngram, dtype=np.float64), np.asarray(cache, dtype=np.float64))
 
     def path_probability(self, conditional: np.ndarray) -> np.ndarray:
         """P(node accepted): the product of the conditionals from the root down to it."""
@@ -111,15 +126,18 @@ class CandidateTree:
         return out
 
 
+#: The log-probability features after the depth one-hot, in this order.
+FEATURES = ("head", "ngram", "cache")
+
+
 def node_features(tree: CandidateTree, max_depth: int) -> np.ndarray:
-    """The logistic model's inputs, `(n, max_depth + 2)`: a one-hot depth (depths beyond
-    ``max_depth`` share the last), the head logit and the n-gram logit (0 where NaN), scaled."""
+    """The logistic model's inputs, `(n, max_depth + 3)`: a one-hot depth (depths beyond
+    ``max_depth`` share the last), the head, n-gram and cache logits (0 where NaN), scaled."""
     n = tree.size
-    x = np.zeros((n, max_depth + 2))
+    x = np.zeros((n, max_depth + len(FEATURES)))
     x[np.arange(n), np.minimum(tree.depths, max_depth) - 1] = 1.0
-    x[:, max_depth] = logit(tree.head_logprob) / _SCALE
-    ngram = tree.ngram_logprob
-    x[:, max_depth + 1] = np.where(np.isnan(ngram), 0.0, logit(np.nan_to_num(ngram, nan=-1.0))) / _SCALE
+    for j, values in enumerate((tree.head_logprob, tree.ngram_logprob, tree.cache_logprob)):
+        x[:, max_depth + j] = np.where(np.isnan(values), 0.0, logit(np.nan_to_num(values, nan=-1.0))) / _SCALE
     return x
 
 
@@ -127,15 +145,16 @@ class AcceptanceModel:
     """P(node accepted | parent accepted) = sigmoid(w . features), updated online by SGD.
 
     Args:
-        weights: `(max_depth + 2,)`: depth intercepts, the head logit's and the n-gram logit's
+        weights: `(max_depth + 3,)`: depth intercepts, the head, n-gram and cache logits'
             weights (on features scaled by 1/4).
         learning_rate: step size of the online updates (0 freezes the model).
     """
 
     def __init__(self, weights: np.ndarray, learning_rate: float = 0.15) -> None:
         weights = np.asarray(weights, dtype=np.float64)
-        if weights.ndim != 1 or weights.shape[0] < 3 or not np.all(np.isfinite(weights)):
-            raise DecoderConfigError(f"acceptance weights must be a finite vector of >= 3 values, got {weights!r}")
+        if weights.ndim != 1 or weights.shape[0] < 1 + len(FEATURES) or not np.all(np.isfinite(weights)):
+            raise DecoderConfigError(f"acceptance weights must be a finite vector of >= {1 + len(FEATURES)} "
+                                     f"values, got {weights!r}")
         if not np.isfinite(learning_rate) or learning_rate < 0:
             raise DecoderConfigError(f"learning_rate must be finite and >= 0, got {learning_rate!r}")
         self.weights = weights.copy()
@@ -144,14 +163,19 @@ class AcceptanceModel:
 
     @property
     def max_depth(self) -> int:
-        return int(self.weights.shape[0]) - 2
+        return int(self.weights.shape[0]) - len(FEATURES)
 
     @classmethod
-    def prior(cls, max_depth: int = 7, learning_rate: float = 0.15) -> "AcceptanceModel":
-        """Heads taken at their word (P = the head's probability), the n-gram model ignored,
-        until the decode's own outcomes say otherwise."""
-        weights = np.zeros(max_depth + 2)
-        weights[max_depth] = _SCALE
+    def prior(cls, max_depth: int = 7, learning_rate: float = 0.15, trust: str = "head") -> "AcceptanceModel":
+        """One source taken at its word (P = its probability), the others ignored, until the
+        decode's own outcomes say otherwise: ``trust`` is ``"head"`` (the heads), ``"cache"``
+        (the cache model: heads-free drafting) or ``"head+cache"`` (the mean of their logits)."""
+        names = trust.split("+")
+        if not names or any(name not in FEATURES for name in names):
+            raise DecoderConfigError(f"trust must name features of {FEATURES} joined by '+', got {trust!r}")
+        weights = np.zeros(max_depth + len(FEATURES))
+        for name in names:
+            weights[max_depth + FEATURES.index(name)] = _SCALE / len(names)
         return cls(weights, learning_rate)
 
     def conditional(self, features: np.ndarray) -> np.ndarray:
@@ -188,7 +212,7 @@ class AcceptanceModel:
 
     def save(self, path: Any, description: Optional[dict[str, Any]] = None) -> None:
         """Writes the weights as JSON (atomically)."""
-        data = {"format": "latticekit-acceptance", "version": 1, "weights": self.weights.tolist(),
+        data = {"format": "latticekit-acceptance", "version": 2, "weights": self.weights.tolist(),
                 "learning_rate": self.learning_rate, "description": description or {}}
         with atomic_write(path) as f:
             f.write((json.dumps(data, indent=1) + "\n").encode())
@@ -202,9 +226,12 @@ class AcceptanceModel:
         """
         try:
             data = json.loads(Path(path).read_text())
-            if data.get("format") != "latticekit-acceptance" or data.get("version") != 1:
+            if data.get("format") != "latticekit-acceptance" or data.get("version") not in (1, 2):
                 raise ValueError("not a latticekit acceptance model (format/version)")
-            return cls(np.asarray(data["weights"], dtype=np.float64), float(data["learning_rate"]))
+            weights = np.asarray(data["weights"], dtype=np.float64)
+            if data["version"] == 1:  # before the cache feature: it weighs nothing
+                weights = np.append(weights, 0.0)
+            return cls(weights, float(data["learning_rate"]))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise DecoderConfigError(f"{path} is not a readable acceptance model: {exc}") from exc
 
