@@ -3,7 +3,10 @@
 In the spirit of HF ``model.generate``: one call prepares the target for its device
 (:func:`latticekit.torch.prepare_target`, idempotent), measures what its steps cost (once per
 model and device, cached), and decodes with the ``auto`` drafter, which chooses every step the
-draft tree with the most expected tokens per second, down to no draft at all. Under greedy
+draft tree with the most expected tokens per second, down to no draft at all. Without draft
+heads it drafts from the n-gram models alone (``headsfree``: the prompt's and the decoded
+text's own n-grams, and the static model when one is given), so any causal LM speeds up with
+no training, where the text repeats itself or the prompt. Under greedy
 decoding the tokens are exactly the prepared model's own greedy tokens; with ``temperature > 0``
 they are distributed exactly like its samples (lossless tree sampling).
 
@@ -104,10 +107,12 @@ def generate(
         input_ids (`torch.LongTensor` of shape `(1, L)` or `(L,)`, or a list of ids): the prompt
             (for an instruction model, its chat template applied).
         heads: draft heads (``latticekit.heads.BlockHeads``, e.g. ``default_heads(model)``).
-            None decodes plainly (one token per target call) on the prepared model.
+            None drafts without heads (``headsfree``: continuations of the decoded text under
+            its own n-gram cache and ``lm``).
         lm: a Katz n-gram model over the model's token ids (e.g.
             ``latticekit.bpd.demo.embedded_token_lm()`` for SmolLM2): rescores the heads'
-            candidates and feeds the acceptance estimates. Optional.
+            candidates, or drafts with the cache when there are no heads, and feeds the
+            acceptance estimates. Optional.
         max_new_tokens: how many tokens to decode at most (>= 1).
         eos_token_id: stop after emitting it (or any of several); default the model's
             ``generation_config.eos_token_id``.
@@ -138,7 +143,8 @@ def generate(
     if eos_token_id is None:
         eos_token_id = _default_eos(model)
     if heads is None:
-        config = DecoderConfig("greedy", temperature=temperature, top_p=top_p)
+        config = DecoderConfig("headsfree", alpha=1.0 if lm is not None else 0.0, temperature=temperature,
+                               top_p=top_p)
     else:
         config = DecoderConfig("auto", alpha=1.0 if lm is not None else 0.0, temperature=temperature, top_p=top_p)
     decoding = decode(model, heads, prompt, config, max_new_tokens=max_new_tokens, lms=lm,

@@ -23,9 +23,13 @@ __all__ = ["METHODS", "DecoderConfig", "StepRecord", "Decoding"]
 #: ``"oracle"``: the lattice path with the longest accepted prefix. ``"auto"``: per step, the
 #: draft tree (from none to a wide tree of the p best paths) with the most expected tokens per
 #: second under the device's measured step costs and online acceptance estimates.
-METHODS = ("greedy", "vanilla", "ngram", "neural", "oracle", "auto")
+#: ``"headsfree"``: auto's chooser over the p most probable continuations of the decoded text
+#: under the n-gram models alone (its own n-gram cache and the static model), no heads.
+METHODS = ("greedy", "vanilla", "ngram", "neural", "oracle", "auto", "headsfree")
 #: k and p when a config leaves them out: auto picks among more candidates than it verifies.
-_DEFAULT_KP = {"auto": (8, 16)}
+_DEFAULT_KP = {"auto": (8, 16), "headsfree": (1, 32)}
+#: The cost-aware methods (auto's chooser): p candidates, alpha weighs the n-gram model.
+_CHOOSERS = ("auto", "headsfree")
 
 
 @dataclass(frozen=True)
@@ -37,9 +41,11 @@ class DecoderConfig:
         k: arcs per lattice position (``ngram``, ``neural``, ``oracle``, ``auto``; ``vanilla``
             only records them). Default 1; 8 for ``auto``.
         p: drafts verified per step in one tree pass (``ngram``); candidate paths ``auto``
-            chooses its tree from. Default 1; 16 for ``auto``.
+            chooses its tree from, candidate nodes for ``headsfree``. Default 1; 16 for ``auto``,
+            32 for ``headsfree``.
         alpha: n-gram weight (``ngram``, ``auto``) or rescorer weight (``neural``); 0 ranks paths
-            by the heads alone ("0-gram").
+            by the heads alone ("0-gram"); ``headsfree``: > 0 uses the static n-gram model, 0 the
+            decoded text's cache alone.
         lm: name of the n-gram model to use (a key of the ``lms`` mapping given to the
             decoder); None for the only / default one.
         temperature: 0 for greedy decoding; > 0 samples through the adapter's lossless
@@ -78,8 +84,9 @@ class DecoderConfig:
             raise DecoderConfigError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if self.method == "oracle" and self.temperature > 0:
             raise DecoderConfigError("the oracle follows the target's greedy continuation; it has no sampling mode")
-        if self.method not in ("ngram", "auto") and self.p != 1:
-            raise DecoderConfigError(f"p > 1 needs method 'ngram' or 'auto', got {self.method!r} with p={self.p}")
+        if self.method not in ("ngram",) + _CHOOSERS and self.p != 1:
+            raise DecoderConfigError(f"p > 1 needs method 'ngram' or one of {_CHOOSERS}, got {self.method!r} "
+                                     f"with p={self.p}")
 
     @property
     def label(self) -> str:
@@ -89,7 +96,7 @@ class DecoderConfig:
         parts = [self.method]
         if self.method in ("ngram", "neural", "oracle", "auto"):
             parts.append(f"k={self.k}")
-        if self.method in ("ngram", "auto"):
+        if self.method in ("ngram",) + _CHOOSERS:
             parts += [f"p={self.p}", f"alpha={self.alpha:g}"]
             if self.lm is not None and self.alpha > 0:
                 parts.append(f"lm={self.lm}")

@@ -1,15 +1,16 @@
 """Drafting strategies behind one protocol (:class:`Drafter`), one module each.
 
-=========  ==================================================================================
-method     drafts per step
-=========  ==================================================================================
-greedy     none: one plain target call per token (the baseline)
-vanilla    the arg-max of heads 2..h (Stern et al.'s Algorithm 1)
-ngram      the p best lattice paths under ``draft + alpha * n-gram``
-neural     local rescoring with a small neural LM (the reference paper's Algorithm 2)
-oracle     the lattice path with the longest accepted prefix (an upper bound)
-auto       per step, the tree of p-best nodes with the most expected tokens per second
-=========  ==================================================================================
+===========  ================================================================================
+method       drafts per step
+===========  ================================================================================
+greedy       none: one plain target call per token (the baseline)
+vanilla      the arg-max of heads 2..h (Stern et al.'s Algorithm 1)
+ngram        the p best lattice paths under ``draft + alpha * n-gram``
+neural       local rescoring with a small neural LM (the reference paper's Algorithm 2)
+oracle       the lattice path with the longest accepted prefix (an upper bound)
+auto         per step, the tree of p-best nodes with the most expected tokens per second
+headsfree    auto's chooser over the n-gram models' most probable continuations, no heads
+===========  ================================================================================
 
 :func:`make_drafter` is the one place that maps a ``DecoderConfig.method`` to its class.
 """
@@ -21,6 +22,7 @@ from typing import Any
 from latticekit.bpd.drafters.auto import AutoDrafter
 from latticekit.bpd.drafters.base import Draft, Drafter, DraftInput, DraftResources
 from latticekit.bpd.drafters.greedy import GreedyDrafter
+from latticekit.bpd.drafters.headsfree import HeadsFreeDrafter
 from latticekit.bpd.drafters.neural import NeuralDrafter
 from latticekit.bpd.drafters.ngram import NGramDrafter, select_lm, uniform_lm
 from latticekit.bpd.drafters.oracle import OracleDrafter, oracle_draft
@@ -40,6 +42,7 @@ __all__ = [
     "NeuralDrafter",
     "OracleDrafter",
     "AutoDrafter",
+    "HeadsFreeDrafter",
     "argmax_draft",
     "oracle_draft",
     "drafter_class",
@@ -51,7 +54,7 @@ __all__ = [
 #: ``DecoderConfig.method`` -> its strategy.
 DRAFTERS: dict[str, type[Drafter]] = {
     cls.method: cls for cls in (GreedyDrafter, VanillaDrafter, NGramDrafter, NeuralDrafter, OracleDrafter,
-                                AutoDrafter)
+                                AutoDrafter, HeadsFreeDrafter)
 }
 
 

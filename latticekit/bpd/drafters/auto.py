@@ -19,6 +19,11 @@ even the best tree does not repay them (untrained heads, a domain the heads do n
 drafter stops reading the lattice and decodes plainly, probing now and then (every 2, 4, ...,
 32 steps) whether drafting pays again; every probe's candidates still teach the acceptance
 model once the text reaches them.
+
+**Without heads** (a decode given none: the decode loop then asks no lattice source of the
+drafter) the candidates are the heads-free drafter's (``headsfree``,
+:mod:`latticekit.bpd.drafters.headsfree`): the most probable continuations of the decoded text
+under the n-gram cache model, steps 2-4 unchanged.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from latticekit.bpd.cache_model import CacheModel
 from latticekit.bpd.calibration import AcceptanceModel, CandidateTree, PendingLabels, node_features
+from latticekit.bpd.continuations import best_continuations
 from latticekit.bpd.costs import StepCosts
 from latticekit.bpd.drafters.base import Draft, Drafter, DraftInput, DraftResources
 from latticekit.bpd.drafters.ngram import select_lm, uniform_lm
@@ -47,6 +54,8 @@ CANDIDATE_TOKENS = 8192
 MAX_PROBE_INTERVAL = 32
 #: Weight of the newest step in the running estimate of what drafting gains.
 _GAIN_SMOOTHING = 0.3
+#: The longest continuation the n-gram models draft (heads-free candidates).
+MAX_NGRAM_DEPTH = 12
 
 
 def choose_nodes(probability: np.ndarray, depths: np.ndarray, costs: StepCosts, cached: int,
@@ -71,25 +80,35 @@ class AutoDrafter(Drafter):
     Args:
         config: an ``auto`` config (k arcs per lattice column, p candidate paths, alpha).
         lm: the n-gram model (token-id words), or None: candidates ranked by the heads alone,
-            no n-gram feature.
+            no n-gram feature (without heads: the decoded text's cache alone).
         costs: the target's measured step costs.
         acceptance: the acceptance model to start from (copied); default
-            :meth:`AcceptanceModel.prior`.
+            :meth:`AcceptanceModel.prior` trusting what drafts (the heads, or the cache model).
         max_nodes: the largest tree considered.
+        vocab_size: the target's vocabulary (the cache model's uniform fallback without ``lm``).
+
+    Attributes:
+        reads_heads: candidates come from the heads' lattice (set when the decode asks a lattice
+            source, or a replay hands over its trace); otherwise from the n-gram models alone.
     """
 
     method = "auto"
+    needs_heads = False  # without heads it drafts from the n-gram models (see the module docstring)
     needs_costs = True
 
     def __init__(self, config: DecoderConfig, lm: Optional[NGramLM], costs: StepCosts,
-                 acceptance: Optional[AcceptanceModel] = None, max_nodes: int = 64) -> None:
+                 acceptance: Optional[AcceptanceModel] = None, max_nodes: int = 64,
+                 vocab_size: Optional[int] = None) -> None:
         super().__init__(config)
         self.lm = lm
         self.search_lm = lm if lm is not None else uniform_lm()
         self.alpha = config.alpha if lm is not None else 0.0
         self.costs = costs
-        base = acceptance if acceptance is not None else AcceptanceModel.prior()
-        self.acceptance = AcceptanceModel(base.weights, base.learning_rate)
+        self.vocab_size = vocab_size
+        self.given_acceptance = acceptance
+        self._acceptance: Optional[AcceptanceModel] = None
+        self._cache_model: Optional[CacheModel] = None
+        self.reads_heads = False
         self.max_nodes = int(max_nodes)
         self.pending = PendingLabels()
         self.gain = 1.0  # running estimate: drafting's tokens/s over plain steps' (1: break even)
@@ -106,16 +125,46 @@ class AutoDrafter(Drafter):
         lm = None
         if resources.lms is not None and (config.lm is not None or config.alpha > 0):
             lm = select_lm(config, resources.lms)
-        return cls(config, lm, resources.costs, resources.acceptance)
+        vocab_size = resources.vocab_size
+        if vocab_size is None and resources.largest_id is not None:
+            vocab_size = resources.largest_id + 1
+        return cls(config, lm, resources.costs, resources.acceptance, vocab_size=vocab_size)
 
     def lattice_source(self, heads: Any, vocab_size: int) -> Any:
         from latticekit.bpd.lattices import CandidateLattice, FullLattice, lm_candidates
 
+        self.reads_heads = True
         if self.lm is not None and CandidateLattice.supports(heads):
             static = lm_candidates(self.lm, CANDIDATE_TOKENS)
             if len(static):
                 return CandidateLattice(heads, static, self.k)
         return FullLattice(heads, self.k, vocab_size)
+
+    def prepare_replay(self, trace: Any) -> None:
+        self.reads_heads = True
+
+    @property
+    def trust(self) -> str:
+        """What the acceptance prior takes at its word (:meth:`AcceptanceModel.prior`)."""
+        return "head" if self.reads_heads else "cache"
+
+    @property
+    def acceptance(self) -> AcceptanceModel:
+        """The online acceptance model (a copy of the one given, or the prior of :attr:`trust`)."""
+        if self._acceptance is None:
+            base = self.given_acceptance
+            if base is None:
+                base = AcceptanceModel.prior(trust=self.trust)
+            self._acceptance = AcceptanceModel(base.weights, base.learning_rate)
+        return self._acceptance
+
+    def cache_model(self, ids: Sequence[int]) -> CacheModel:
+        """The n-gram cache model (:mod:`latticekit.bpd.cache_model`), synced to ``ids``."""
+        if self._cache_model is None:
+            vocab = self.vocab_size if self.vocab_size is not None else max(ids) + 1
+            self._cache_model = CacheModel(self.lm, vocab)
+        self._cache_model.sync(ids)
+        return self._cache_model
 
     # -- one step --------------------------------------------------------------------------
 
@@ -126,7 +175,10 @@ class AutoDrafter(Drafter):
         return self.plain_run >= self.probe_interval
 
     def candidates(self, step: DraftInput) -> CandidateTree:
-        """The trie of the p best lattice paths, with each node's head and n-gram log-probabilities."""
+        """The trie of the p best lattice paths, with each node's head and n-gram log-probabilities;
+        without heads, :meth:`ngram_candidates`."""
+        if not self.reads_heads:
+            return self.ngram_candidates(step)
         lattice = step.lattice
         paths = pbest(lattice, self.search_lm, self.config.p, self.alpha,
                       context=step.context(self.search_lm.order))
@@ -137,6 +189,13 @@ class AutoDrafter(Drafter):
             context = step.context(self.lm.order)
             ngram = [self.lm.token_logprobs(path.tokens, context=context)[1:] for path in paths]
         return CandidateTree.from_paths(drafts, head, ngram)
+
+    def ngram_candidates(self, step: DraftInput) -> CandidateTree:
+        """The p most probable continuations of the decoded text under the cache model
+        (:func:`~latticekit.bpd.continuations.best_continuations`), with each node's n-gram and
+        cache log-probabilities."""
+        model = self.cache_model(step.ids)
+        return best_continuations(model, step.ids, self.config.p, MAX_NGRAM_DEPTH).tree()
 
     def draft(self, step: DraftInput) -> Draft:
         t0 = time.perf_counter()

@@ -1,0 +1,58 @@
+"""``headsfree``: drafting with no heads, from the n-gram models alone, as a tree.
+
+Prompt lookup decoding (transformers' ``prompt_lookup_num_tokens``, vLLM's ``ngram``, SGLang's
+``NGRAM``) speeds up any model with no training: it copies what followed the longest earlier
+match of the text's last tokens, as one chain. This drafter drafts from a model instead of a
+string match, and as a tree:
+
+1. **The model** (:class:`~latticekit.bpd.cache_model.CacheModel`): the prompt's and the decoded
+   text's own n-grams (the cache, updated every step; its longest match decides) interpolated
+   with the static Katz model (``lms``; without one, the cache alone), with a weight per match
+   length fitted on the text itself, so a long match's continuation wins as in prompt lookup.
+2. **The candidates** (:func:`~latticekit.bpd.continuations.best_continuations`): the p most
+   probable continuations of the decoded text under that model, 1 to 12 tokens long, found by
+   an exact best-first search: a prefix-closed tree.
+3. **The tree verified**: ``auto``'s chooser (:mod:`latticekit.bpd.drafters.auto`): online
+   acceptance estimates (the cache model's and the static model's probabilities, the depth;
+   learnt from the decode's own text) and the target's measured step costs give the subtree
+   with the most expected tokens per second; a plain step when none pays.
+
+It reads no heads (``needs_heads = False``): any HF causal LM, untouched. ``auto`` without heads
+and :func:`latticekit.generate` without heads draft this way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from latticekit.bpd.calibration import CandidateTree
+from latticekit.bpd.drafters.auto import AutoDrafter
+from latticekit.bpd.drafters.base import DraftInput
+
+__all__ = ["HeadsFreeDrafter"]
+
+
+class HeadsFreeDrafter(AutoDrafter):
+    """``auto``'s chooser over the n-gram models' continuations (see the module docstring).
+
+    Config: ``p`` candidate nodes (default 32), ``alpha > 0`` with an n-gram model given
+    (``lms``) includes the static model, ``alpha = 0`` drafts from the decoded text's cache
+    alone; ``k`` is unused.
+    """
+
+    method = "headsfree"
+
+    def lattice_source(self, heads: Any, vocab_size: int) -> Any:
+        from latticekit.bpd.lattices import FullLattice
+
+        return FullLattice(heads, self.k, vocab_size)  # never read: this drafter reads no heads
+
+    def prepare_replay(self, trace: Any) -> None:
+        pass
+
+    @property
+    def trust(self) -> str:
+        return "cache"
+
+    def candidates(self, step: DraftInput) -> CandidateTree:
+        return self.ngram_candidates(step)
