@@ -14,13 +14,16 @@ Two sources, both ``source(hidden, ids) -> (lattice, entropy or None)``:
   the context: 94-100% (median 98.7%).
 
 Both fix lattice position 1 to the root (the token the last call emitted; head 1 is the
-target's own head).
+target's own head). Both can **unite** the next lattice's columns with other candidates
+(:meth:`FullLattice.unite`: ``heads+ngram`` adds the n-gram models' continuations the heads'
+top k missed), each scored by the heads like the top-k arcs (the same log-softmax), so the
+search rescores them exactly as it rescores the heads' own arcs.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -30,7 +33,7 @@ from latticekit.bpd.errors import HeadsError
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 
-__all__ = ["FullLattice", "CandidateLattice", "entropy_of_logprobs", "head_logits", "lm_candidates"]
+__all__ = ["FullLattice", "CandidateLattice", "entropy_of_logprobs", "head_logits", "lm_candidates", "united"]
 
 
 def head_logits(heads: Any, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -52,6 +55,41 @@ def entropy_of_logprobs(logprobs: torch.Tensor) -> np.ndarray:
     return (-(logprobs.exp() * logprobs).sum(dim=-1)).double().cpu().numpy()
 
 
+def united(lattice: SausageLattice, columns: Sequence[Sequence[int]],
+           logprobs: Callable[[int, np.ndarray], np.ndarray]) -> SausageLattice:
+    """``lattice`` with the arcs of each draft position united with more tokens.
+
+    Args:
+        lattice: a single lattice, `(h, k)`.
+        columns: ``columns[j]``: tokens for lattice position j + 2 (row j + 1), j < h - 1.
+        logprobs: ``logprobs(row, tokens (m,)) -> (m,)``: the heads' log-probabilities of the
+            tokens at that row; a token scored NaN or -inf (one the heads cannot score) is left out.
+
+    Returns:
+        The lattice with every row's new tokens after its own arcs (k grows to the widest row).
+    """
+    rows = []
+    for i in range(lattice.h):
+        width = int(lattice.widths[i])
+        tokens, scores = lattice.tokens[i, :width], lattice.scores[i, :width]
+        if 1 <= i <= len(columns):
+            have = set(tokens.tolist())
+            new = np.array([t for t in dict.fromkeys(int(t) for t in columns[i - 1]) if t not in have], dtype=np.int64)
+            if new.size:
+                extra = np.asarray(logprobs(i, new), dtype=np.float32)
+                keep = np.isfinite(extra)
+                tokens = np.concatenate([tokens, new[keep].astype(np.int32)])
+                scores = np.concatenate([scores, extra[keep]])
+        rows.append((tokens, scores))
+    k = max(len(t) for t, _ in rows)
+    tokens_out = np.zeros((lattice.h, k), dtype=np.int32)
+    scores_out = np.zeros((lattice.h, k), dtype=np.float32)
+    widths = np.zeros(lattice.h, dtype=np.int32)
+    for i, (tokens, scores) in enumerate(rows):
+        tokens_out[i, :len(tokens)], scores_out[i, :len(tokens)], widths[i] = tokens, scores, len(tokens)
+    return SausageLattice(tokens_out, scores_out, widths)
+
+
 class FullLattice:
     """Every head's top-k over the whole vocabulary (``SausageLattice.from_logits``), and the
     heads' entropies.
@@ -64,12 +102,23 @@ class FullLattice:
 
     def __init__(self, heads: Any, k: int, vocab_size: int) -> None:
         self.heads, self.k, self.vocab_size = heads, k, vocab_size
+        self.columns: Sequence[Sequence[int]] = ()
+
+    def unite(self, columns: Sequence[Sequence[int]]) -> None:
+        """Tokens the next lattice adds to its draft positions (``columns[j]``: position j + 2),
+        scored by the heads (:func:`united`)."""
+        self.columns = columns
 
     def __call__(self, hidden: torch.Tensor, ids: Sequence[int]) -> tuple[SausageLattice, Optional[np.ndarray]]:
         logits = head_logits(self.heads, hidden, self.vocab_size)
         lattice = SausageLattice.from_logits(logits, self.k, fix_first=True)
         lattice.tokens[0, 0] = ids[-1]  # head 1's arg-max, or the sampled token when sampling
-        return lattice, entropy_of_logprobs(torch.log_softmax(logits.float(), dim=-1))
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        if self.columns:
+            columns, self.columns = self.columns, ()
+            rows = logprobs.cpu().numpy()
+            lattice = united(lattice, columns, lambda row, tokens: rows[row, tokens])
+        return lattice, entropy_of_logprobs(logprobs)
 
 
 _RANKED: "weakref.WeakKeyDictionary[NGramLM, np.ndarray]" = weakref.WeakKeyDictionary()
@@ -135,9 +184,16 @@ class CandidateLattice:
         self.covered[static] = True
         self._rows, self._packed = _candidate_rows(heads.lm_head, static)
         self._candidate_ids = static  # column -> token id of the projection's output
+        self._column = np.full(vocab, -1, dtype=np.int64)  # token id -> column, -1 if not a candidate
+        self._column[static] = np.arange(len(static))
         self._extra_ids: list[int] = []
         self._extra_rows = weight.new_empty((0, weight.shape[1]))
         self._seen = 0  # tokens of the decoded text already added
+        self.columns: Sequence[Sequence[int]] = ()
+
+    def unite(self, columns: Sequence[Sequence[int]]) -> None:
+        """As :meth:`FullLattice.unite`; a token outside the candidate vocabulary is left out."""
+        self.columns = columns
 
     @staticmethod
     def supports(heads: Any) -> bool:
@@ -157,6 +213,7 @@ class CandidateLattice:
             self._extra_ids += fresh
             index = torch.tensor(fresh, dtype=torch.long, device=self.weight.device)
             self._extra_rows = torch.cat([self._extra_rows, self.weight.index_select(0, index)])
+            self._column[fresh] = np.arange(len(self._candidate_ids), len(self._candidate_ids) + len(fresh))
             self._candidate_ids = np.concatenate([self._candidate_ids, np.asarray(fresh, dtype=np.int64)])
 
     def _project(self, states: torch.Tensor) -> torch.Tensor:
@@ -174,7 +231,8 @@ class CandidateLattice:
         logits = self._project(states).float()
         k = min(self.k, logits.shape[1])
         values, index = torch.topk(logits, k, dim=-1)
-        scores = (values - torch.logsumexp(logits, dim=-1, keepdim=True)).cpu().numpy()
+        normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
+        scores = (values - normaliser).cpu().numpy()
         index = index.cpu().numpy()
         h = states.shape[0] + 1
         tokens = np.zeros((h, k), dtype=np.int32)
@@ -185,4 +243,21 @@ class CandidateLattice:
         out_scores[1:] = scores
         if not np.isfinite(out_scores).all():
             raise HeadsError("the heads' logits are not finite (NaN or inf)")
-        return SausageLattice(tokens, out_scores, widths), None
+        lattice = SausageLattice(tokens, out_scores, widths)
+        if self.columns:
+            columns, self.columns = self.columns, ()
+            lattice = united(lattice, columns, self._scorer(logits - normaliser))
+        return lattice, None
+
+    def _scorer(self, logprobs: torch.Tensor) -> Callable[[int, np.ndarray], np.ndarray]:
+        """``(row, tokens) -> log-probabilities`` over the candidates (NaN for other tokens);
+        ``logprobs`` `(h - 1, candidates)` are heads 2..h's, so lattice row r is ``r - 1``."""
+        rows = logprobs.cpu().numpy()
+        column = self._column
+
+        def score(row: int, tokens: np.ndarray) -> np.ndarray:
+            inside = (tokens >= 0) & (tokens < len(column))
+            at = np.where(inside, column[np.where(inside, tokens, 0)], -1)
+            return np.where(at >= 0, rows[row - 1, np.maximum(at, 0)], np.nan)
+
+        return score

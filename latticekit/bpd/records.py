@@ -25,11 +25,12 @@ __all__ = ["METHODS", "DecoderConfig", "StepRecord", "Decoding"]
 #: second under the device's measured step costs and online acceptance estimates.
 #: ``"headsfree"``: auto's chooser over the p most probable continuations of the decoded text
 #: under the n-gram models alone (its own n-gram cache and the static model), no heads.
-METHODS = ("greedy", "vanilla", "ngram", "neural", "oracle", "auto", "headsfree")
+#: ``"heads+ngram"``: auto with the heads' lattice columns united with those continuations.
+METHODS = ("greedy", "vanilla", "ngram", "neural", "oracle", "auto", "headsfree", "heads+ngram")
 #: k and p when a config leaves them out: auto picks among more candidates than it verifies.
-_DEFAULT_KP = {"auto": (8, 16), "headsfree": (1, 32)}
+_DEFAULT_KP = {"auto": (8, 16), "headsfree": (1, 32), "heads+ngram": (8, 16)}
 #: The cost-aware methods (auto's chooser): p candidates, alpha weighs the n-gram model.
-_CHOOSERS = ("auto", "headsfree")
+_CHOOSERS = ("auto", "headsfree", "heads+ngram")
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,15 @@ class DecoderConfig:
 
     Attributes:
         method: one of :data:`METHODS`.
-        k: arcs per lattice position (``ngram``, ``neural``, ``oracle``, ``auto``; ``vanilla``
-            only records them). Default 1; 8 for ``auto``.
+        k: arcs per lattice position (``ngram``, ``neural``, ``oracle``, ``auto``,
+            ``heads+ngram``; ``vanilla`` only records them). Default 1; 8 for ``auto`` and
+            ``heads+ngram``.
         p: drafts verified per step in one tree pass (``ngram``); candidate paths ``auto``
-            chooses its tree from, candidate nodes for ``headsfree``. Default 1; 16 for ``auto``,
-            32 for ``headsfree``.
-        alpha: n-gram weight (``ngram``, ``auto``) or rescorer weight (``neural``); 0 ranks paths
-            by the heads alone ("0-gram"); ``headsfree``: > 0 uses the static n-gram model, 0 the
-            decoded text's cache alone.
+            chooses its tree from, candidate nodes for ``headsfree``. Default 1; 16 for ``auto``
+            and ``heads+ngram``, 32 for ``headsfree``.
+        alpha: n-gram weight (``ngram``, ``auto``, ``heads+ngram``) or rescorer weight
+            (``neural``); 0 ranks paths by the heads alone ("0-gram"); ``headsfree``: > 0 uses the
+            static n-gram model, 0 the decoded text's cache alone.
         lm: name of the n-gram model to use (a key of the ``lms`` mapping given to the
             decoder); None for the only / default one.
         temperature: 0 for greedy decoding; > 0 samples through the adapter's lossless
@@ -94,7 +96,7 @@ class DecoderConfig:
         if self.name:
             return self.name
         parts = [self.method]
-        if self.method in ("ngram", "neural", "oracle", "auto"):
+        if self.method in ("ngram", "neural", "oracle", "auto", "heads+ngram"):
             parts.append(f"k={self.k}")
         if self.method in ("ngram",) + _CHOOSERS:
             parts += [f"p={self.p}", f"alpha={self.alpha:g}"]

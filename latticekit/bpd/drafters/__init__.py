@@ -10,6 +10,7 @@ neural       local rescoring with a small neural LM (the reference paper's Algor
 oracle       the lattice path with the longest accepted prefix (an upper bound)
 auto         per step, the tree of p-best nodes with the most expected tokens per second
 headsfree    auto's chooser over the n-gram models' most probable continuations, no heads
+heads+ngram  auto over the heads' lattice united with those continuations
 ===========  ================================================================================
 
 :func:`make_drafter` is the one place that maps a ``DecoderConfig.method`` to its class.
@@ -22,6 +23,7 @@ from typing import Any
 from latticekit.bpd.drafters.auto import AutoDrafter
 from latticekit.bpd.drafters.base import Draft, Drafter, DraftInput, DraftResources
 from latticekit.bpd.drafters.greedy import GreedyDrafter
+from latticekit.bpd.drafters.heads_ngram import HeadsNGramDrafter
 from latticekit.bpd.drafters.headsfree import HeadsFreeDrafter
 from latticekit.bpd.drafters.neural import NeuralDrafter
 from latticekit.bpd.drafters.ngram import NGramDrafter, select_lm, uniform_lm
@@ -43,6 +45,7 @@ __all__ = [
     "OracleDrafter",
     "AutoDrafter",
     "HeadsFreeDrafter",
+    "HeadsNGramDrafter",
     "argmax_draft",
     "oracle_draft",
     "drafter_class",
@@ -54,7 +57,7 @@ __all__ = [
 #: ``DecoderConfig.method`` -> its strategy.
 DRAFTERS: dict[str, type[Drafter]] = {
     cls.method: cls for cls in (GreedyDrafter, VanillaDrafter, NGramDrafter, NeuralDrafter, OracleDrafter,
-                                AutoDrafter, HeadsFreeDrafter)
+                                AutoDrafter, HeadsFreeDrafter, HeadsNGramDrafter)
 }
 
 
