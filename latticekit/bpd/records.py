@@ -25,7 +25,7 @@ __all__ = ["METHODS", "DecoderConfig", "StepRecord", "Decoding"]
 #: second under the device's measured step costs and online acceptance estimates.
 METHODS = ("greedy", "vanilla", "ngram", "neural", "oracle", "auto")
 #: k and p when a config leaves them out: auto picks among more candidates than it verifies.
-_DEFAULT_KP = {"auto": (8, 16)}
+_DEFAULT_KP = {"auto": (16, 16)}
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class DecoderConfig:
     Attributes:
         method: one of :data:`METHODS`.
         k: arcs per lattice position (``ngram``, ``neural``, ``oracle``, ``auto``; ``vanilla``
-            only records them). Default 1; 8 for ``auto``.
+            only records them). Default 1; 16 for ``auto``.
         p: drafts verified per step in one tree pass (``ngram``); candidate paths ``auto``
             chooses its tree from. Default 1; 16 for ``auto``.
         alpha: n-gram weight (``ngram``, ``auto``) or rescorer weight (``neural``); 0 ranks paths

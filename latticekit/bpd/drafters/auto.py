@@ -29,7 +29,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from latticekit.bpd.calibration import AcceptanceModel, CandidateTree, PendingLabels, node_features
+from latticekit.bpd.calibration import (
+    AcceptanceModel,
+    CandidateTree,
+    PendingLabels,
+    node_features,
+    shipped_acceptance,
+)
 from latticekit.bpd.costs import StepCosts
 from latticekit.bpd.drafters.base import Draft, Drafter, DraftInput, DraftResources
 from latticekit.bpd.drafters.ngram import select_lm, uniform_lm
@@ -74,7 +80,7 @@ class AutoDrafter(Drafter):
             no n-gram feature.
         costs: the target's measured step costs.
         acceptance: the acceptance model to start from (copied); default
-            :meth:`AcceptanceModel.prior`.
+            :meth:`AcceptanceModel.prior` (``from_config`` first looks for one shipped for the heads).
         max_nodes: the largest tree considered.
     """
 
@@ -106,7 +112,10 @@ class AutoDrafter(Drafter):
         lm = None
         if resources.lms is not None and (config.lm is not None or config.alpha > 0):
             lm = select_lm(config, resources.lms)
-        return cls(config, lm, resources.costs, resources.acceptance)
+        acceptance = resources.acceptance
+        if acceptance is None:
+            acceptance = shipped_acceptance(resources.heads)
+        return cls(config, lm, resources.costs, acceptance)
 
     def lattice_source(self, heads: Any, vocab_size: int) -> Any:
         from latticekit.bpd.lattices import CandidateLattice, FullLattice, lm_candidates
