@@ -102,7 +102,6 @@ class AutoDrafter(Drafter):
         self.overhead_s = 0.0  # running mean of a drafting step's lattice + search seconds
         self.probe_interval = 2
         self.plain_run = 0
-        self.last_expected = 1.0
 
     @classmethod
     def from_config(cls, config: DecoderConfig, resources: DraftResources) -> "AutoDrafter":
@@ -169,7 +168,6 @@ class AutoDrafter(Drafter):
         self.gain = (1 - _GAIN_SMOOTHING) * self.gain + _GAIN_SMOOTHING * gain
         if probing:
             self.probe_interval = 2 if self.gain >= 1.0 else min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
-        self.last_expected = expected
         if not len(chosen):
             return []
         has_child = np.zeros(tree.size, dtype=bool)
