@@ -37,8 +37,8 @@ time (nothing depends on wall-clock time). Training shards are filled in turn, t
 that has had the least compute time (weighted: instruction answers 2, code and English 1)
 first, so a run stopped early has data from every domain.
 
-Outputs besides the cache: ``benchmarks/results/heads/split.json`` (the rule, every held-out
-file per domain, the files and prompts used) and ``instruction_prompts.json`` (the held-out
+Outputs besides the cache: ``benchmarks/results/heads/split_v2.json`` (the rule, every held-out
+file per source in the manifest schema ``latticekit.bpd.evaluate`` reads, the files cached) and ``instruction_prompts.json`` (the held-out
 instruction prompts as text, the training prompts by id), and ``cache_heads.json`` (tokens and
 compute time per domain, written after every shard).
 
@@ -120,11 +120,10 @@ class Shard:
 
 
 def corpus_sequences(domain: str, split: str, budget: int, tokenizer: Any, args: argparse.Namespace
-                     ) -> tuple[np.ndarray, list[str], list[str]]:
-    """Token sequences `(n, seq_len)` of a corpus domain's split, the files used, all held-out files."""
+                     ) -> tuple[np.ndarray, list[tuple[str, str]]]:
+    """Token sequences `(n, seq_len)` of a corpus domain's split and the (source, file) pairs used."""
     files = [(source, rel) for name in DOMAINS[domain] for source in [SOURCES[name]] for rel in list_files(source)]
     files.sort(key=lambda f: (split_hash(f[0].key(f[1])), f[0].key(f[1])))
-    heldout_files = [s.key(rel) for s, rel in files if is_heldout(s.key(rel))]
     pool = [(s, rel) for s, rel in files if is_heldout(s.key(rel)) == (split == "heldout")]
     ids: list[int] = []
     used = []
@@ -135,35 +134,44 @@ def corpus_sequences(domain: str, split: str, budget: int, tokenizer: Any, args:
         if len(tokens) < 16:
             continue
         ids.extend(tokens + [tokenizer.eos_token_id])
-        used.append(source.key(rel))
+        used.append((source.name, rel))
     n_seq = min(len(ids), budget) // args.seq_len
-    return np.asarray(ids[: n_seq * args.seq_len], dtype=np.int32).reshape(n_seq, args.seq_len), used, heldout_files
+    return np.asarray(ids[: n_seq * args.seq_len], dtype=np.int32).reshape(n_seq, args.seq_len), used
 
 
 def plan(tokenizer: Any, args: argparse.Namespace) -> tuple[list[Shard], dict[str, list[Shard]], dict[str, Any]]:
-    """Held-out shards, training shards per domain (in order), and the split manifest."""
+    """Held-out shards, training shards per domain (in order), and the split manifest.
+
+    The manifest has one entry per source under ``domains`` in the schema that
+    ``latticekit.bpd.evaluate``'s ``--manifest`` reads (``root``, ``pattern``, ``heldout_files``
+    relative to the root), so held-out prompts can be drawn from it directly; ``training_domains``
+    says which sources make up each training domain.
+    """
     manifest: dict[str, Any] = {
-        "rule": f"a file is held out iff int(sha256(key)[:8], 16) % {HELDOUT_MOD} == 0; keys: code/<relpath> "
-                "(stdlib), english/<relpath> (Python docs), english/postgresql/<relpath> (PostgreSQL docs); "
-                "an instruction prompt is held out iff the file it quotes is",
-        "sources": {name: str(s.root) for name, s in SOURCES.items()},
+        "rule": f"a file is held out iff int(sha256(key)[:8], 16) % {HELDOUT_MOD} == 0, key = key_prefix + "
+                "relpath; an instruction prompt is held out iff the file it quotes is",
+        "training_domains": {d: list(sources) for d, sources in DOMAINS.items()},
         "domains": {},
     }
+    for name, source in SOURCES.items():
+        files = list_files(source)
+        manifest["domains"][name] = {"root": str(source.root), "pattern": source.pattern,
+                                     "key_prefix": source.key_prefix, "num_files": len(files),
+                                     "heldout_files": [rel for rel in files if is_heldout(source.key(rel))]}
     heldout: list[Shard] = []
     train: dict[str, list[Shard]] = {}
     for domain in ("code", "english"):
-        entry: dict[str, Any] = {"sources": list(DOMAINS[domain])}
-        shards: dict[str, list[Shard]] = {}
         for split, budget in (("heldout", args.heldout_tokens), ("train", args.train_tokens)):
-            seqs, used, entry["heldout_files"] = corpus_sequences(domain, split, budget, tokenizer, args)
-            entry[f"{split}_files_used"] = used
-            entry[f"{split}_tokens_planned"] = int(seqs.size)
-            shards[split] = [Shard(split, domain, i, sequences=seqs[i * SHARD_SEQS:(i + 1) * SHARD_SEQS])
-                             for i in range(math.ceil(len(seqs) / SHARD_SEQS))]
+            seqs, used = corpus_sequences(domain, split, budget, tokenizer, args)
+            for name in DOMAINS[domain]:
+                manifest["domains"][name][f"{split}_files_cached"] = [rel for src, rel in used if src == name]
+            shards = [Shard(split, domain, i, sequences=seqs[i * SHARD_SEQS:(i + 1) * SHARD_SEQS])
+                      for i in range(math.ceil(len(seqs) / SHARD_SEQS))]
+            if split == "heldout":
+                heldout += shards
+            else:
+                train[domain] = shards
             log(f"{domain}/{split}: {len(used)} files, {len(seqs)} sequences x {args.seq_len} tokens")
-        heldout += shards["heldout"]
-        train[domain] = shards["train"]
-        manifest["domains"][domain] = entry
     prompts = {split: instruction_prompts(split) for split in ("heldout", "train")}
     held = prompts["heldout"][: args.heldout_prompts]
     heldout += [Shard("heldout", "instruction", i, prompts=held[i * args.gen_batch:(i + 1) * args.gen_batch])
@@ -173,11 +181,11 @@ def plan(tokenizer: Any, args: argparse.Namespace) -> tuple[list[Shard], dict[st
                for p in sorted(prompts["train"][i:i + run], key=lambda p: (len(p["user"]), p["id"]))]
     train["instruction"] = [Shard("train", "instruction", i, prompts=ordered[i * args.gen_batch:(i + 1) * args.gen_batch])
                             for i in range(math.ceil(len(ordered) / args.gen_batch))]
-    manifest["domains"]["instruction"] = {
+    manifest["instruction"] = {
         "prompts": {split: len(p) for split, p in prompts.items()},
-        "heldout_prompts_answered": [p["id"] for p in held],
-        "note": "training prompts are answered in order until the token budget; "
-                "cache_heads.json says how many were",
+        "heldout_prompts_cached": [p["id"] for p in held],
+        "note": "instruction_prompts.json holds the prompts; training prompts are answered in order until the "
+                "token budget, cache_heads.json says how many were",
     }
     return heldout, train, manifest
 
@@ -343,7 +351,7 @@ def main() -> None:
     manifest["recipe"] = {"command": "PYTHONPATH=. python benchmarks/heads_data.py " + " ".join(sys.argv[1:]),
                           "model": description, "version": RECIPE_VERSION, **recipe}
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    write_json(args.results_dir / "split.json", manifest)
+    write_json(args.results_dir / "split_v2.json", manifest)
     write_json(args.results_dir / "instruction_prompts.json", prompt_sets(args))
     if args.plan_only:
         return

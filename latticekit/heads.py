@@ -222,12 +222,14 @@ class BlockHeads(nn.Module):
         self.metadata: dict[str, Any] = dict(metadata or {})
 
     @classmethod
-    def for_model(cls, model: Any, num_heads: int = 8) -> "BlockHeads":
+    def for_model(cls, model: Any, num_heads: int = 8, *, layer: str = "mlp", num_layers: int = 1) -> "BlockHeads":
         """Fresh heads for an HF causal LM; its output projection is shared and frozen.
 
         Args:
             model: a ``transformers`` causal LM (anything with ``get_output_embeddings()``).
             num_heads: h, counting the model's own head.
+            layer: ``"mlp"`` or ``"medusa"`` residual layers.
+            num_layers: residual layers per head.
 
         Returns:
             Heads on the model's device and dtype; head 1 is the model's own head and every
@@ -239,7 +241,7 @@ class BlockHeads(nn.Module):
         lm_head = _output_projection(model)
         lm_head.requires_grad_(False)
         metadata = {"base_model": _model_name(model), "lm_head_fingerprint": _fingerprint(lm_head.weight)}
-        return cls(lm_head, num_heads, metadata=metadata)
+        return cls(lm_head, num_heads, metadata=metadata, layer=layer, num_layers=num_layers)
 
     @classmethod
     def from_medusa(cls, path: Union[str, os.PathLike], model: Any) -> "BlockHeads":
