@@ -54,6 +54,7 @@ from heads_data import CACHE, DOMAINS, RESULTS, load_domain, log, write_json
 from latticekit.heads import BlockHeads
 
 TOPK = (1, 8, 16)
+ROOT = Path(__file__).resolve().parent
 
 
 def label_index(segment: np.ndarray, num_heads: int) -> np.ndarray:
@@ -137,6 +138,26 @@ def drafting_ms(heads: BlockHeads, repeats: int = 200) -> float:
             heads(hidden)
             times.append(time.perf_counter() - t0)
     return round(1e3 * statistics.median(times), 3)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The run's held-out table (and that of every compared heads file), per domain."""
+    rows = [(results["name"], results["heldout"], results["drafting_ms"], results.get("heads_file_bytes"))]
+    rows += [(Path(path).name, r["heldout"], r["drafting_ms"], r["bytes"]) for path, r in results["compare"].items()]
+    lines = [f"# Heads run `{results['name']}`", "", f"Command: `{results['command']}`", "",
+             f"Training positions {json.dumps(results['train_positions'])}, {results['recipe']['steps']} steps, "
+             f"{results['train_s'] / 60:.1f} min; held-out positions {json.dumps(results['heldout_positions'])}. "
+             "Full vocabulary, labels = the model's own greedy tokens.", ""]
+    for domain in results["heldout"]:
+        lines += [f"## {domain}", "", "| heads | bytes | drafting ms | " + " | ".join(
+            f"head {i + 1} top-1 / top-16" for i in range(1, len(results["heldout"][domain]["top1"]))) + " |",
+            "|---|---:|---:|" + "---:|" * (len(results["heldout"][domain]["top1"]) - 1)]
+        for name, heldout, ms, size in rows:
+            r = heldout[domain]
+            lines.append(f"| {name} | {size or ''} | {ms} | " + " | ".join(
+                f"{a:.3f} / {b:.3f}" for a, b in zip(r["top1"][1:], r["top16"][1:])) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def lr_at(step: int, args: argparse.Namespace) -> float:
@@ -255,7 +276,7 @@ def main() -> None:
     heads.metadata["heldout_top1_model_labels"] = {d: r["top1"] for d, r in results["heldout"].items()}
     if args.out:
         heads.save(args.out, dtype=torch.float16)
-        results["heads_file"] = str(args.out)
+        results["heads_file"] = str(args.out.resolve().relative_to(ROOT.parent)) if args.out.resolve().is_relative_to(ROOT.parent) else str(args.out)
         results["heads_file_bytes"] = args.out.stat().st_size
     results["compare"] = {}
     for path in args.compare:
@@ -264,6 +285,7 @@ def main() -> None:
                                          "drafting_ms": drafting_ms(other), "bytes": path.stat().st_size}
     args.results_dir.mkdir(parents=True, exist_ok=True)
     write_json(args.results_dir / f"{args.name}.json", results)
+    (args.results_dir / f"{args.name}.md").write_text(markdown(results))
     log(f"{args.name}: head-2 top-1 " + json.dumps({d: r["top1"][1] for d, r in results["heldout"].items()})
         + f", drafting {results['drafting_ms']} ms")
 
