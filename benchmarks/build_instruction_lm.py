@@ -19,6 +19,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,10 @@ def write_answers(split: str, cache_dir: Path, path: Path) -> dict[str, int]:
                 tokens += len(ids)
     path.with_suffix(".tmp").replace(path)
     return {"answers": answers, "tokens": tokens}
+
+
+def _ppl(result: Any) -> dict[str, float]:
+    return {"perplexity": round(result.perplexity, 2), "oov_rate": round(result.oovs / max(1, result.words), 4)}
 
 
 def main() -> None:
@@ -74,9 +79,9 @@ def main() -> None:
         "arpa": str(arpa.relative_to(ROOT.parent)) if arpa.is_relative_to(ROOT.parent) else str(arpa),
         "corpora": sizes, "order": args.order, "min_counts": min_counts, "ngrams": list(model.counts),
         "build_s": round(build_s, 1),
-        "heldout_perplexity": {"instruction_lm": round(perplexity_of_files(model, heldout).perplexity, 2),
-                               "shipped_code_docs_lm": round(perplexity_of_files(read_arpa(str(SHIPPED)),
-                                                                                 heldout).perplexity, 2)},
+        "heldout": {name: _ppl(perplexity_of_files(lm, heldout))
+                    for name, lm in (("instruction_lm", model), ("shipped_code_docs_lm", read_arpa(str(SHIPPED))))},
+        "note": "perplexity skips OOVs, as ngramperplexity does: compare it together with the OOV rate",
     }
     write_json(RESULTS / "instruction_lm.json", result)
     log(json.dumps(result))
