@@ -454,7 +454,7 @@ class BlockHeads(nn.Module):
             heads = cls(lm_head, header["num_heads"], header["intermediate_size"], metadata=metadata,
                         token_map=tensors.pop("token_map", None), **structure)
             heads.load_weights({k: v.to(lm_head.weight.dtype) for k, v in tensors.items()})
-        except (RuntimeError, TypeError, HeadsMismatchError) as exc:
+        except (RuntimeError, TypeError, ValueError) as exc:  # HeadsMismatchError is a ValueError
             raise HeadsFormatError(f"{path}: tensors do not match the header: {exc}") from exc
         return heads.eval()
 
