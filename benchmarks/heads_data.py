@@ -328,7 +328,7 @@ def main() -> None:
     parser.add_argument("--max-file-tokens", type=int, default=1024)
     parser.add_argument("--train-tokens", type=int, default=1_000_000, help="per domain")
     parser.add_argument("--heldout-tokens", type=int, default=16_384, help="per corpus domain")
-    parser.add_argument("--heldout-prompts", type=int, default=128, help="held-out prompts answered and cached")
+    parser.add_argument("--heldout-prompts", type=int, default=64, help="held-out prompts answered and cached")
     parser.add_argument("--gen-batch", type=int, default=64, help="prompts answered together")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--forward-batch", type=int, default=8, help="corpus sequences per forward")
