@@ -476,25 +476,39 @@ class BlockHeads(nn.Module):
 def _read(path: Union[str, os.PathLike]) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """Header and tensors of a heads file, with every failure as a HeadsFormatError.
 
-    The tensors are checked against the header before anything is allocated from it: one
-    block per head after the first, each tensor of the shape the sizes imply, of a
-    floating-point dtype, with finite values.
+    The tensors are checked against the header before anything is allocated from it: the heads
+    the header describes (sizes and structure: layer kind and count, own projections) are built
+    on the meta device, and the file must hold exactly their weights, each of the shape they
+    imply, of a floating-point dtype, with finite values (``token_map``: integers).
     """
     header, tensors = read_tagged_safetensors(path, FORMAT_NAME, FORMAT_VERSION, "heads", HeadsFormatError)
     for key in ("num_heads", "hidden_size", "vocab_size", "intermediate_size"):
         value = header.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise HeadsFormatError(f"{path}: header field {key!r} is missing or invalid")
+    structure = {k: header[k] for k in _STRUCTURE_DEFAULTS if k in header}
+    rows = structure.get("projection_rows")
+    if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
+        raise HeadsFormatError(f"{path}: header field 'projection_rows' is invalid: {rows!r}")
     try:
         with torch.device("meta"):  # shapes only, nothing allocated
-            block = ResidualBlock(header["hidden_size"], header["intermediate_size"]).state_dict()
-    except (RuntimeError, ValueError, OverflowError) as exc:  # sizes beyond any tensor
-        raise HeadsFormatError(f"{path}: the header's sizes describe no possible heads: {exc}") from exc
-    if len(tensors) != (header["num_heads"] - 1) * len(block):
-        raise HeadsFormatError(f"{path}: {len(tensors)} tensors, the header's {header['num_heads']} heads "
-                               f"need {(header['num_heads'] - 1) * len(block)}")
+            lm_head = nn.Linear(header["hidden_size"], header["vocab_size"], bias=False)
+            # one draft head stands for all: the header may claim a number of heads whose modules
+            # would take long to build even on the meta device
+            block = BlockHeads(lm_head, 2, header["intermediate_size"],
+                               **dict(structure, projection_rows=None)).blocks[0].state_dict()
+    except (RuntimeError, ValueError, TypeError, OverflowError) as exc:  # sizes beyond any tensor, bad fields
+        raise HeadsFormatError(f"{path}: the header describes no possible heads: {exc}") from exc
+    per_head = len(block) + (rows is not None)
+    expected = (header["num_heads"] - 1) * per_head + (rows is not None and "token_map" in tensors)
+    if len(tensors) != expected:
+        raise HeadsFormatError(f"{path}: {len(tensors)} tensors, the header's {header['num_heads']} heads need {expected}")
     shapes = {f"{i}.{name}": tuple(t.shape) for i in range(header["num_heads"] - 1) for name, t in block.items()}
-    check_weights(path, tensors, shapes, HeadsFormatError)
+    if rows is not None:  # each draft head's own projection, (rows, hidden), and its token ids
+        shapes |= {f"projections.{i}.weight": (rows, header["hidden_size"]) for i in range(header["num_heads"] - 1)}
+        if "token_map" in tensors:
+            shapes["token_map"] = (rows,)
+    check_weights(path, tensors, shapes, HeadsFormatError, integer=("token_map",))
     return header, tensors
 
 
