@@ -133,7 +133,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--trace-cache", default=str(ROOT / "cache" / "traces"))
-    p.add_argument("--prior-out", default=str(ROOT / "results" / "tune_auto_prior.json"))
+    p.add_argument("--prior-out", default=str(ROOT.parent / "latticekit" / "data" / "acceptance" / "smollm2-135m-h8.json"),
+                   help="where the fitted acceptance model goes (the package ships it for the default heads)")
+    p.add_argument("--prior-learning-rate", type=float, default=0.05, help="online learning rate stored with it")
     p.add_argument("--out", default=str(ROOT / "results"))
     args = p.parse_args()
 
@@ -183,6 +185,8 @@ def main() -> int:
         rows.append(row)
         log(" ".join(f"{k}={v}" for k, v in row.items() if not isinstance(v, dict)) + " | " + " ".join(
             f"{d}: {row[d]['tokens_per_call']:.3f} tok/call {row[d]['simulated_speedup']:.3f}x" for d in eval_half))
+    fitted.learning_rate = args.prior_learning_rate
+    Path(args.prior_out).parent.mkdir(parents=True, exist_ok=True)
     fitted.save(args.prior_out, {"heads": args.heads, "heads_fingerprint": heads_fingerprint(heads),
                                  "lm": repr(lm), "nodes": int(sum(len(v) for v in y)),
                                  "fit_on": {d: len(t) for d, t in fit_half.items()},

@@ -3,8 +3,11 @@
 A :class:`BlockHeads` module reads the target's final hidden state (the input of its output
 projection, after the final norm) and returns the logits of ``num_heads`` heads: head 1 is the
 model's own next-token head (its ``lm_head``), head ``i >= 2`` predicts token ``t + i`` through a
-residual feed-forward block ``h + W2 · silu(W1 · h)`` followed by the same, tied, frozen output
-projection. The base model stays frozen; only the blocks are trained.
+stack of residual layers followed by an output projection: by default one latticekit layer
+``h + W2 · silu(W1 · h)`` and the model's own, tied, frozen ``lm_head``. Medusa heads
+(``medusa`` layers ``x + silu(W x + b)``, each head with its own vocabulary projection) are the
+same class: :meth:`BlockHeads.from_medusa` reads them and :meth:`BlockHeads.save_medusa` writes
+them (``latticekit.medusa`` holds the two file formats). The base model stays frozen.
 
 This module needs torch; ``import latticekit`` does not import it.
 
@@ -41,6 +44,10 @@ FORMAT_NAME = "latticekit-block-heads"
 FORMAT_VERSION = 1
 DEFAULT_HEADS_PATH = Path(__file__).resolve().parent / "data" / "heads" / "smollm2-135m-h8.safetensors"
 
+# Header fields added after the first format, with the values that files without them mean.
+_STRUCTURE_DEFAULTS = {"layer": "mlp", "num_layers": 1, "layer_bias": True, "projection_rows": None,
+                       "logit_scale": 1.0}
+
 # Fixed flat indices of the output projection's weight whose values identify a base model;
 # the same indices on every machine, so a file trained on one copy loads on another.
 _FINGERPRINT_SIZE = 32
@@ -55,10 +62,10 @@ class HeadsMismatchError(LatticeKitError, ValueError):
 
 
 class ResidualBlock(nn.Module):
-    """``h + W2 · silu(W1 · h)``: one hidden layer with a residual connection.
+    """``h + W2 · silu(W1 · h + b1) + b2``: one hidden layer with a residual connection.
 
-    ``W2`` starts at zero, so a fresh block is exactly the identity and a fresh head starts as a
-    copy of the model's own next-token head.
+    ``W2`` and ``b2`` start at zero, so a fresh block is exactly the identity and a fresh head
+    starts as a copy of the model's own next-token head.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
@@ -70,6 +77,38 @@ class ResidualBlock(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         return hidden + self.down(nn.functional.silu(self.up(hidden)))
+
+
+class MedusaLayer(nn.Module):
+    """``x + silu(W x + b)``: Medusa's residual layer (``b`` optional, as in vLLM's format).
+
+    ``W`` and ``b`` start at zero, so a fresh layer is the identity.
+    """
+
+    def __init__(self, hidden_size: int, bias: bool = True) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size, bias=bias)
+        nn.init.zeros_(self.linear.weight)
+        if bias:
+            nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return hidden + nn.functional.silu(self.linear(hidden))
+
+
+LAYER_KINDS = ("mlp", "medusa")
+
+
+def _head_block(kind: str, num_layers: int, hidden_size: int, intermediate_size: int, bias: bool) -> nn.Module:
+    """One head's stack of residual layers.
+
+    A single layer is the block itself, so one-layer heads keep the tensor names of the first
+    file format (``{i}.up.weight``); deeper stacks are ``nn.Sequential`` (``{i}.{l}.up.weight``,
+    ``{i}.{l}.linear.weight``).
+    """
+    layers = [ResidualBlock(hidden_size, intermediate_size) if kind == "mlp" else MedusaLayer(hidden_size, bias)
+              for _ in range(num_layers)]
+    return layers[0] if num_layers == 1 else nn.Sequential(*layers)
 
 
 def _fingerprint(weight: Tensor) -> list[float]:
@@ -98,52 +137,99 @@ def _model_name(model: Any) -> str:
 class BlockHeads(nn.Module):
     """``num_heads`` draft heads over a frozen causal LM's final hidden state.
 
+    Head 1 is the model's own next-token head; head ``i >= 2`` is ``blocks[i - 2]`` (a stack of
+    ``num_layers`` residual layers of kind ``layer``) followed by an output projection: the
+    model's own ``lm_head`` (tied, frozen) unless the heads have their own vocabulary
+    projections (``projections``, as Medusa heads do).
+
     Attributes:
         num_heads: h, including head 1 (the model's own next-token head).
         hidden_size: d, the size of the final hidden state.
-        vocab_size: V, the size of the output projection.
-        intermediate_size: the width of each residual block's hidden layer.
-        blocks: ``num_heads - 1`` :class:`ResidualBlock`; ``blocks[i - 2]`` serves head i.
+        vocab_size: V, the size of the model's output projection.
+        intermediate_size: the width of each ``mlp`` layer's hidden layer (d for ``medusa``).
+        layer: ``"mlp"`` (``h + W2 · silu(W1 · h + b1) + b2``) or ``"medusa"`` (``x + silu(W x + b)``).
+        num_layers: residual layers per head.
+        blocks: ``num_heads - 1`` blocks; ``blocks[i - 2]`` serves head i.
         lm_head: the model's own output projection, shared (tied) and frozen.
+        projections: None (heads 2..h use ``lm_head``) or ``num_heads - 1`` linear maps
+            `(hidden,) -> (len(token_map) or vocab,)`, one per head.
+        token_map: None, or the token ids `(V',)` that the rows of ``projections`` score;
+            every other token then gets logit ``-inf`` from heads 2..h (vLLM's truncated vocabulary).
+        logit_scale: heads 2..h's logits are multiplied by it (vLLM's ``logit_scale``).
         metadata: what :meth:`save` records besides the weights (base model name, recipe, ...).
     """
 
     def __init__(self, lm_head: nn.Module, num_heads: int = 8, intermediate_size: Optional[int] = None,
-                 metadata: Optional[dict[str, Any]] = None) -> None:
+                 metadata: Optional[dict[str, Any]] = None, *, layer: str = "mlp", num_layers: int = 1,
+                 layer_bias: bool = True, projection_rows: Optional[int] = None,
+                 token_map: Optional[Tensor] = None, logit_scale: float = 1.0) -> None:
         """Fresh heads on an output projection.
 
         Args:
             lm_head: the target's output projection (a module with a ``weight`` of shape
                 `(vocab, hidden)`), shared, not copied.
             num_heads: h >= 1, counting the model's own head.
-            intermediate_size: hidden-layer width of each block; defaults to the hidden size.
+            intermediate_size: hidden-layer width of each ``mlp`` layer; defaults to the hidden size.
             metadata: JSON-serialisable facts to keep with the weights.
+            layer: ``"mlp"`` or ``"medusa"``.
+            num_layers: residual layers per head (>= 1).
+            layer_bias: whether ``medusa`` layers have a bias.
+            projection_rows: None for the tied ``lm_head``; else every head 2..h gets its own
+                projection with this many rows, initialised from ``lm_head`` (or from its
+                ``token_map`` rows).
+            token_map: the token ids `(V',)` of the projections' rows (needs ``projection_rows``
+                = V').
+            logit_scale: multiplies heads 2..h's logits.
 
         Raises:
-            HeadsMismatchError: num_heads < 1 or the projection has no 2-d weight.
+            HeadsMismatchError: an argument is out of range or the projection has no 2-d weight.
         """
         super().__init__()
         weight = getattr(lm_head, "weight", None)
         if not isinstance(weight, Tensor) or weight.dim() != 2:
             raise HeadsMismatchError("lm_head must have a 2-d weight of shape (vocab, hidden)")
-        if int(num_heads) < 1:
-            raise HeadsMismatchError(f"num_heads must be >= 1, got {num_heads}")
+        if int(num_heads) < 1 or int(num_layers) < 1 or layer not in LAYER_KINDS:
+            raise HeadsMismatchError(f"need num_heads >= 1, num_layers >= 1 and layer in {LAYER_KINDS}, got "
+                                     f"{num_heads}, {num_layers}, {layer!r}")
         self.num_heads = int(num_heads)
         self.vocab_size, self.hidden_size = (int(n) for n in weight.shape)
-        self.intermediate_size = int(intermediate_size or self.hidden_size)
+        self.layer, self.num_layers, self.layer_bias = layer, int(num_layers), bool(layer_bias or layer == "mlp")
+        self.intermediate_size = int(intermediate_size or self.hidden_size) if layer == "mlp" else self.hidden_size
         self.lm_head = lm_head
         self.blocks = nn.ModuleList(
-            ResidualBlock(self.hidden_size, self.intermediate_size) for _ in range(self.num_heads - 1)
+            _head_block(layer, self.num_layers, self.hidden_size, self.intermediate_size, self.layer_bias)
+            for _ in range(self.num_heads - 1)
         ).to(device=weight.device, dtype=weight.dtype)
+        self.projections: Optional[nn.ModuleList] = None
+        if token_map is not None:
+            token_map = torch.as_tensor(token_map, dtype=torch.long, device=weight.device)
+            if (token_map.dim() != 1 or projection_rows != len(token_map)
+                    or int(token_map.min()) < 0 or int(token_map.max()) >= self.vocab_size):
+                raise HeadsMismatchError(f"token_map must be {projection_rows} token ids below {self.vocab_size}")
+        self.token_map: Optional[Tensor]
+        self.register_buffer("token_map", token_map)
+        if projection_rows is not None:
+            init = weight.detach() if token_map is None else weight.detach()[token_map]
+            if init.shape[0] != projection_rows:
+                raise HeadsMismatchError(f"projection_rows {projection_rows} != vocabulary {self.vocab_size} "
+                                         "(a smaller projection needs a token_map)")
+            self.projections = nn.ModuleList(nn.Linear(self.hidden_size, projection_rows, bias=False)
+                                             for _ in range(self.num_heads - 1)).to(weight.device, weight.dtype)
+            with torch.no_grad():
+                for projection in self.projections:
+                    projection.weight.copy_(init)
+        self.logit_scale = float(logit_scale)
         self.metadata: dict[str, Any] = dict(metadata or {})
 
     @classmethod
-    def for_model(cls, model: Any, num_heads: int = 8) -> "BlockHeads":
+    def for_model(cls, model: Any, num_heads: int = 8, *, layer: str = "mlp", num_layers: int = 1) -> "BlockHeads":
         """Fresh heads for an HF causal LM; its output projection is shared and frozen.
 
         Args:
             model: a ``transformers`` causal LM (anything with ``get_output_embeddings()``).
             num_heads: h, counting the model's own head.
+            layer: ``"mlp"`` or ``"medusa"`` residual layers.
+            num_layers: residual layers per head.
 
         Returns:
             Heads on the model's device and dtype; head 1 is the model's own head and every
@@ -155,7 +241,82 @@ class BlockHeads(nn.Module):
         lm_head = _output_projection(model)
         lm_head.requires_grad_(False)
         metadata = {"base_model": _model_name(model), "lm_head_fingerprint": _fingerprint(lm_head.weight)}
-        return cls(lm_head, num_heads, metadata=metadata)
+        return cls(lm_head, num_heads, metadata=metadata, layer=layer, num_layers=num_layers)
+
+    @classmethod
+    def from_medusa(cls, path: Union[str, os.PathLike], model: Any) -> "BlockHeads":
+        """Medusa heads from a FasterDecoding or vLLM checkpoint (``latticekit.medusa``).
+
+        Medusa head k predicts token t + k + 2 and becomes head k + 2 here; head 1 is the
+        model's own. A ``.pt`` / ``.bin`` file is read with ``torch.load(weights_only=True)``.
+
+        Args:
+            path: the checkpoint folder (``config.json`` and its weights file) or the weights file.
+            model: the HF causal LM the heads were trained for.
+
+        Returns:
+            Heads with ``layer="medusa"``, on the model's device and dtype, in eval mode. Heads
+            whose projections all equal the model's ``lm_head`` share it instead of copying it.
+
+        Raises:
+            HeadsFormatError: the checkpoint is missing, damaged or inconsistent.
+            HeadsMismatchError: it was made for another hidden size or vocabulary.
+        """
+        from latticekit.medusa import read_medusa
+
+        fmt, checkpoint = read_medusa(path)
+        lm_head = _output_projection(model)
+        weight = lm_head.weight
+        vocab_size, hidden_size = (int(n) for n in weight.shape)
+        if (checkpoint.hidden_size, checkpoint.vocab_size) != (hidden_size, vocab_size):
+            raise HeadsMismatchError(f"{path}: Medusa heads for hidden size {checkpoint.hidden_size} and vocabulary "
+                                     f"{checkpoint.vocab_size}, the model has {hidden_size} and {vocab_size}")
+        biases = {bias is not None for head in checkpoint.layers for _, bias in head}
+        if len(biases) != 1:
+            raise HeadsFormatError(f"{path}: some Medusa layers have a bias and some do not")
+        projections = checkpoint.projections
+        if projections is not None and checkpoint.token_map is None and all(
+                torch.equal(p.to(weight.device, weight.dtype), weight.detach()) for p in projections):
+            projections = None  # copies of the model's own lm_head: tie instead
+        lm_head.requires_grad_(False)
+        heads = cls(lm_head, checkpoint.num_heads + 1, layer="medusa", num_layers=checkpoint.num_layers,
+                    layer_bias=biases.pop(), projection_rows=None if projections is None else len(projections[0]),
+                    token_map=checkpoint.token_map, logit_scale=checkpoint.logit_scale,
+                    metadata={"base_model": _model_name(model), "lm_head_fingerprint": _fingerprint(weight),
+                              "medusa_format": fmt, "medusa_source": os.path.basename(os.fspath(path))})
+        with torch.no_grad():
+            for block, layers in zip(heads.blocks, checkpoint.layers):
+                for layer, (w, b) in zip(block if heads.num_layers > 1 else [block], layers):
+                    layer.linear.weight.copy_(w)
+                    if b is not None:
+                        layer.linear.bias.copy_(b)
+            for projection, w in zip(heads.projections or [], projections or []):
+                projection.weight.copy_(w)
+        return heads.eval()
+
+    def save_medusa(self, folder: Union[str, os.PathLike], format: str = "vllm",
+                    dtype: Optional[torch.dtype] = None) -> None:
+        """Write the heads as a Medusa checkpoint folder that serving engines read.
+
+        Head i (>= 2) becomes Medusa head i - 2; head 1 (the model's own) is not written. Heads
+        that share the model's ``lm_head`` write it as their projection (vLLM:
+        ``original_lm_head``, one copy; FasterDecoding: one copy per head).
+
+        Args:
+            folder: created if missing; ``config.json`` and the weights file are written atomically.
+            format: ``"vllm"`` (``model.safetensors``) or ``"medusa"`` (FasterDecoding's
+                ``medusa_lm_head.safetensors``).
+            dtype: store floating-point weights in this dtype; default: as they are.
+
+        Raises:
+            HeadsMismatchError: the heads have ``mlp`` layers, or ``format="medusa"`` and a
+                head's layers differ (that format shares one layer's weights across a head's layers),
+                or they use a truncated vocabulary or a logit scale.
+            ValueError: an unknown format.
+        """
+        from latticekit.medusa import write_medusa
+
+        write_medusa(folder, self, format, dtype)
 
     def head_states(self, hidden: Tensor) -> Tensor:
         """The inputs of the output projection for every head.
@@ -190,7 +351,18 @@ class BlockHeads(nn.Module):
         Raises:
             HeadsMismatchError: the last dimension is not ``hidden_size``.
         """
-        return self.lm_head(self.head_states(hidden))
+        states = self.head_states(hidden)
+        if self.projections is None and self.logit_scale == 1.0:
+            return self.lm_head(states)
+        own = self.lm_head(states[..., :1, :])
+        if self.projections is None:
+            return torch.cat([own, self.logit_scale * self.lm_head(states[..., 1:, :])], dim=-2)
+        drafts = [self.logit_scale * projection(states[..., i + 1, :]) for i, projection in enumerate(self.projections)]
+        if self.token_map is not None:
+            full = own.new_full((*own.shape[:-2], len(drafts), self.vocab_size), float("-inf"))
+            full[..., self.token_map] = torch.stack(drafts, dim=-2)
+            return torch.cat([own, full], dim=-2)
+        return torch.cat([own, torch.stack(drafts, dim=-2)], dim=-2)
 
     def save(self, path: Union[str, os.PathLike], dtype: Optional[torch.dtype] = None) -> None:
         """Write the blocks' weights and the metadata to a safetensors file, atomically.
@@ -204,8 +376,12 @@ class BlockHeads(nn.Module):
         """
         from safetensors.torch import save as st_save
 
-        tensors = {name: t.detach().to("cpu", dtype or t.dtype).contiguous()
-                   for name, t in self.blocks.state_dict().items()}
+        weights = dict(self.blocks.state_dict())
+        if self.projections is not None:
+            weights |= {f"projections.{name}": t for name, t in self.projections.state_dict().items()}
+        tensors = {name: t.detach().to("cpu", dtype or t.dtype).contiguous() for name, t in weights.items()}
+        if self.token_map is not None:
+            tensors["token_map"] = self.token_map.detach().to("cpu", torch.int64).contiguous()
         header = {  # the structural fields come last: metadata cannot contradict the tensors
             **self.metadata,
             "format": FORMAT_NAME,
@@ -214,10 +390,17 @@ class BlockHeads(nn.Module):
             "hidden_size": self.hidden_size,
             "vocab_size": self.vocab_size,
             "intermediate_size": self.intermediate_size,
+            **self._structure(),
         }
         data = st_save(tensors, metadata={"latticekit": json.dumps(header)})
         with atomic_write(path) as f:
             f.write(data)
+
+    def _structure(self) -> dict[str, Any]:
+        """The header fields (beyond the first format's) that say how to rebuild the heads."""
+        return {"layer": self.layer, "num_layers": self.num_layers, "layer_bias": self.layer_bias,
+                "projection_rows": None if self.projections is None else int(self.projections[0].weight.shape[0]),
+                "logit_scale": self.logit_scale}
 
     @staticmethod
     def read_metadata(path: Union[str, os.PathLike]) -> dict[str, Any]:
@@ -263,39 +446,69 @@ class BlockHeads(nn.Module):
                     "output weights differ from this model's"
                 )
         lm_head.requires_grad_(False)
+        structure = {k: header[k] for k in _STRUCTURE_DEFAULTS if k in header}  # absent from first-format files
         metadata = {k: v for k, v in header.items()
                     if k not in ("format", "version", "num_heads", "hidden_size", "vocab_size",
-                                 "intermediate_size")}
-        heads = cls(lm_head, header["num_heads"], header["intermediate_size"], metadata=metadata)
+                                 "intermediate_size", *_STRUCTURE_DEFAULTS)}
         try:
-            heads.blocks.load_state_dict({k: v.to(lm_head.weight.dtype) for k, v in tensors.items()})
-        except RuntimeError as exc:
+            heads = cls(lm_head, header["num_heads"], header["intermediate_size"], metadata=metadata,
+                        token_map=tensors.pop("token_map", None), **structure)
+            heads.load_weights({k: v.to(lm_head.weight.dtype) for k, v in tensors.items()})
+        except (RuntimeError, TypeError, ValueError) as exc:  # HeadsMismatchError is a ValueError
             raise HeadsFormatError(f"{path}: tensors do not match the header: {exc}") from exc
         return heads.eval()
+
+    def load_weights(self, tensors: dict[str, Tensor]) -> None:
+        """Set every trainable weight from tensors named as :meth:`save` names them.
+
+        Raises:
+            RuntimeError: a tensor is missing, unexpected or of the wrong shape.
+        """
+        own = {name: t for name, t in tensors.items() if not name.startswith("projections.")}
+        self.blocks.load_state_dict(own)
+        if self.projections is not None:
+            self.projections.load_state_dict({name[len("projections."):]: t for name, t in tensors.items()
+                                              if name.startswith("projections.")})
+        elif len(own) != len(tensors):
+            raise RuntimeError("projection tensors for heads that use the model's lm_head")
 
 
 def _read(path: Union[str, os.PathLike]) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """Header and tensors of a heads file, with every failure as a HeadsFormatError.
 
-    The tensors are checked against the header before anything is allocated from it: one
-    block per head after the first, each tensor of the shape the sizes imply, of a
-    floating-point dtype, with finite values.
+    The tensors are checked against the header before anything is allocated from it: the heads
+    the header describes (sizes and structure: layer kind and count, own projections) are built
+    on the meta device, and the file must hold exactly their weights, each of the shape they
+    imply, of a floating-point dtype, with finite values (``token_map``: integers).
     """
     header, tensors = read_tagged_safetensors(path, FORMAT_NAME, FORMAT_VERSION, "heads", HeadsFormatError)
     for key in ("num_heads", "hidden_size", "vocab_size", "intermediate_size"):
         value = header.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise HeadsFormatError(f"{path}: header field {key!r} is missing or invalid")
+    structure = {k: header[k] for k in _STRUCTURE_DEFAULTS if k in header}
+    rows = structure.get("projection_rows")
+    if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
+        raise HeadsFormatError(f"{path}: header field 'projection_rows' is invalid: {rows!r}")
     try:
         with torch.device("meta"):  # shapes only, nothing allocated
-            block = ResidualBlock(header["hidden_size"], header["intermediate_size"]).state_dict()
-    except (RuntimeError, ValueError, OverflowError) as exc:  # sizes beyond any tensor
-        raise HeadsFormatError(f"{path}: the header's sizes describe no possible heads: {exc}") from exc
-    if len(tensors) != (header["num_heads"] - 1) * len(block):
-        raise HeadsFormatError(f"{path}: {len(tensors)} tensors, the header's {header['num_heads']} heads "
-                               f"need {(header['num_heads'] - 1) * len(block)}")
+            lm_head = nn.Linear(header["hidden_size"], header["vocab_size"], bias=False)
+            # one draft head stands for all: the header may claim a number of heads whose modules
+            # would take long to build even on the meta device
+            block = BlockHeads(lm_head, 2, header["intermediate_size"],
+                               **dict(structure, projection_rows=None)).blocks[0].state_dict()
+    except (RuntimeError, ValueError, TypeError, OverflowError) as exc:  # sizes beyond any tensor, bad fields
+        raise HeadsFormatError(f"{path}: the header describes no possible heads: {exc}") from exc
+    per_head = len(block) + (rows is not None)
+    expected = (header["num_heads"] - 1) * per_head + (rows is not None and "token_map" in tensors)
+    if len(tensors) != expected:
+        raise HeadsFormatError(f"{path}: {len(tensors)} tensors, the header's {header['num_heads']} heads need {expected}")
     shapes = {f"{i}.{name}": tuple(t.shape) for i in range(header["num_heads"] - 1) for name, t in block.items()}
-    check_weights(path, tensors, shapes, HeadsFormatError)
+    if rows is not None:  # each draft head's own projection, (rows, hidden), and its token ids
+        shapes |= {f"projections.{i}.weight": (rows, header["hidden_size"]) for i in range(header["num_heads"] - 1)}
+        if "token_map" in tensors:
+            shapes["token_map"] = (rows,)
+    check_weights(path, tensors, shapes, HeadsFormatError, integer=("token_map",))
     return header, tensors
 
 

@@ -51,6 +51,8 @@ MAX_ORDER = 8
 PRIOR_WEIGHTS = (0.2, 0.35, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85)
 #: Positions the prior counts as: how fast the fitted weights leave it.
 PRIOR_POSITIONS = 8.0
+#: How many of the cached text's last tokens :meth:`CacheModel.sync` checks before extending it.
+_SYNC_CHECK = 16
 
 
 class CacheModel:
@@ -76,6 +78,8 @@ class CacheModel:
             raise DecoderConfigError(f"prior weights must lie in [0, 1), got {prior}")
         if vocab_size < 1:
             raise DecoderConfigError(f"vocab_size must be >= 1, got {vocab_size}")
+        if not (math.isfinite(prior_positions) and prior_positions > 0):
+            raise DecoderConfigError(f"prior_positions must be finite and > 0, got {prior_positions!r}")
         self.static = static
         self.successors = KatzSuccessors.of(static) if static is not None else None
         self.vocab_size = int(vocab_size)
@@ -125,7 +129,8 @@ class CacheModel:
         position (posterior of the cache at its match length), then counts the new n-grams.
         A text that is not an extension of the cached one starts the cache afresh."""
         have = len(self.ids)
-        if len(ids) < have or (have and int(ids[have - 1]) != self.ids[-1]):
+        tail = min(have, _SYNC_CHECK)  # the cached text's last tokens must be where they were
+        if len(ids) < have or (tail and [int(t) for t in ids[have - tail:have]] != self.ids[-tail:]):
             self._reset()
             have = 0
         if len(ids) == have:

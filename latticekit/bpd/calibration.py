@@ -15,8 +15,10 @@ probability with a logistic model of the node's features (:func:`node_features`)
 A feature a tree lacks (no heads: the heads-free drafter) is 0, so it adds nothing.
 
 A node's acceptance probability is the product of the conditionals along its path. The model
-starts from a prior (``AcceptanceModel.prior``: calibrated heads, P = q; or weights fitted
-offline with :meth:`AcceptanceModel.fit`) and takes one gradient step per labelled node as the
+starts from weights fitted offline for the heads at hand where latticekit ships them
+(:func:`shipped_acceptance`, fitted by ``benchmarks/tune_auto.py`` with :meth:`AcceptanceModel.fit`),
+else from a prior that takes the drafter at its word (``AcceptanceModel.prior``: P = q, q the
+head's or the cache model's probability), and takes one gradient step per labelled node as the
 decode goes: every candidate node, verified or not, is labelled as soon as the decoded text
 reaches its depth (:class:`PendingLabels`), so heads that do not know a domain are noticed
 within a few steps, even while nothing is verified.
@@ -27,6 +29,7 @@ Plain numpy; nothing here imports torch.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +40,8 @@ import numpy as np
 from latticekit._files import atomic_write
 from latticekit.bpd.errors import DecoderConfigError
 
-__all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "FEATURES", "node_features", "logit"]
+__all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "FEATURES", "node_features", "logit",
+           "shipped_acceptance"]
 
 _CLIP = 8.0  # logits are clipped to [-8, 8] (probabilities 3e-4 .. 0.9997)
 _SCALE = 4.0  # features enter the model divided by this, so one learning rate suits them all
@@ -79,7 +83,6 @@ class CandidateTree:
     def size(self) -> int:
         return int(self.tokens.shape[0])
 
-    @classmethod
     @classmethod
     def from_paths(cls, paths: Sequence[Sequence[int]], head_logprobs: Sequence[Sequence[float]],
                    ngram_logprobs: Optional[Sequence[Sequence[float]]] = None,
@@ -234,6 +237,36 @@ class AcceptanceModel:
             return cls(weights, float(data["learning_rate"]))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise DecoderConfigError(f"{path} is not a readable acceptance model: {exc}") from exc
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "data" / "acceptance"
+_FINGERPRINTS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
+def shipped_acceptance(heads: Any) -> Optional[AcceptanceModel]:
+    """The acceptance model fitted for ``heads`` that ships with latticekit
+    (``latticekit/data/acceptance/*.json``, matched by the heads' weights), or None.
+
+    ``benchmarks/tune_auto.py`` fits them on replayed decodes of tuning prompts.
+    """
+    from latticekit.bpd.replay import heads_fingerprint
+
+    if heads is None or not hasattr(heads, "state_dict"):
+        return None
+    try:
+        fingerprint = _FINGERPRINTS.get(heads)
+        if fingerprint is None:
+            fingerprint = _FINGERPRINTS[heads] = heads_fingerprint(heads)
+    except TypeError:  # heads that cannot be weakly referenced: hashed every time
+        fingerprint = heads_fingerprint(heads)
+    for path in sorted(SHIPPED.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("description", {}).get("heads_fingerprint") == fingerprint:
+            return AcceptanceModel.load(path)
+    return None
 
 
 class PendingLabels:

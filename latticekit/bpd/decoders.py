@@ -155,7 +155,7 @@ def decode(
         costs: ``auto`` only: the target's :class:`~latticekit.bpd.costs.StepCosts`; measured
             (and cached per model and device, :func:`~latticekit.bpd.costs.step_costs`) when None.
         acceptance: ``auto`` only: the :class:`~latticekit.bpd.calibration.AcceptanceModel` to
-            start from (default: its prior).
+            start from (default: the one shipped for these heads, else its prior).
         streamer: a ``transformers`` streamer (``TextStreamer``, ``TextIteratorStreamer``, ...):
             it gets the prompt, then the tokens of every step as they are decoded.
 
@@ -186,7 +186,8 @@ def decode(
 
         costs = step_costs(model)
     drafter = make_drafter(config, lms=lms, rescorer=rescorer, reference=reference,
-                           vocab_size=target.vocab_size, num_heads=num_heads, costs=costs, acceptance=acceptance)
+                           vocab_size=target.vocab_size, num_heads=num_heads, costs=costs, acceptance=acceptance,
+                           heads=heads)
     if drafter.k > target.vocab_size:
         raise DecoderConfigError(f"k={drafter.k} exceeds the vocabulary ({target.vocab_size})")
     source = drafter.lattice_source(heads, target.vocab_size) if heads is not None else None

@@ -28,7 +28,7 @@ __all__ = ["METHODS", "DecoderConfig", "StepRecord", "Decoding"]
 #: ``"heads+ngram"``: auto with the heads' lattice columns united with those continuations.
 METHODS = ("greedy", "vanilla", "ngram", "neural", "oracle", "auto", "headsfree", "heads+ngram")
 #: k and p when a config leaves them out: auto picks among more candidates than it verifies.
-_DEFAULT_KP = {"auto": (8, 16), "headsfree": (1, 32), "heads+ngram": (8, 16)}
+_DEFAULT_KP = {"auto": (16, 16), "headsfree": (1, 32), "heads+ngram": (16, 16)}
 #: The cost-aware methods (auto's chooser): p candidates, alpha weighs the n-gram model.
 _CHOOSERS = ("auto", "headsfree", "heads+ngram")
 
@@ -40,7 +40,7 @@ class DecoderConfig:
     Attributes:
         method: one of :data:`METHODS`.
         k: arcs per lattice position (``ngram``, ``neural``, ``oracle``, ``auto``,
-            ``heads+ngram``; ``vanilla`` only records them). Default 1; 8 for ``auto`` and
+            ``heads+ngram``; ``vanilla`` only records them). Default 1; 16 for ``auto`` and
             ``heads+ngram``.
         p: drafts verified per step in one tree pass (``ngram``); candidate paths ``auto``
             chooses its tree from, candidate nodes for ``headsfree``. Default 1; 16 for ``auto``

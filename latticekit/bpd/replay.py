@@ -326,7 +326,9 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
         drafts = drafter.draft(step)
         search_s = time.perf_counter() - t0 + prepare_s
         # a greedy tree pass accepts the longest prefix any draft shares with the greedy tokens
-        a = max((accepted_length(draft, cont[i + 1: i + h]) for draft in drafts), default=0)
+        # (drafts from the n-gram models may reach past the heads: the trace's end bounds them)
+        reach = max((len(draft) for draft in drafts), default=0)
+        a = max((accepted_length(draft, cont[i + 1: i + 1 + reach]) for draft in drafts), default=0)
         emitted = tuple(cont[i + 1: i + 2 + a])
         drafter.observe(step, drafts, emitted)
         if step.has_lattice:

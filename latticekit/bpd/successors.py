@@ -42,6 +42,11 @@ LN10 = math.log(10.0)
 MAX_STATES = 200_000
 
 
+def _is_token_id(word: str) -> bool:
+    """Is ``word`` a token id as the core spells one (ASCII decimal, no sign, no leading zero)?"""
+    return word.isascii() and word.isdigit() and str(int(word)) == word
+
+
 class KatzSuccessors:
     """The next-token index of one :class:`NGramLM` over token ids (words spelled as decimal ids).
 
@@ -53,7 +58,7 @@ class KatzSuccessors:
 
     def __init__(self, lm: NGramLM) -> None:
         words = lm.words
-        token_of = np.array([int(w) if w.isdigit() else -1 for w in words], dtype=np.int64)
+        token_of = np.array([int(w) if _is_token_id(w) else -1 for w in words], dtype=np.int64)
         if not (token_of >= 0).any():
             raise DecoderConfigError("the static n-gram model's words must be token ids (decimal)")
         self.lm = lm
@@ -62,7 +67,7 @@ class KatzSuccessors:
         self.token_of = token_of  # word id -> token id, -1 for <unk>, <s>, </s>
         self.word_of = np.zeros(int(token_of.max()) + 1, dtype=np.int64)  # token id -> word id (0: <unk>)
         self.word_of[token_of[token_of >= 0]] = np.nonzero(token_of >= 0)[0]
-        # Per order n (index n - 1): sorted keys, and the rows re-sorted by (prefix, -log10 p, word).
+        # Per order n (index n - 1): sorted keys, and the rows re-sorted by (prefix, -log10 p, token id).
         self.keys: list[np.ndarray] = []
         self.backoff: list[np.ndarray] = []
         self.log10p: list[np.ndarray] = []
@@ -78,7 +83,7 @@ class KatzSuccessors:
                 if (prefix < 0).any():  # the model fills missing prefixes in; a guard all the same
                     raise DecoderConfigError("the n-gram model is not prefix-closed")
                 keys = prefix * self.base + ids[:, n - 1]
-            rank = np.lexsort((ids[:, n - 1], -log10p.astype(np.float64), keys // self.base))
+            rank = np.lexsort((token_of[ids[:, n - 1]], -log10p.astype(np.float64), keys // self.base))
             self.keys.append(keys)
             self.log10p.append(log10p)
             self.backoff.append(backoff)

@@ -193,7 +193,7 @@ def setup() -> tuple[Any, list[int], PeekingHeads]:
 
 def test_auto_defaults_and_label() -> None:
     config = DecoderConfig.parse("auto")
-    assert (config.k, config.p) == (8, 16) and config.label == "auto k=8 p=16 alpha=1"
+    assert (config.k, config.p) == (16, 16) and config.label == "auto k=16 p=16 alpha=1"
     assert DecoderConfig("vanilla").k == 1 and DecoderConfig.parse("auto:k=4,p=2").p == 2
 
 
@@ -234,3 +234,21 @@ def test_replayed_auto_takes_the_decoded_steps(setup: Any, lm: lk.NGramLM) -> No
     assert [s.emitted for s in again.steps] == [s.emitted for s in real.steps]
     with pytest.raises(DecoderConfigError, match="step costs"):
         replay(trace, config, NEW, lms=lm)
+
+
+def test_shipped_acceptance_models_match_their_heads(setup: Any, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from latticekit.bpd import calibration
+    from latticekit.bpd.replay import heads_fingerprint
+
+    model, _, heads = setup
+    monkeypatch.setattr(calibration, "SHIPPED", tmp_path)
+    assert calibration.shipped_acceptance(heads) is None
+    fitted = AcceptanceModel(np.arange(9, dtype=float) / 10, learning_rate=0.01)
+    fitted.save(tmp_path / "these-heads.json", {"heads_fingerprint": heads_fingerprint(heads)})
+    (tmp_path / "broken.json").write_text("{")
+    found = calibration.shipped_acceptance(heads)
+    assert found is not None and found.learning_rate == 0.01
+    np.testing.assert_array_equal(found.weights, fitted.weights)
+    assert calibration.shipped_acceptance(RandomHeads(model, num_heads=H)) is None
+    assert calibration.shipped_acceptance(None) is None

@@ -30,7 +30,7 @@ def test_bpd_demo_on_a_tiny_model(capsys: pytest.CaptureFixture[str], tmp_path: 
                                    decoders=["auto", "vanilla:k=16"], rounds=2)
     out = capsys.readouterr().out
     assert "tokens/call" in out and "vs greedy" in out
-    assert set(report["decoders"]) == {"greedy", "auto k=8 p=16 alpha=1", "vanilla"}
+    assert set(report["decoders"]) == {"greedy", "auto k=16 p=16 alpha=1", "vanilla"}
     assert "prepared for cpu" in report["prepared"] and list(tmp_path.glob("latticekit/step-costs-*.json"))
     for ex in report["examples"]:
         assert ex["all_decoders_equal_greedy"] is True

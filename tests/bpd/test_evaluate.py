@@ -142,7 +142,7 @@ def test_cli_auto_on_both_engines(tmp_path: Path, capsys: pytest.CaptureFixture,
     data = json.loads((tmp_path / "eval.json").read_text())
     assert "prepared for cpu" in data["meta"]["prepared"]
     labels = [r["decoder"] for r in data["summary"]["prompts"]["decoders"]]
-    assert labels == ["greedy", "auto k=8 p=16 alpha=1 lm=3gram"]
+    assert labels == ["greedy", "auto k=16 p=16 alpha=1 lm=3gram"]
     decoded = json.loads((tmp_path / "decoded" / "eval.json").read_text())["summary"]["prompts"]["decoders"]
     assert all(r["exact"] for r in decoded)
 

@@ -15,8 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)  # the test models are tiny: one thread is fastest, and immune to a busy machine
 
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-
+from heads_helpers import HIDDEN, VOCAB, final_hidden, tiny_llama  # noqa: E402
 from latticekit.errors import LatticeKitError  # noqa: E402
 from latticekit.heads import (  # noqa: E402
     DEFAULT_HEADS_PATH,
@@ -25,21 +24,6 @@ from latticekit.heads import (  # noqa: E402
     HeadsMismatchError,
     default_heads,
 )
-
-VOCAB, HIDDEN = 64, 32
-
-
-def tiny_llama(seed: int = 0, hidden: int = HIDDEN, vocab: int = VOCAB) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      tie_word_embeddings=True)
-    return LlamaForCausalLM(cfg).eval()
-
-
-def final_hidden(model: LlamaForCausalLM, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model.model(input_ids=ids).last_hidden_state
 
 
 def randomize(heads: BlockHeads, seed: int = 1) -> None:

@@ -157,3 +157,17 @@ def test_prepared_decoders_reproduce_the_prepared_greedy_decode() -> None:
         assert decode(model, heads, prompt, DecoderConfig.parse(spec), max_new_tokens=30).tokens == want
     plain = np.array(greedy_decode(tiny_llama(), prompt, 30).tokens)
     assert (plain == np.array(want)).mean() > 0.9  # rounding may flip a near-tie, rarely
+
+
+def test_weights_the_cpu_kernel_does_not_take_are_left_alone() -> None:
+    # float64 here stands for any device or dtype oneDNN does not pack (a CUDA model): only the
+    # grouped-query attention changes, and the model still decodes like the unprepared one
+    plain = tiny_llama(dtype=torch.float64)
+    prepared = prepare_target(copy.deepcopy(plain))
+    prep = prepared.latticekit_preparation
+    assert prep.packed == 0 and prep.fused == 0 and prep.attention == ATTENTION
+    assert not any(isinstance(m, PackedLinear) for m in prepared.modules())
+    prefix = torch.tensor([3, 17, 42, 8, 25, 60, 11])
+    tree = DraftTree.from_drafts([[5, 6, 7], [5, 9], [10]])
+    outs = [tree_forward(m, prefill(m, prefix), prefix, tree) for m in (plain, prepared)]
+    torch.testing.assert_close(outs[1].logits, outs[0].logits, rtol=1e-9, atol=1e-9)

@@ -35,7 +35,13 @@ from typing import Any, Optional
 import numpy as np
 
 from latticekit.bpd.cache_model import CacheModel
-from latticekit.bpd.calibration import AcceptanceModel, CandidateTree, PendingLabels, node_features
+from latticekit.bpd.calibration import (
+    AcceptanceModel,
+    CandidateTree,
+    PendingLabels,
+    node_features,
+    shipped_acceptance,
+)
 from latticekit.bpd.continuations import best_continuations
 from latticekit.bpd.costs import StepCosts
 from latticekit.bpd.drafters.base import Draft, Drafter, DraftInput, DraftResources
@@ -83,7 +89,9 @@ class AutoDrafter(Drafter):
             no n-gram feature (without heads: the decoded text's cache alone).
         costs: the target's measured step costs.
         acceptance: the acceptance model to start from (copied); default
-            :meth:`AcceptanceModel.prior` trusting what drafts (the heads, or the cache model).
+            :meth:`AcceptanceModel.prior` trusting what drafts (the heads, or the cache model);
+            ``from_config`` first looks for one shipped for the heads (used when the heads draft
+            alone, ``auto`` with heads).
         max_nodes: the largest tree considered.
         vocab_size: the target's vocabulary (the cache model's uniform fallback without ``lm``).
 
@@ -109,13 +117,13 @@ class AutoDrafter(Drafter):
         self._acceptance: Optional[AcceptanceModel] = None
         self._cache_model: Optional[CacheModel] = None
         self.reads_heads = False
+        self.heads: Any = None  # the heads (from_config), for the acceptance model shipped for them
         self.max_nodes = int(max_nodes)
         self.pending = PendingLabels()
         self.gain = 1.0  # running estimate: drafting's tokens/s over plain steps' (1: break even)
         self.overhead_s = 0.0  # running mean of a drafting step's lattice + search seconds
         self.probe_interval = 2
         self.plain_run = 0
-        self.last_expected = 1.0
 
     @classmethod
     def from_config(cls, config: DecoderConfig, resources: DraftResources) -> "AutoDrafter":
@@ -128,7 +136,9 @@ class AutoDrafter(Drafter):
         vocab_size = resources.vocab_size
         if vocab_size is None and resources.largest_id is not None:
             vocab_size = resources.largest_id + 1
-        return cls(config, lm, resources.costs, resources.acceptance, vocab_size=vocab_size)
+        drafter = cls(config, lm, resources.costs, resources.acceptance, vocab_size=vocab_size)
+        drafter.heads = resources.heads
+        return drafter
 
     def lattice_source(self, heads: Any, vocab_size: int) -> Any:
         from latticekit.bpd.lattices import CandidateLattice, FullLattice, lm_candidates
@@ -153,6 +163,8 @@ class AutoDrafter(Drafter):
         """The online acceptance model (a copy of the one given, or the prior of :attr:`trust`)."""
         if self._acceptance is None:
             base = self.given_acceptance
+            if base is None and self.trust == "head":  # fitted for the heads drafting alone
+                base = shipped_acceptance(self.heads)
             if base is None:
                 base = AcceptanceModel.prior(trust=self.trust)
             self._acceptance = AcceptanceModel(base.weights, base.learning_rate)
@@ -198,6 +210,9 @@ class AutoDrafter(Drafter):
         return best_continuations(model, step.ids, self.config.p, MAX_NGRAM_DEPTH).tree()
 
     def draft(self, step: DraftInput) -> Draft:
+        if self._cache_model is None and self.trust != "head":
+            # the first sync reads the whole prompt once: not a per-step cost of drafting
+            self.cache_model(step.ids)
         t0 = time.perf_counter()
         if not self._wants_lattice():
             return []
@@ -219,7 +234,6 @@ class AutoDrafter(Drafter):
         self.gain = (1 - _GAIN_SMOOTHING) * self.gain + _GAIN_SMOOTHING * gain
         if probing:
             self.probe_interval = 2 if self.gain >= 1.0 else min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
-        self.last_expected = expected
         if not len(chosen):
             return []
         has_child = np.zeros(tree.size, dtype=bool)

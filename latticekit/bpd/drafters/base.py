@@ -85,6 +85,7 @@ class DraftResources:
         largest_id: the largest token id the drafter will read, where ``vocab_size`` is unknown.
         costs: the target's :class:`~latticekit.bpd.costs.StepCosts` (``auto``).
         acceptance: an :class:`~latticekit.bpd.calibration.AcceptanceModel` to start from (``auto``).
+        heads: the draft heads, where known (``auto`` looks up a shipped acceptance model for them).
     """
 
     lms: Any = None
@@ -95,6 +96,7 @@ class DraftResources:
     largest_id: Optional[int] = None
     costs: Any = None
     acceptance: Any = None
+    heads: Any = None
 
 
 class Drafter:

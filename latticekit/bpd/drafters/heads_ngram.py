@@ -88,6 +88,10 @@ class HeadsNGramDrafter(AutoDrafter):
                 tree.ngram_logprob[i], tree.cache_logprob[i] = static, mixed
         if self.lm is None:
             tree.ngram_logprob[:] = np.nan
+        # a continuation the heads did not propose (or past their reach) is taken at the cache
+        # model's word in the head's place: an absent feature would pull its estimate to 1/2
+        missing = np.isnan(tree.head_logprob)
+        tree.head_logprob[missing] = tree.cache_logprob[missing]
         return tree
 
 
