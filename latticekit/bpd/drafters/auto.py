@@ -14,8 +14,14 @@ Every step the drafter weighs what a tree costs against what it is expected to b
    parent); the step verifies the n maximising ``(1 + expected accepted) / target seconds(n)``.
    n = 0 is a plain greedy step.
 
-The heads' lattice and the search cost time of their own (measured as the decode runs). When
-even the best tree does not repay them (untrained heads, a domain the heads do not know), the
+The heads' lattice and the search cost time of their own (measured as the decode runs). The
+drafter keeps a running estimate of what drafting gains: per step that read the lattice, the
+chosen tree's expected tokens over its cost (the tree's target seconds and the drafting
+seconds), against a plain step's one token in a plain step's seconds. The expected accepted
+tokens are scaled by how well recent trees bore out their estimates (accepted over expected,
+decayed), so that heads confidently wrong (untrained ones copy head 1: sure of the wrong
+position) are found out by their outcomes within a few trees, before the acceptance model has
+learnt why. When even the best tree does not repay them (untrained heads, a domain the heads do not know), the
 drafter stops reading the lattice and decodes plainly, probing now and then (every 2, 4, ...,
 32 steps) whether drafting pays again; every probe's candidates still teach the acceptance
 model once the text reaches them.
@@ -59,7 +65,9 @@ CANDIDATE_TOKENS = 8192
 #: Probing while drafting does not pay: after 2 plain steps, then 4, ... up to this many.
 MAX_PROBE_INTERVAL = 32
 #: Weight of the newest step in the running estimate of what drafting gains.
-_GAIN_SMOOTHING = 0.3
+_GAIN_SMOOTHING = 0.2
+#: Decay per verified tree of the sums behind :attr:`AutoDrafter.realisation` (a memory of ~20 trees).
+_REALISED_DECAY = 0.95
 #: The longest continuation the n-gram models draft (heads-free candidates).
 MAX_NGRAM_DEPTH = 12
 
@@ -124,6 +132,8 @@ class AutoDrafter(Drafter):
         self.overhead_s = 0.0  # running mean of a drafting step's lattice + search seconds
         self.probe_interval = 2
         self.plain_run = 0
+        self._outcome: Optional[tuple[float, float, float, bool]] = None  # (expected, plain s, step s, probing)
+        self.realised = self.promised = 1.0  # decayed sums of accepted and expected accepted tokens
 
     @classmethod
     def from_config(cls, config: DecoderConfig, resources: DraftResources) -> "AutoDrafter":
@@ -229,11 +239,8 @@ class AutoDrafter(Drafter):
         else:
             overhead = time.perf_counter() - t0
             self.overhead_s = overhead if self.overhead_s == 0 else 0.8 * self.overhead_s + 0.2 * overhead
-        plain_s = self.costs.target_s(0, cached)
-        gain = expected * plain_s / (target_s + self.overhead_s)
-        self.gain = (1 - _GAIN_SMOOTHING) * self.gain + _GAIN_SMOOTHING * gain
-        if probing:
-            self.probe_interval = 2 if self.gain >= 1.0 else min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
+        # what the step is worth is weighed once it is verified (observe)
+        self._outcome = (expected, self.costs.target_s(0, cached), target_s + self.overhead_s, probing)
         if not len(chosen):
             return []
         has_child = np.zeros(tree.size, dtype=bool)
@@ -242,9 +249,26 @@ class AutoDrafter(Drafter):
         leaves = [int(i) for i in chosen if not has_child[i]]  # already most probable first
         return tree.paths_to(leaves)
 
+    @property
+    def realisation(self) -> float:
+        """Recently accepted tokens over the tokens the acceptance estimates expected (1: as
+        expected): the gain's correction for estimates the outcomes do not bear out."""
+        return self.realised / self.promised
+
     def observe(self, step: DraftInput, drafts: Draft, emitted: Sequence[int]) -> None:
         features, labels = self.pending.resolve(list(step.ids) + list(emitted))
         self.acceptance.update(features, labels)
+        if self._outcome is not None:  # a step that read the lattice: what drafting gains
+            expected, plain_s, spent_s, probing = self._outcome
+            self._outcome = None
+            if expected > 1.0:  # a tree was verified: do accepted tokens keep up with expectations?
+                self.realised = _REALISED_DECAY * self.realised + (len(emitted) - 1)
+                self.promised = _REALISED_DECAY * self.promised + (expected - 1)
+            gain = (1.0 + self.realisation * (expected - 1.0)) * plain_s / spent_s
+            # a probe's outcome decides alone: the estimate it replaces is stale by many steps
+            self.gain = gain if probing else (1 - _GAIN_SMOOTHING) * self.gain + _GAIN_SMOOTHING * gain
+            if probing:
+                self.probe_interval = 2 if self.gain >= 1.0 else min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
 
 
 def _arc_scores(lattice: SausageLattice, drafts: Sequence[Sequence[int]]) -> list[np.ndarray]:

@@ -1,0 +1,352 @@
+"""Benchmark: heads-free drafting against prompt lookup decoding, side by side, on one prepared target.
+
+Every decoder runs on the same prepared SmolLM2-135M-Instruct (``latticekit.torch.prepare_target``),
+prompt by prompt in rotating order, so machine noise reaches all alike, and every decoder's
+tokens are checked equal to latticekit's greedy decoding on that prompt:
+
+* ``greedy``: latticekit's plain greedy loop (the baseline);
+* ``pld:n=N,m=M``: transformers' prompt lookup decoding on the same model,
+  ``model.generate(prompt_lookup_num_tokens=N, max_matching_ngram_size=M, do_sample=False)``;
+  its target calls are counted with a forward hook (the prompt's forward, which also yields the
+  first token, counts as a call, as latticekit's first step does);
+* ``headsfree``: latticekit with no heads (the decoded text's n-gram cache and the shipped Katz
+  4-gram, ``latticekit.bpd.drafters.headsfree``);
+* ``heads+ngram``: the shipped heads' lattice united with those n-gram continuations;
+* ``auto``: the shipped heads and 4-gram as ``latticekit.generate`` uses them today.
+
+Domains (nothing the heads or the n-gram model saw):
+
+* ``code`` / ``english``: windows of ``--prompt-tokens`` tokens of the held-out files of the heads'
+  split (``benchmarks/results/heads/split.json``: CPython stdlib, Python docs);
+* ``instruction``: held-out requests through SmolLM2-Instruct's chat template, from
+  ``--instruction-prompts`` when that file exists (the heads' held-out instruction prompts), else
+  built by ``benchmarks/headsfree_prompts.py`` from held-out files;
+* ``copy``: copy-heavy requests from held-out files (add type hints, add a docstring, rename a
+  variable, fix an inserted typo; ``headsfree_prompts.py``), through the chat template.
+
+Per domain and decoder: tokens per target call, tokens/s (median over ``--repeats`` passes over
+the domain's prompts), its ratio to greedy's and to the best prompt-lookup variant's in the same
+pass, and for latticekit's drafters the milliseconds per step spent drafting and in the target.
+
+The machine this ran on has 2 cores shared with other work: run every chunk under
+``/tmp/lk/quiet`` (it stops other busy processes for the duration). A chunk is one domain and a
+range of its prompts (``--domain code --prompts 0:10``); each writes
+``<out>/chunks/<domain>-<a>-<b>.json``, and ``--merge`` assembles the report
+(``<out>/<name>.{json,md}``). The target's step costs are measured once (``--measure-costs``,
+written to ``<out>/step_costs.json``) and read by every chunk.
+
+Usage::
+
+    PYTHONPATH=. /tmp/lk/quiet python benchmarks/headsfree_speed.py --measure-costs
+    PYTHONPATH=. /tmp/lk/quiet python benchmarks/headsfree_speed.py --domain code --prompts 0:10
+    ...
+    PYTHONPATH=. python benchmarks/headsfree_speed.py --merge
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+PLD = tuple(f"pld:n={n},m={m}" for m in (2, 4) for n in (3, 5, 10))
+DEFAULT_DECODERS = ("greedy",) + PLD + ("headsfree", "heads+ngram", "auto")
+DOMAINS = ("code", "english", "instruction", "copy")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# -- prompts -------------------------------------------------------------------------------------
+
+def chat_ids(tokenizer: Any, user: str) -> list[int]:
+    ids = tokenizer.hf.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True,
+                                           tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def load_prompts(args: argparse.Namespace, tokenizer: Any, domain: str) -> tuple[list[dict[str, Any]], str]:
+    """The domain's prompts (``source``, ``ids``, ``max_new_tokens``, ``eos``) and where they came from."""
+    from headsfree_prompts import copy_requests, instruction_requests
+
+    from latticekit.bpd.evaluate import prompts_from_manifest
+
+    if domain in ("code", "english"):
+        prompts = prompts_from_manifest(args.manifest, tokenizer, args.prompt_tokens, args.num_prompts, 0,
+                                        args.seed, [domain])
+        return ([{"source": p.source, "ids": p.ids, "max_new_tokens": args.max_new_tokens, "eos": None}
+                 for p in prompts], f"{args.prompt_tokens}-token windows of held-out files ({args.manifest})")
+    eos = tokenizer.eos_token_id
+    if domain == "instruction":
+        path = Path(args.instruction_prompts)
+        if path.exists():
+            import numpy as np
+
+            data = json.loads(path.read_text())["heldout"][0::2]
+            rng = np.random.default_rng(args.seed)
+            chosen = [data[i] for i in sorted(rng.choice(len(data), size=min(args.num_instruction, len(data)),
+                                                         replace=False))]
+            requests = [{"id": f"{p['source']}:{p['task']}:{p['id']}", "user": p["user"]} for p in chosen]
+            origin = f"{path} (held-out, every other, {len(requests)} seeded)"
+        else:
+            requests = instruction_requests(Path(args.manifest), args.num_instruction)
+            origin = (f"built by benchmarks/headsfree_prompts.py from held-out files ({path} is not on this "
+                      "branch)")
+        new = args.max_new_tokens_instruction
+    elif domain == "copy":
+        requests = copy_requests(Path(args.manifest), args.num_copy)
+        origin = "built by benchmarks/headsfree_prompts.py from held-out files"
+        new = args.max_new_tokens_copy
+    else:
+        raise SystemExit(f"unknown domain {domain!r}")
+    return ([{"source": r["id"], "ids": chat_ids(tokenizer, r["user"]), "max_new_tokens": new, "eos": eos}
+             for r in requests], origin)
+
+
+# -- one decode ------------------------------------------------------------------------------------
+
+class CallCounter:
+    """Counts the target's forward calls (transformers' generate)."""
+
+    def __init__(self, model: Any) -> None:
+        self.calls = 0
+        model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module: Any, args: Any) -> None:
+        self.calls += 1
+
+
+def run_one(name: str, model: Any, heads: Any, lm: Any, costs: Any, counter: CallCounter,
+            prompt: dict[str, Any]) -> dict[str, Any]:
+    """One decode: tokens, wall seconds, target calls, per-step figures (latticekit's)."""
+    from latticekit.bpd import DecoderConfig, decode
+
+    ids, new, eos = prompt["ids"], prompt["max_new_tokens"], prompt["eos"]
+    if name.startswith("pld:"):
+        knobs = dict(item.split("=") for item in name[4:].split(","))
+        before = counter.calls
+        t0 = time.perf_counter()
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=new, do_sample=False, eos_token_id=eos,
+                             pad_token_id=eos if eos is not None else 0,
+                             prompt_lookup_num_tokens=int(knobs["n"]), max_matching_ngram_size=int(knobs["m"]))
+        wall = time.perf_counter() - t0
+        tokens = out[0, len(ids):].tolist()
+        return {"tokens": tokens, "wall_s": wall, "calls": counter.calls - before, "steps": None}
+    config = DecoderConfig.parse(name)
+    d = decode(model, heads if name != "headsfree" else None, ids, config, max_new_tokens=new, lms=lm,
+               eos_token_id=eos, costs=costs)
+    steps = [{"nodes": 0 if not s.drafts else len({t[:j + 1] for t in s.drafts for j in range(len(t))}),
+              "accepted": s.num_accepted, "draft_s": s.heads_s + s.search_s, "model_s": s.model_s}
+             for s in d.steps]
+    return {"tokens": d.tokens, "wall_s": d.wall_s, "calls": d.calls, "steps": steps}
+
+
+# -- a chunk -----------------------------------------------------------------------------------------
+
+def run_chunk(args: argparse.Namespace) -> int:
+    import transformers
+
+    from latticekit.bpd.costs import StepCosts
+    from latticekit.bpd.demo import embedded_token_lm
+    from latticekit.bpd.evaluate import load_heads, load_target, machine
+    from latticekit.torch import prepare_target
+
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(args.threads)
+    model, tokenizer, description = load_target("smollm2")
+    heads = load_heads("default", model)
+    prepare_target(model, heads=heads)
+    counter = CallCounter(model)
+    lm = embedded_token_lm()
+    out = Path(args.out)
+    costs_file = out / "step_costs.json"
+    if args.measure_costs:
+        from latticekit.bpd.costs import measure_step_costs
+
+        with torch.inference_mode():
+            costs = measure_step_costs(model)
+        out.mkdir(parents=True, exist_ok=True)
+        costs_file.write_text(json.dumps(costs.to_json(), indent=1) + "\n")
+        log("step costs (ms): " + " ".join(f"{n}:{s * 1e3:.1f}" for n, s in zip(costs.nodes, costs.seconds)))
+        return 0
+    costs = StepCosts.from_json(json.loads(costs_file.read_text()))
+    plist, origin = load_prompts(args, tokenizer, args.domain)
+    a, b = (int(x) for x in args.prompts.split(":"))
+    chosen = list(range(len(plist)))[a:b]
+    names = list(args.decoders)
+    if names[0] != "greedy":
+        names = ["greedy"] + [n for n in names if n != "greedy"]
+    record: dict[str, Any] = {
+        "domain": args.domain, "prompts": chosen, "origin": origin, "decoders": names, "repeats": args.repeats,
+        "sources": [plist[i]["source"] for i in chosen],
+        "prompt_tokens": [len(plist[i]["ids"]) for i in chosen],
+        "meta": {"model": description, "heads": "default (latticekit.heads.default_heads)", "ngram": repr(lm),
+                 "prepared": model.latticekit_preparation.describe(), "torch_threads": torch.get_num_threads(),
+                 "torch": torch.__version__, "transformers": transformers.__version__, "machine": machine(),
+                 "step_costs_ms": {n: round(s * 1e3, 2) for n, s in zip(costs.nodes, costs.seconds)},
+                 "date": time.strftime("%Y-%m-%d %H:%M")},
+        "runs": {n: [[] for _ in range(args.repeats)] for n in names},
+        "mismatches": [],
+    }
+    start = time.perf_counter()
+    with torch.inference_mode():
+        first = plist[chosen[0]]
+        for name in names:  # warm-up: every decoder once (oneDNN kernels, caches, the n-gram index)
+            run_one(name, model, heads, lm, costs, counter, dict(first, max_new_tokens=16))
+        for r in range(args.repeats):
+            for i in chosen:
+                prompt = plist[i]
+                shift = (i + r) % len(names)
+                order = names[shift:] + names[:shift]
+                results = {name: run_one(name, model, heads, lm, costs, counter, prompt) for name in order}
+                want = results["greedy"]["tokens"]
+                for name in names:
+                    res = results[name]
+                    if res["tokens"] != want:
+                        at = next((j for j, (x, y) in enumerate(zip(res["tokens"], want)) if x != y),
+                                  min(len(res["tokens"]), len(want)))
+                        record["mismatches"].append({"decoder": name, "prompt": i, "repeat": r, "first_difference": at})
+                        if not name.startswith("pld:"):
+                            raise SystemExit(f"{name} differs from greedy on {args.domain} prompt {i} at token {at}")
+                    record["runs"][name][r].append({k: res[k] for k in ("wall_s", "calls", "steps")}
+                                                   | {"tokens": len(res["tokens"])})
+            log(f"{args.domain} {args.prompts}: repeat {r + 1}/{args.repeats} ({time.perf_counter() - start:.0f} s)")
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    (out / "chunks").mkdir(parents=True, exist_ok=True)
+    path = out / "chunks" / f"{args.domain}-{a}-{b}.json"
+    path.write_text(json.dumps(record) + "\n")
+    log(f"wrote {path}")
+    return 0
+
+
+# -- the report --------------------------------------------------------------------------------------
+
+def summarise(runs: dict[str, list[list[dict[str, Any]]]], repeats: int) -> dict[str, Any]:
+    """decoder -> figures, from runs[decoder][repeat] = one result per prompt."""
+    def rate(rows: list[dict[str, Any]]) -> float:
+        return sum(x["tokens"] for x in rows) / sum(x["wall_s"] for x in rows)
+
+    greedy = [rate(runs["greedy"][r]) for r in range(repeats)]
+    pld = [max(rate(runs[n][r]) for n in runs if n.startswith("pld:")) if any(n.startswith("pld:") for n in runs)
+           else float("nan") for r in range(repeats)]
+    out = {}
+    for name, per_repeat in runs.items():
+        rates = [rate(per_repeat[r]) for r in range(repeats)]
+        rows = per_repeat[0]
+        tokens, calls = sum(x["tokens"] for x in rows), sum(x["calls"] for x in rows)
+        figures: dict[str, Any] = {
+            "tokens": tokens, "calls": calls, "tokens_per_call": tokens / calls,
+            "tokens_per_s": statistics.median(rates), "tokens_per_s_all": rates,
+            "vs_greedy": statistics.median(x / g for x, g in zip(rates, greedy)),
+            "vs_best_pld": statistics.median(x / p for x, p in zip(rates, pld)),
+        }
+        steps = [s for rows in per_repeat for x in rows if x["steps"] for s in x["steps"][1:]]
+        if steps:
+            figures.update({
+                "draft_ms": 1e3 * statistics.fmean(s["draft_s"] for s in steps),
+                "target_ms": 1e3 * statistics.fmean(s["model_s"] for s in steps),
+                "drafting_steps": sum(s["nodes"] > 0 for s in steps) / len(steps),
+                "tree_sizes": dict(sorted(Counter(s["nodes"] for s in steps).items())),
+            })
+        out[name] = figures
+    return out
+
+
+def merge(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    chunks = [json.loads(p.read_text()) for p in sorted((out / "chunks").glob("*.json"))]
+    if not chunks:
+        raise SystemExit(f"no chunks in {out / 'chunks'}")
+    report: dict[str, Any] = {"command": "PYTHONPATH=. /tmp/lk/quiet python benchmarks/headsfree_speed.py "
+                                         "--domain D --prompts A:B (per chunk), then --merge",
+                              "meta": chunks[0]["meta"], "domains": {}, "chunks": []}
+    for domain in DOMAINS:
+        mine = [c for c in chunks if c["domain"] == domain]
+        if not mine:
+            continue
+        names, repeats = mine[0]["decoders"], mine[0]["repeats"]
+        if any(c["decoders"] != names or c["repeats"] != repeats or c["meta"]["step_costs_ms"]
+               != mine[0]["meta"]["step_costs_ms"] for c in mine):
+            raise SystemExit(f"{domain}: chunks with different decoders, repeats or step costs")
+        runs = {n: [[row for c in mine for row in c["runs"][n][r]] for r in range(repeats)] for n in names}
+        report["domains"][domain] = {
+            "prompts": sum(len(c["prompts"]) for c in mine), "origin": mine[0]["origin"],
+            "prompt_tokens_median": statistics.median(t for c in mine for t in c["prompt_tokens"]),
+            "repeats": repeats, "mismatches": [m for c in mine for m in c["mismatches"]],
+            "decoders": summarise(runs, repeats)}
+        report["chunks"] += [{"domain": domain, "prompts": [c["prompts"][0], c["prompts"][-1] + 1],
+                              "seconds": c["seconds"], "date": c["meta"]["date"]} for c in mine]
+    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / f"{args.name}.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = ["# Heads-free drafting against prompt lookup decoding", ""]
+    lines += [f"- {k}: {v}" for k, v in report["meta"].items() if k != "date"]
+    lines += ["", "Command: `" + report["command"] + "`", ""]
+    for domain, block in report["domains"].items():
+        lines += [f"## {domain} ({block['prompts']} prompts, median {block['prompt_tokens_median']:.0f} prompt "
+                  f"tokens; {block['origin']})", "",
+                  "| decoder | tokens/call | tokens/s | vs greedy | vs best PLD | (tokens/s per repeat) "
+                  "| draft ms/step | target ms/step | drafting steps |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for name, f in block["decoders"].items():
+            per = ", ".join(f"{x:.1f}" for x in f["tokens_per_s_all"])
+            extra = ("| {:.2f} | {:.1f} | {:.0%} |".format(f["draft_ms"], f["target_ms"], f["drafting_steps"])
+                     if "draft_ms" in f else "| - | - | - |")
+            lines.append(f"| {name} | {f['tokens_per_call']:.3f} | {f['tokens_per_s']:.1f} | {f['vs_greedy']:.3f}x "
+                         f"| {f['vs_best_pld']:.3f}x | {per} {extra}")
+        if block["mismatches"]:
+            lines += ["", "Outputs that differed from greedy's: " + ", ".join(
+                f"{m['decoder']} on prompt {m['prompt']} (repeat {m['repeat']}, token {m['first_difference']})"
+                for m in block["mismatches"])]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--domain", choices=DOMAINS)
+    p.add_argument("--prompts", default="0:1000", help="A:B, the chunk's prompts of the domain")
+    p.add_argument("--decoders", nargs="+", default=list(DEFAULT_DECODERS))
+    p.add_argument("--measure-costs", action="store_true", help="measure the target's step costs and stop")
+    p.add_argument("--merge", action="store_true", help="assemble the report from the chunks")
+    p.add_argument("--manifest", default=str(ROOT / "results" / "heads" / "split.json"))
+    p.add_argument("--instruction-prompts", default=str(ROOT / "results" / "heads" / "instruction_prompts.json"))
+    p.add_argument("--num-prompts", type=int, default=10, help="per domain (code, english)")
+    p.add_argument("--num-instruction", type=int, default=30)
+    p.add_argument("--num-copy", type=int, default=24)
+    p.add_argument("--prompt-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--max-new-tokens-instruction", type=int, default=128)
+    p.add_argument("--max-new-tokens-copy", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", default="headsfree")
+    p.add_argument("--out", default=str(ROOT / "results" / "headsfree"))
+    args = p.parse_args()
+    if args.merge:
+        return merge(args)
+    if not args.measure_costs and args.domain is None:
+        p.error("--domain is needed (or --measure-costs, --merge)")
+    return run_chunk(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
