@@ -17,14 +17,15 @@ Every step the drafter weighs what a tree costs against what it is expected to b
 The heads' lattice and the search cost time of their own (measured as the decode runs). The
 drafter keeps a running estimate of what drafting gains: per step that read the lattice, the
 chosen tree's expected tokens over its cost (the tree's target seconds and the drafting
-seconds), against a plain step's one token in a plain step's seconds. The expected accepted
-tokens are scaled by how well recent trees bore out their estimates (accepted over expected,
-decayed), so that heads confidently wrong (untrained ones copy head 1: sure of the wrong
-position) are found out by their outcomes within a few trees, before the acceptance model has
-learnt why. When even the best tree does not repay them (untrained heads, a domain the heads do not know), the
-drafter stops reading the lattice and decodes plainly, probing now and then (every 2, 4, ...,
-32 steps) whether drafting pays again; every probe's candidates still teach the acceptance
-model once the text reaches them.
+seconds), against a plain step's one token in a plain step's seconds. Where recent trees
+bore out less than half their estimates (accepted over expected tokens, decayed), the expected
+accepted tokens are scaled down accordingly (by twice that ratio), so that heads confidently
+wrong (untrained ones copy head 1: sure of the wrong position) are found out by their outcomes
+within a few trees, before the acceptance model has learnt why. When even the best tree does
+not repay them (untrained heads, a domain the heads do not know), the drafter stops reading the
+lattice and decodes plainly, probing now and then (every 2, 4, ..., 32 steps) whether drafting
+pays again; a probe's outcome alone decides whether drafting resumes, and every probe's
+candidates still teach the acceptance model once the text reaches them.
 
 **Without heads** (a decode given none: the decode loop then asks no lattice source of the
 drafter) the candidates are the heads-free drafter's (``headsfree``,
@@ -65,7 +66,7 @@ CANDIDATE_TOKENS = 8192
 #: Probing while drafting does not pay: after 2 plain steps, then 4, ... up to this many.
 MAX_PROBE_INTERVAL = 32
 #: Weight of the newest step in the running estimate of what drafting gains.
-_GAIN_SMOOTHING = 0.2
+_GAIN_SMOOTHING = 0.3
 #: Decay per verified tree of the sums behind :attr:`AutoDrafter.realisation` (a memory of ~20 trees).
 _REALISED_DECAY = 0.95
 #: The longest continuation the n-gram models draft (heads-free candidates).
@@ -264,7 +265,9 @@ class AutoDrafter(Drafter):
             if expected > 1.0:  # a tree was verified: do accepted tokens keep up with expectations?
                 self.realised = _REALISED_DECAY * self.realised + (len(emitted) - 1)
                 self.promised = _REALISED_DECAY * self.promised + (expected - 1)
-            gain = (1.0 + self.realisation * (expected - 1.0)) * plain_s / spent_s
+            # estimates off by more than half are wrong about these heads: outcomes correct them
+            correction = min(1.0, 2.0 * self.realisation)
+            gain = (1.0 + correction * (expected - 1.0)) * plain_s / spent_s
             # a probe's outcome decides alone: the estimate it replaces is stale by many steps
             self.gain = gain if probing else (1 - _GAIN_SMOOTHING) * self.gain + _GAIN_SMOOTHING * gain
             if probing:
