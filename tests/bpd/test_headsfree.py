@@ -230,3 +230,72 @@ def test_headsfree_config_and_label() -> None:
     config = DecoderConfig.parse("headsfree")
     assert (config.k, config.p) == (1, 32) and config.label == "headsfree p=32 alpha=1"
     assert DecoderConfig.parse("headsfree:p=8,alpha=0").label == "headsfree p=8 alpha=0"
+
+
+# -- review follow-ups: ties, spellings, bad arguments, acceptance priors --------------------------
+
+def test_katz_successors_break_ties_by_token_id_whatever_the_file_order(tmp_path: Path) -> None:
+    path = tmp_path / "t.arpa"  # equal unigrams listed out of numeric order: word ids 3 < 1 < 2 in the core
+    path.write_text(to_arpa({("<s>",): (-99.0, 0.0), ("</s>",): (-1.0, 0.0), ("3",): (-0.7, 0.0),
+                             ("1",): (-0.7, 0.0), ("2",): (-0.7, 0.0)}))
+    state = KatzSuccessors.of(lk.NGramLM.from_arpa(path)).state([])
+    assert [state.ranked(r)[0] for r in range(3)] == [1, 2, 3] and state.ranked(3) is None
+
+
+def test_katz_successors_take_only_canonical_token_ids(tmp_path: Path) -> None:
+    path = tmp_path / "s.arpa"  # "007" and "²" are words, not token ids: never proposed
+    path.write_text(to_arpa({("<s>",): (-99.0, 0.0), ("</s>",): (-1.0, 0.0), ("007",): (-0.2, 0.0),
+                             ("²",): (-0.3, 0.0), ("5",): (-0.9, 0.0)}))
+    index = KatzSuccessors.of(lk.NGramLM.from_arpa(path))
+    assert sorted(int(t) for t in index.token_of if t >= 0) == [5]
+    assert index.state([]).ranked(0)[0] == 5 and index.state([]).ranked(1) is None
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_cache_model_refuses_bad_prior_positions(bad: float) -> None:
+    with pytest.raises(DecoderConfigError, match="prior_positions"):
+        CacheModel(None, 10, prior_positions=bad)
+
+
+def test_cache_model_starts_afresh_on_a_text_that_only_shares_the_last_token() -> None:
+    cache = CacheModel(None, 50)
+    cache.sync([1, 2, 3, 4, 9])
+    cache.sync([7, 7, 7, 7, 9, 10])  # longer, with the same token where the cached text ended: another text
+    assert cache.ids == [7, 7, 7, 7, 9, 10]
+    assert cache.match([7, 7, 7]) == 3 and cache.match([2, 3]) == 0
+
+
+def test_acceptance_priors_trust_what_drafts() -> None:
+    from latticekit.bpd.calibration import FEATURES, AcceptanceModel
+
+    depth = 7
+    for trust in ("head", "cache", "head+cache"):
+        w = AcceptanceModel.prior(depth, trust=trust).weights
+        names = trust.split("+")
+        for j, name in enumerate(FEATURES):
+            assert w[depth + j] == (4.0 / len(names) if name in names else 0.0)
+    with pytest.raises(DecoderConfigError):
+        AcceptanceModel.prior(depth, trust="heads")
+
+
+def test_shipped_version_1_acceptance_loads_with_no_cache_weight() -> None:
+    import json
+
+    from latticekit.bpd.calibration import SHIPPED, AcceptanceModel
+
+    for path in sorted(SHIPPED.glob("*.json")):
+        data = json.loads(path.read_text())
+        model = AcceptanceModel.load(path)
+        if data["version"] == 1:
+            assert len(model.weights) == len(data["weights"]) + 1 and model.weights[-1] == 0.0
+            assert model.weights[:-1].tolist() == data["weights"]
+
+
+def test_generate_without_heads_drafts_from_the_text_and_keeps_the_greedy_tokens() -> None:
+    model = tiny_llama()
+    want = greedy_decode(model, PROMPT, 80).tokens
+    prompt = PROMPT + want[:40]
+    out = lk.generate(model, prompt, lm=lk.NGramLM.from_arpa(ARPA), max_new_tokens=40, eos_token_id=[],
+                      costs=COSTS, prepare=False)
+    assert out.tokens == want[40:80]
+    assert out.tokens_per_call > 1.5  # the text repeats itself: the cache drafts it
