@@ -28,8 +28,8 @@ Per domain and decoder: tokens per target call, tokens/s (median over ``--repeat
 the domain's prompts), its ratio to greedy's and to the best prompt-lookup variant's in the same
 pass, and for latticekit's drafters the milliseconds per step spent drafting and in the target.
 
-The machine this ran on has 2 cores shared with other work: run every chunk under
-``/tmp/lk/quiet`` (it stops other busy processes for the duration). A chunk is one domain and a
+Timing wants a quiet machine: run every chunk with nothing else busy (the committed results ran
+with every other busy process stopped for the duration). A chunk is one domain and a
 range of its prompts (``--domain code --prompts 0:10``); each writes
 ``<out>/chunks/<domain>-<a>-<b>.json``, and ``--merge`` assembles the report
 (``<out>/<name>.{json,md}``). The target's step costs are measured once (``--measure-costs``,
@@ -37,8 +37,8 @@ written to ``<out>/step_costs.json``) and read by every chunk.
 
 Usage::
 
-    PYTHONPATH=. /tmp/lk/quiet python benchmarks/headsfree_speed.py --measure-costs
-    PYTHONPATH=. /tmp/lk/quiet python benchmarks/headsfree_speed.py --domain code --prompts 0:10
+    PYTHONPATH=. python benchmarks/headsfree_speed.py --measure-costs
+    PYTHONPATH=. python benchmarks/headsfree_speed.py --domain code --prompts 0:10
     ...
     PYTHONPATH=. python benchmarks/headsfree_speed.py --merge
 """
@@ -270,7 +270,7 @@ def merge(args: argparse.Namespace) -> int:
     chunks = [json.loads(p.read_text()) for p in sorted((out / "chunks").glob("*.json"))]
     if not chunks:
         raise SystemExit(f"no chunks in {out / 'chunks'}")
-    report: dict[str, Any] = {"command": "PYTHONPATH=. /tmp/lk/quiet python benchmarks/headsfree_speed.py "
+    report: dict[str, Any] = {"command": "PYTHONPATH=. python benchmarks/headsfree_speed.py "
                                          "--domain D --prompts A:B (per chunk), then --merge",
                               "meta": chunks[0]["meta"], "domains": {}, "chunks": []}
     for domain in DOMAINS:
