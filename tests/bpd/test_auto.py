@@ -252,3 +252,25 @@ def test_shipped_acceptance_models_match_their_heads(setup: Any, tmp_path: Path,
     np.testing.assert_array_equal(found.weights, fitted.weights)
     assert calibration.shipped_acceptance(RandomHeads(model, num_heads=H)) is None
     assert calibration.shipped_acceptance(None) is None
+
+
+def test_auto_starts_from_the_acceptance_shipped_for_its_heads_and_headsfree_does_not(
+        setup: Any, lm: lk.NGramLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from latticekit.bpd import calibration
+    from latticekit.bpd.drafters import make_drafter
+    from latticekit.bpd.replay import heads_fingerprint
+
+    model, _, heads = setup
+    monkeypatch.setattr(calibration, "SHIPPED", tmp_path)
+    fitted = AcceptanceModel(np.linspace(-1, 1, H - 1 + 3), learning_rate=0.01)
+    fitted.save(tmp_path / "these-heads.json", {"heads_fingerprint": heads_fingerprint(heads)})
+    vocab = model.config.vocab_size
+    auto = make_drafter(DecoderConfig.parse("auto"), lms=lm, heads=heads, costs=flat_costs())
+    auto.lattice_source(heads, vocab)  # what a decode with heads does first
+    np.testing.assert_array_equal(auto.acceptance.weights, fitted.weights)
+    for spec in ("headsfree", "heads+ngram"):  # the fitted model knows nothing of the cache feature
+        other = make_drafter(DecoderConfig.parse(spec), lms=lm, heads=heads, costs=flat_costs())
+        other.lattice_source(heads, vocab)
+        assert not np.array_equal(other.acceptance.weights, fitted.weights)
+    plain = make_drafter(DecoderConfig.parse("auto"), lms=lm, heads=heads, costs=flat_costs())
+    assert plain.acceptance.weights[-1] > 0  # without a lattice read: the cache model at its word
