@@ -101,7 +101,7 @@ def run_one(name: str, model: Any, heads: Any, lm: Any, costs: Any, prompt: dict
         return {"tokens": tokens, "wall_s": wall, "calls": len(tokens), "steps": None}
     config = DecoderConfig.parse(name)
     d = decode(model, heads, ids, config, max_new_tokens=new, lms=lm, eos_token_id=eos, costs=costs)
-    steps = [{"nodes": 0 if not s.drafts else len({t[:j + 1] for t in s.drafts for j in range(len(t))}),
+    steps = [{"nodes": s.tree_nodes,
               "accepted": s.num_accepted, "heads_s": s.heads_s, "search_s": s.search_s, "model_s": s.model_s}
              for s in d.steps]
     return {"tokens": d.tokens, "wall_s": d.wall_s, "calls": d.calls, "steps": steps}

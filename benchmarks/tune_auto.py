@@ -109,7 +109,7 @@ def simulate(traces: list[Any], config: Any, lm: Any, costs: Any, acceptance: An
         d = replay(trace, config, max_new_tokens, lms=lm, costs=costs, acceptance=acceptance, eos_token_id=eos)
         cached = len(trace.prompt)
         for step in d.steps:
-            nodes = len({t[:j + 1] for t in step.drafts for j in range(len(t))}) if step.drafts else 0
+            nodes = step.tree_nodes
             seconds += costs.target_s(nodes, cached) + (costs.draft_s if step.lattice_tokens is not None else 0.0)
             drafted += step.lattice_tokens is not None
             cached += len(step.emitted)

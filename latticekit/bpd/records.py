@@ -173,6 +173,11 @@ class StepRecord:
     search_s: float = 0.0
     model_s: float = 0.0
 
+    @property
+    def tree_nodes(self) -> int:
+        """Draft-tree nodes the call verified (the distinct prefixes of the drafts; 0: a plain step)."""
+        return len({tuple(draft[:j]) for draft in self.drafts for j in range(1, len(draft) + 1)})
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "root_token": self.root_token,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import latticekit as lk
 from bpd_helpers import ARPA
@@ -65,3 +67,14 @@ def test_missing_resources_are_config_errors() -> None:
         make_drafter(DecoderConfig("neural", k=3))
     with pytest.raises(DecoderConfigError, match="must be a DecoderConfig"):
         make_drafter("vanilla")  # type: ignore[arg-type]
+
+
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=5), min_size=1, max_size=6))
+def test_step_record_counts_the_nodes_its_tree_pass_verifies(drafts: list[list[int]]) -> None:
+    from latticekit.bpd.records import StepRecord
+    from latticekit.torch.tree import DraftTree
+
+    step = StepRecord(root_token=0, drafts=[tuple(d) for d in drafts], vanilla_draft=(), emitted=(1,),
+                      num_accepted=0)
+    assert step.tree_nodes == DraftTree.from_drafts(drafts).num_nodes
+    assert StepRecord(root_token=0, drafts=[], vanilla_draft=(), emitted=(1,), num_accepted=0).tree_nodes == 0
