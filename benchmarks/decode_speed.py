@@ -52,36 +52,49 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def chat_ids(tokenizer: Any, user: str) -> list[int]:
+    """The token ids of one user request through the model's chat template (generation prompt added)."""
+    ids = tokenizer.hf.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True,
+                                           tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def window_prompts(args: argparse.Namespace, tokenizer: Any, domain: str) -> list[dict[str, Any]]:
+    """``args.num_prompts`` windows of ``args.prompt_tokens`` tokens of the domain's held-out files."""
+    from latticekit.bpd.evaluate import prompts_from_manifest
+
+    prompts = prompts_from_manifest(args.manifest, tokenizer, args.prompt_tokens, args.num_prompts, 0, args.seed,
+                                    [domain])
+    return [{"source": p.source, "ids": p.ids, "max_new_tokens": args.max_new_tokens, "eos": None} for p in prompts]
+
+
+def instruction_prompts(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, Any]]:
+    """``args.num_instruction`` held-out requests (seeded, from the even positions; tune_auto.py
+    takes the odd ones) through the chat template."""
+    data = json.loads(Path(args.instruction_prompts).read_text())["heldout"][0::2]
+    rng = np.random.default_rng(args.seed)
+    chosen = [data[i] for i in sorted(rng.choice(len(data), size=min(args.num_instruction, len(data)),
+                                                 replace=False))]
+    return [{"source": f"{p['source']}:{p['task']}:{p['id']}", "ids": chat_ids(tokenizer, p["user"]),
+             "max_new_tokens": args.max_new_tokens_instruction, "eos": tokenizer.eos_token_id} for p in chosen]
+
+
 def load_prompts(args: argparse.Namespace, tokenizer: Any, heads_num: int) -> dict[str, list[dict[str, Any]]]:
     """domain -> prompts, each ``{"source", "ids", "max_new_tokens", "eos"}``."""
     from latticekit.bpd.demo import demo_prompts
-    from latticekit.bpd.evaluate import prompts_from_manifest
 
     out: dict[str, list[dict[str, Any]]] = {}
     for domain in args.domains:
         if domain in ("code", "english"):
-            prompts = prompts_from_manifest(args.manifest, tokenizer, args.prompt_tokens, args.num_prompts,
-                                            0, args.seed, [domain])
-            out[domain] = [{"source": p.source, "ids": p.ids, "max_new_tokens": args.max_new_tokens, "eos": None}
-                           for p in prompts]
+            out[domain] = window_prompts(args, tokenizer, domain)
         elif domain == "demo":
             out[domain] = [{"source": p["source"], "ids": tokenizer.encode(p["text"]),
                             "max_new_tokens": args.max_new_tokens, "eos": tokenizer.eos_token_id}
                            for p in demo_prompts()]
         elif domain == "instruction":
-            data = json.loads(Path(args.instruction_prompts).read_text())["heldout"][0::2]  # tune_auto.py: 1::2
-            rng = np.random.default_rng(args.seed)
-            chosen = [data[i] for i in sorted(rng.choice(len(data), size=min(args.num_instruction, len(data)),
-                                                         replace=False))]
-            out[domain] = []
-            for p in chosen:
-                ids = tokenizer.hf.apply_chat_template([{"role": "user", "content": p["user"]}],
-                                                       add_generation_prompt=True, tokenize=True)
-                if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                    ids = ids["input_ids"]
-                out[domain].append({"source": f"{p['source']}:{p['task']}:{p['id']}", "ids": list(ids),
-                                    "max_new_tokens": args.max_new_tokens_instruction,
-                                    "eos": tokenizer.eos_token_id})
+            out[domain] = instruction_prompts(args, tokenizer)
         else:
             raise SystemExit(f"unknown domain {domain!r}")
     return out

@@ -1,21 +1,16 @@
-"""Held-out requests for the heads-free benchmark: instruction prompts and copy-heavy tasks.
+"""Copy-heavy held-out requests for the heads-free benchmark.
 
-Both are built deterministically from the held-out files of the heads' split
+Built deterministically from the held-out files of the heads' split
 (``benchmarks/results/heads/split.json``: CPython stdlib sources, the Python documentation's
-reST sources), which neither the shipped heads nor the shipped n-gram model saw.
-
-* **instruction**: a fixed request template ("explain", "summarise", "write a docstring", "what
-  does X do", ...) around a function or class of a held-out module or a paragraph of a held-out
-  page, in the spirit of the heads' instruction prompts (``benchmarks/heads_prompts.py`` on the
-  heads-v2 branch; its ``instruction_prompts.json`` replaces these once it is on main).
-* **copy**: requests whose answer reuses the prompt: add type hints to a function, add a
-  docstring to it, rename one of its variables, fix a typo inserted into a paragraph
-  (two adjacent letters of one word swapped), each asking for the whole text back.
+reST sources), which neither the shipped heads nor the shipped n-gram model saw: requests whose
+answer reuses the prompt: add type hints to a function, add a docstring to it, rename one of
+its variables, fix a typo inserted into a paragraph (two adjacent letters of one word swapped),
+each asking for the whole text back. (The instruction requests are the heads' held-out ones,
+``benchmarks/results/heads/instruction_prompts.json``, built by ``benchmarks/heads_prompts.py``.)
 
 Items are ordered by a hash of their key (file and position) and taken in that order, at most
-one per file, so the same files give the same prompts; the files alternate between the two
-sets (instruction: the 1st, 3rd, ... held-out file in hash order; copy: the 2nd, 4th, ...), so
-no file is quoted by both.
+one per file, so the same files give the same prompts; they come from every other held-out file
+in hash order (the 2nd, 4th, ...).
 """
 
 from __future__ import annotations
@@ -27,23 +22,10 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["instruction_requests", "copy_requests"]
+__all__ = ["copy_requests"]
 
 MIN_CHARS, MAX_CHARS = 150, 900
 
-CODE_TASKS = {
-    "explain": "Explain what the following Python {kind} does.\n\n```python\n{quote}\n```",
-    "summarise": "Summarise this Python code in two or three sentences.\n\n```python\n{quote}\n```",
-    "docstring": "Write a docstring for this Python {kind}.\n\n```python\n{quote}\n```",
-    "test": "Write a short unit test for this Python {kind}.\n\n```python\n{quote}\n```",
-    "what-does": "What does `{name}` in Python's `{module}` module do?",
-}
-PROSE_TASKS = {
-    "summarise": "Summarise the following passage from the Python documentation.\n\n{quote}",
-    "explain": "Explain this to a beginner in simple terms:\n\n{quote}",
-    "questions": "Write three questions that this passage from the Python documentation answers.\n\n{quote}",
-    "key-points": "List the key points of this text.\n\n{quote}",
-}
 COPY_CODE_TASKS = {
     "type-hints": "Add type hints to this Python function. Reply with the whole function.\n\n```python\n{quote}\n```",
     "add-docstring": "Add a docstring to this Python function. Reply with the whole function, docstring "
@@ -102,28 +84,6 @@ def _one_per_file(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return sorted(best.values(), key=lambda it: (_hash(it[0]), it[0]))
 
 
-def instruction_requests(manifest: Path, count: int) -> list[dict[str, str]]:
-    """``count`` requests (half code, half prose): dicts with ``id``, ``source``, ``task``, ``user``."""
-    code, prose = [], []
-    for path in _heldout(manifest, "code", 0):
-        if "test" in path.parts[-2:][0] or path.name.startswith("test"):
-            continue
-        code += [(key, (node, quote, path)) for key, node, quote in _functions(path)]
-    for path in _heldout(manifest, "english", 0):
-        prose += list(_paragraphs(path))
-    out = []
-    for key, (node, quote, path) in _one_per_file(code)[: (count + 1) // 2]:
-        task = sorted(CODE_TASKS)[_hash(key) % len(CODE_TASKS)]
-        kind = "class" if isinstance(node, ast.ClassDef) else "function"
-        module = path.stem
-        out.append({"id": key, "source": "code", "task": task,
-                    "user": CODE_TASKS[task].format(kind=kind, quote=quote, name=node.name, module=module)})
-    for key, para in _one_per_file(prose)[: count // 2]:
-        task = sorted(PROSE_TASKS)[_hash(key) % len(PROSE_TASKS)]
-        out.append({"id": key, "source": "english", "task": task, "user": PROSE_TASKS[task].format(quote=para)})
-    return out
-
-
 def _insert_typo(para: str, key: str) -> str:
     """Swaps two adjacent letters inside one word of 6+ letters (chosen by the key's hash)."""
     words = [m for m in re.finditer(r"[A-Za-z]{6,}", para)]
@@ -175,8 +135,8 @@ def copy_requests(manifest: Path, count: int) -> list[dict[str, str]]:
 
 if __name__ == "__main__":
     root = Path(__file__).resolve().parent / "results" / "heads" / "split.json"
-    for name, made in (("instruction", instruction_requests(root, 40)), ("copy", copy_requests(root, 24))):
-        print(name, len(made), sorted({(p["source"], p["task"]) for p in made}))
-        for p in made[:3]:
-            print("----", p["id"], p["task"])
-            print(p["user"][:300])
+    made = copy_requests(root, 24)
+    print("copy", len(made), sorted({(p["source"], p["task"]) for p in made}))
+    for p in made[:3]:
+        print("----", p["id"], p["task"])
+        print(p["user"][:300])

@@ -18,9 +18,8 @@ Domains (nothing the heads or the n-gram model saw):
 
 * ``code`` / ``english``: windows of ``--prompt-tokens`` tokens of the held-out files of the heads'
   split (``benchmarks/results/heads/split.json``: CPython stdlib, Python docs);
-* ``instruction``: held-out requests through SmolLM2-Instruct's chat template, from
-  ``--instruction-prompts`` when that file exists (the heads' held-out instruction prompts), else
-  built by ``benchmarks/headsfree_prompts.py`` from held-out files;
+* ``instruction``: held-out requests of ``--instruction-prompts`` (the heads' held-out instruction
+  prompts) through SmolLM2-Instruct's chat template, chosen as ``decode_speed.py`` chooses them;
 * ``copy``: copy-heavy requests from held-out files (add type hints, add a docstring, rename a
   variable, fix an inserted typo; ``headsfree_prompts.py``), through the chat template.
 
@@ -69,50 +68,22 @@ def log(msg: str) -> None:
 
 # -- prompts -------------------------------------------------------------------------------------
 
-def chat_ids(tokenizer: Any, user: str) -> list[int]:
-    ids = tokenizer.hf.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True,
-                                           tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
-
-
 def load_prompts(args: argparse.Namespace, tokenizer: Any, domain: str) -> tuple[list[dict[str, Any]], str]:
     """The domain's prompts (``source``, ``ids``, ``max_new_tokens``, ``eos``) and where they came from."""
-    from headsfree_prompts import copy_requests, instruction_requests
-
-    from latticekit.bpd.evaluate import prompts_from_manifest
+    from decode_speed import chat_ids, instruction_prompts, window_prompts
+    from headsfree_prompts import copy_requests
 
     if domain in ("code", "english"):
-        prompts = prompts_from_manifest(args.manifest, tokenizer, args.prompt_tokens, args.num_prompts, 0,
-                                        args.seed, [domain])
-        return ([{"source": p.source, "ids": p.ids, "max_new_tokens": args.max_new_tokens, "eos": None}
-                 for p in prompts], f"{args.prompt_tokens}-token windows of held-out files ({args.manifest})")
-    eos = tokenizer.eos_token_id
+        return (window_prompts(args, tokenizer, domain),
+                f"{args.prompt_tokens}-token windows of held-out files ({args.manifest})")
     if domain == "instruction":
-        path = Path(args.instruction_prompts)
-        if path.exists():
-            import numpy as np
-
-            data = json.loads(path.read_text())["heldout"][0::2]
-            rng = np.random.default_rng(args.seed)
-            chosen = [data[i] for i in sorted(rng.choice(len(data), size=min(args.num_instruction, len(data)),
-                                                         replace=False))]
-            requests = [{"id": f"{p['source']}:{p['task']}:{p['id']}", "user": p["user"]} for p in chosen]
-            origin = f"{path} (held-out, every other, {len(requests)} seeded)"
-        else:
-            requests = instruction_requests(Path(args.manifest), args.num_instruction)
-            origin = (f"built by benchmarks/headsfree_prompts.py from held-out files ({path} is not on this "
-                      "branch)")
-        new = args.max_new_tokens_instruction
-    elif domain == "copy":
-        requests = copy_requests(Path(args.manifest), args.num_copy)
-        origin = "built by benchmarks/headsfree_prompts.py from held-out files"
-        new = args.max_new_tokens_copy
-    else:
-        raise SystemExit(f"unknown domain {domain!r}")
-    return ([{"source": r["id"], "ids": chat_ids(tokenizer, r["user"]), "max_new_tokens": new, "eos": eos}
-             for r in requests], origin)
+        prompts = instruction_prompts(args, tokenizer)
+        return prompts, f"{args.instruction_prompts} (held-out, every other, {len(prompts)} seeded)"
+    if domain == "copy":
+        return ([{"source": r["id"], "ids": chat_ids(tokenizer, r["user"]), "max_new_tokens": args.max_new_tokens_copy,
+                  "eos": tokenizer.eos_token_id} for r in copy_requests(Path(args.manifest), args.num_copy)],
+                "built by benchmarks/headsfree_prompts.py from held-out files")
+    raise SystemExit(f"unknown domain {domain!r}")
 
 
 # -- one decode ------------------------------------------------------------------------------------
