@@ -170,6 +170,13 @@ class NGramLM:
             self._words = self._core.words()
         return list(self._words)
 
+    def word_token_ids(self) -> np.ndarray:
+        """The token id each internal word id spells, as the default (no ``vocab``) reading
+        does: a canonical decimal integer (``"1234"``; not ``"007"``, ``"+7"`` or ``"²"``) is that
+        token, every other word (``<unk>``, ``<s>``, ``</s>``, ...) is -1. int64, ``(num_words,)``."""
+        return np.array([int(w) if w.isascii() and w.isdigit() and str(int(w)) == w else -1 for w in self.words],
+                        dtype=np.int64)
+
     @property
     def size_bytes(self) -> int:
         """Size of the compiled model (the binary file's size)."""

@@ -179,3 +179,15 @@ def test_scoring_accepts_numpy_and_torch():
     assert lm.score(np.array(toks, dtype=np.int64)) == expected
     torch = pytest.importorskip("torch")
     assert lm.score(torch.tensor(toks)) == expected
+
+
+def test_word_token_ids_follow_the_cores_reading_of_decimal_words(tmp_path: Path) -> None:
+    path = tmp_path / "d.arpa"
+    path.write_text(to_arpa({("<s>",): (-99.0, 0.0), ("</s>",): (-1.0, 0.0), ("7",): (-0.5, 0.0),
+                             ("007",): (-0.6, 0.0), ("²",): (-0.7, 0.0), ("0",): (-0.8, 0.0)}))
+    lm = lk.NGramLM.from_arpa(path)
+    got = dict(zip(lm.words, lm.word_token_ids().tolist()))
+    assert got == {"<unk>": -1, "<s>": -1, "</s>": -1, "7": 7, "007": -1, "²": -1, "0": 0}
+    # the core agrees: token 7 scores as the word "7", and "007" is no token of its own
+    assert lm.token_logprobs([7])[0] == pytest.approx(-0.5 * math.log(10))
+    assert lm.token_logprobs([0])[0] == pytest.approx(-0.8 * math.log(10))

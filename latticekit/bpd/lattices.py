@@ -130,8 +130,7 @@ def lm_candidates(lm: NGramLM, size: int) -> np.ndarray:
     ranked = _RANKED.get(lm)
     if ranked is None:
         ids, log10p, _ = lm.ngrams(1)
-        words = lm.words
-        tokens = np.array([int(words[i]) if words[i].isdigit() else -1 for i in ids[:, 0]], dtype=np.int64)
+        tokens = lm.word_token_ids()[ids[:, 0]]
         ranked = tokens[np.argsort(-log10p, kind="stable")]
         ranked = _RANKED[lm] = ranked[ranked >= 0]
     return ranked[:size]

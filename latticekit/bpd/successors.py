@@ -42,11 +42,6 @@ LN10 = math.log(10.0)
 MAX_STATES = 200_000
 
 
-def _is_token_id(word: str) -> bool:
-    """Is ``word`` a token id as the core spells one (ASCII decimal, no sign, no leading zero)?"""
-    return word.isascii() and word.isdigit() and str(int(word)) == word
-
-
 class KatzSuccessors:
     """The next-token index of one :class:`NGramLM` over token ids (words spelled as decimal ids).
 
@@ -58,7 +53,7 @@ class KatzSuccessors:
 
     def __init__(self, lm: NGramLM) -> None:
         words = lm.words
-        token_of = np.array([int(w) if _is_token_id(w) else -1 for w in words], dtype=np.int64)
+        token_of = lm.word_token_ids()
         if not (token_of >= 0).any():
             raise DecoderConfigError("the static n-gram model's words must be token ids (decimal)")
         self.lm = lm
