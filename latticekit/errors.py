@@ -1,8 +1,37 @@
-"""Typed errors raised by latticekit.
+"""Typed errors raised by latticekit: every class of the package, in one place.
 
 Every error derives from :class:`LatticeKitError` and from the built-in exception a caller
-would naturally catch (``ValueError`` for bad input, ``OSError`` for file problems), so code
-that knows nothing about latticekit still handles them sensibly.
+would naturally catch (``ValueError`` for bad input, ``OSError`` for file problems,
+``MemoryError`` for a failed allocation), so code that knows nothing about latticekit still
+handles them sensibly. The modules that raise them re-export the ones their users catch
+(``latticekit.heads.HeadsFormatError``, ``latticekit.torch.CacheError``, ...); the classes are
+these.
+
+The C++ core throws its own exception types (``csrc/latticekit/errors.h``); the binding
+translates each ``ErrorInfo::Kind`` into one class below, in one place (``raise_core_error``,
+``latticekit/_cpp.pxd``).
+
+::
+
+    LatticeKitError
+    ├── ArpaFormatError        (ValueError)   n-gram model text or tables
+    ├── ModelFormatError       (ValueError)   binary n-gram model files
+    ├── LatticeError           (ValueError)   lattices, search arguments, arrays
+    ├── VocabularyError        (ValueError)   token ids and vocabularies
+    ├── CorpusError            (ValueError)   corpora to count (latticekit.lm)
+    ├── DecoderConfigError     (ValueError)   decoders, prompts, decoding arguments (latticekit.bpd)
+    ├── HeadsError             (ValueError)   draft heads
+    │   ├── HeadsFormatError                  a heads file (latticekit.heads, Medusa checkpoints)
+    │   └── HeadsMismatchError                heads that do not fit the model or tensors
+    ├── RescorerError          (ValueError)   the neural rescorer's arguments
+    │   └── RescorerFormatError               a rescorer file
+    ├── DraftError             (ValueError)   drafts handed to latticekit.torch
+    ├── CacheError             (ValueError)   KV caches
+    ├── DeviceMismatchError    (ValueError)   tensors on different devices
+    ├── UnsupportedModelError  (TypeError)    a target model latticekit.torch cannot drive
+    ├── FileAccessError        (OSError)      the file system refused
+    ├── ThreadStartError       (OSError)      the system refused a worker thread
+    └── OutOfMemoryError       (MemoryError)  an allocation failed
 """
 
 from __future__ import annotations
@@ -13,6 +42,17 @@ __all__ = [
     "ModelFormatError",
     "LatticeError",
     "VocabularyError",
+    "CorpusError",
+    "DecoderConfigError",
+    "HeadsError",
+    "HeadsFormatError",
+    "HeadsMismatchError",
+    "RescorerError",
+    "RescorerFormatError",
+    "DraftError",
+    "CacheError",
+    "DeviceMismatchError",
+    "UnsupportedModelError",
     "FileAccessError",
     "ThreadStartError",
     "OutOfMemoryError",
@@ -50,6 +90,63 @@ class LatticeError(LatticeKitError, ValueError):
 
 class VocabularyError(LatticeKitError, ValueError):
     """A vocabulary or token id does not fit the model."""
+
+
+class CorpusError(LatticeKitError, ValueError):
+    """A corpus cannot be counted: it is empty, undecodable, or has ids out of range.
+
+    Attributes:
+        path: the file being read ("" for in-memory input).
+        line: 1-based line number of the offending line (0 when the whole input is at fault).
+    """
+
+    def __init__(self, message: str, path: str = "", line: int = 0) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+
+
+class DecoderConfigError(LatticeKitError, ValueError):
+    """A decoder configuration, a prompt or a decoding argument is invalid."""
+
+
+class HeadsError(LatticeKitError, ValueError):
+    """Draft heads are missing, or cannot be read or used; the subclasses say which."""
+
+
+class HeadsFormatError(HeadsError):
+    """A heads file (latticekit's or a Medusa checkpoint) is missing, truncated, damaged, or
+    not a heads file."""
+
+
+class HeadsMismatchError(HeadsError):
+    """Heads do not fit the model or the tensors they are given (hidden size, vocabulary,
+    model), or return logits of another shape than the decoder needs."""
+
+
+class RescorerError(LatticeKitError, ValueError):
+    """A rescorer was built or called with arguments that do not fit it (sizes, positions,
+    vocabulary)."""
+
+
+class RescorerFormatError(RescorerError):
+    """A rescorer file is missing, damaged, or not a latticekit rescorer file."""
+
+
+class DraftError(LatticeKitError, ValueError):
+    """The drafts handed to the torch adapter are empty, ragged in an unreadable way, or not ids."""
+
+
+class CacheError(LatticeKitError, ValueError):
+    """A KV cache does not match the prefix it is said to hold, or cannot be committed."""
+
+
+class DeviceMismatchError(LatticeKitError, ValueError):
+    """Tensors that must meet in one forward pass live on different devices."""
+
+
+class UnsupportedModelError(LatticeKitError, TypeError):
+    """The target model follows neither the HF causal-LM interface nor the plain protocol."""
 
 
 class _SystemRefusal(LatticeKitError, OSError):

@@ -21,8 +21,8 @@ from typing import Any, Optional, Union
 
 import torch
 
-from latticekit.bpd.errors import DecoderConfigError
 from latticekit.bpd.records import DecoderConfig, Decoding, StepRecord
+from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
 
 __all__ = ["generate", "GenerateOutput"]

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from latticekit._files import atomic_write, check_weights, read_tagged_safetensors
-from latticekit.errors import LatticeKitError
+from latticekit.errors import HeadsFormatError, HeadsMismatchError
 
 __all__ = [
     "BlockHeads",
@@ -51,14 +51,6 @@ _STRUCTURE_DEFAULTS = {"layer": "mlp", "num_layers": 1, "layer_bias": True, "pro
 # Fixed flat indices of the output projection's weight whose values identify a base model;
 # the same indices on every machine, so a file trained on one copy loads on another.
 _FINGERPRINT_SIZE = 32
-
-
-class HeadsFormatError(LatticeKitError, ValueError):
-    """A heads file is missing, truncated, damaged, or not a latticekit heads file."""
-
-
-class HeadsMismatchError(LatticeKitError, ValueError):
-    """Heads do not fit the model or the tensors they are given (hidden size, vocabulary, model)."""
 
 
 class ResidualBlock(nn.Module):

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from latticekit._files import atomic_write
-from latticekit.heads import HeadsFormatError, HeadsMismatchError
+from latticekit.errors import HeadsFormatError, HeadsMismatchError
 
 if TYPE_CHECKING:
     from latticekit.heads import BlockHeads

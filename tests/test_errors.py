@@ -195,3 +195,44 @@ def test_from_logits_torch_matches_numpy():
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.scores, b.scores, rtol=1e-5, atol=1e-6)
     assert lk.SausageLattice(torch.tensor([[3, 4]]), torch.tensor([[0.0, -1.0]])).k == 2
+
+
+def _latticekit_modules():
+    """Every module of the package that imports here (torch's only where torch is installed)."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.walk_packages(lk.__path__, "latticekit."):
+        try:
+            yield importlib.import_module(info.name)
+        except ImportError as exc:  # an optional dependency (torch, pynini, matplotlib) is missing
+            if not exc.name or exc.name.split(".")[0] == "latticekit":
+                raise
+
+
+def test_every_error_class_is_defined_in_latticekit_errors():
+    import inspect
+
+    import latticekit.errors as errors
+
+    seen = {}
+    for module in _latticekit_modules():
+        for name, value in vars(module).items():
+            if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__.startswith("latticekit"):
+                seen[f"{module.__name__}.{name}"] = value
+    assert seen, "no error class found"
+    for where, cls in seen.items():
+        assert cls.__module__ == "latticekit.errors", f"{where} is defined in {cls.__module__}"
+        assert getattr(errors, cls.__name__) is cls, where
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.LatticeKitError)
+        assert cls is errors.LatticeKitError or any(
+            issubclass(cls, builtin) for builtin in (ValueError, TypeError, OSError, MemoryError)), name
+
+
+def test_heads_errors_are_one_family():
+    from latticekit.errors import HeadsError, HeadsFormatError, HeadsMismatchError
+
+    assert issubclass(HeadsFormatError, HeadsError) and issubclass(HeadsMismatchError, HeadsError)
+    assert not issubclass(HeadsFormatError, HeadsMismatchError) and not issubclass(HeadsMismatchError, HeadsFormatError)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from latticekit.bpd.drafters import Drafter, DraftInput, make_drafter, uniform_lm
-from latticekit.bpd.errors import DecoderConfigError, HeadsError
 from latticekit.bpd.records import METHODS, DecoderConfig, Decoding, StepRecord
+from latticekit.errors import DecoderConfigError, HeadsError
 
 __all__ = [
     "METHODS",

@@ -39,8 +39,8 @@ from typing import Optional
 
 import numpy as np
 
-from latticekit.bpd.errors import DecoderConfigError
 from latticekit.bpd.successors import KatzState, KatzSuccessors
+from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
 
 __all__ = ["CacheModel", "Children", "PRIOR_WEIGHTS", "MAX_ORDER"]

@@ -38,7 +38,7 @@ from typing import Any, Optional
 import numpy as np
 
 from latticekit._files import atomic_write
-from latticekit.bpd.errors import DecoderConfigError
+from latticekit.errors import DecoderConfigError
 
 __all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "FEATURES", "node_features", "logit",
            "shipped_acceptance"]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from latticekit._files import atomic_write
-from latticekit.bpd.errors import DecoderConfigError
+from latticekit.errors import DecoderConfigError
 
 __all__ = ["StepCosts", "measure_step_costs", "step_costs", "default_cache_dir", "monotone", "COSTS_VERSION"]
 

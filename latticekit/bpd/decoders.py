@@ -29,8 +29,8 @@ import torch
 
 from latticekit.bpd.drafters import Draft, DraftInput, drafter_class, make_drafter
 from latticekit.bpd.drafters.vanilla import argmax_draft
-from latticekit.bpd.errors import DecoderConfigError, HeadsError
 from latticekit.bpd.records import DecoderConfig, Decoding, StepRecord
+from latticekit.errors import DecoderConfigError, HeadsError
 from latticekit.lattice import SausageLattice
 from latticekit.torch import DraftTree, prefill, target_probs, verify
 from latticekit.torch.target import Target

@@ -31,8 +31,8 @@ from typing import Any, Optional
 import numpy as np
 
 from latticekit.bpd import analysis
-from latticekit.bpd.errors import DecoderConfigError
 from latticekit.bpd.records import DecoderConfig, Decoding
+from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
 
 __all__ = [

@@ -29,7 +29,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from latticekit.bpd.errors import HeadsError
+from latticekit.errors import HeadsError, HeadsMismatchError
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 
@@ -40,13 +40,13 @@ def head_logits(heads: Any, hidden: torch.Tensor, vocab_size: int) -> torch.Tens
     """``heads(hidden)``, checked: `(h >= 2, vocab)`.
 
     Raises:
-        HeadsError: the heads returned something else.
+        HeadsMismatchError: the heads returned something else (a :class:`HeadsError`).
     """
     logits = heads(hidden)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != vocab_size \
             or logits.shape[0] < 2:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise HeadsError(f"heads(hidden) must return logits of shape (h >= 2, {vocab_size}), got {shape}")
+        raise HeadsMismatchError(f"heads(hidden) must return logits of shape (h >= 2, {vocab_size}), got {shape}")
     return logits
 
 

@@ -12,7 +12,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from latticekit.bpd.errors import DecoderConfigError
 
 __all__ = ["METHODS", "DecoderConfig", "StepRecord", "Decoding"]
 
@@ -33,6 +32,7 @@ _DEFAULT_KP = {"auto": (16, 16), "headsfree": (1, 32), "heads+ngram": (16, 16)}
 _CHOOSERS = ("auto", "headsfree", "heads+ngram")
 
 
+from latticekit.errors import DecoderConfigError
 @dataclass(frozen=True)
 class DecoderConfig:
     """One decoder: a method and its knobs.

@@ -35,8 +35,8 @@ from latticekit._files import atomic_write
 from latticekit.bpd.analysis import accepted_length, block_efficiency
 from latticekit.bpd.drafters import DraftInput, make_drafter
 from latticekit.bpd.drafters.vanilla import argmax_draft
-from latticekit.bpd.errors import DecoderConfigError
 from latticekit.bpd.records import DecoderConfig, Decoding, StepRecord
+from latticekit.errors import DecoderConfigError
 from latticekit.lattice import SausageLattice
 
 __all__ = [

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from latticekit._files import atomic_write, check_weights, read_tagged_safetensors
-from latticekit.errors import LatticeKitError
+from latticekit.errors import RescorerError, RescorerFormatError
 
 __all__ = [
     "NeuralRescorer",
@@ -52,15 +52,6 @@ __all__ = [
 FORMAT_NAME = "latticekit-neural-rescorer"
 FORMAT_VERSION = 1
 _CONFIG_KEYS = ("vocab_size", "num_classes", "d_model", "num_layers", "num_heads", "d_ff", "max_len")
-
-
-class RescorerError(LatticeKitError, ValueError):
-    """A rescorer was built or called with arguments that do not fit it (sizes, positions,
-    vocabulary)."""
-
-
-class RescorerFormatError(RescorerError):
-    """A rescorer file is missing, damaged, or not a latticekit rescorer file."""
 
 
 @dataclass

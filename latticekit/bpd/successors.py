@@ -32,7 +32,7 @@ from typing import Optional
 
 import numpy as np
 
-from latticekit.bpd.errors import DecoderConfigError
+from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
 
 __all__ = ["KatzSuccessors", "KatzState"]

@@ -31,7 +31,7 @@ from typing import Any, Iterable, List, Optional, Sequence, Union
 import numpy as np
 
 from latticekit import _core
-from latticekit.errors import LatticeKitError
+from latticekit.errors import CorpusError
 from latticekit.lm.trie import BOS, EOS, SPECIAL_WORDS, UNK, NGramTrie
 
 __all__ = [
@@ -58,20 +58,6 @@ def run_files(directory: str, k: int) -> "tuple[str, str, str]":
         os.path.join(directory, f"word{k}.i32"),
         os.path.join(directory, f"count{k}.i64"),
     )
-
-
-class CorpusError(LatticeKitError, ValueError):
-    """A corpus cannot be counted: it is empty, undecodable, or has ids out of range.
-
-    Attributes:
-        path: the file being read ("" for in-memory input).
-        line: 1-based line number of the offending line (0 when the whole input is at fault).
-    """
-
-    def __init__(self, message: str, path: str = "", line: int = 0) -> None:
-        super().__init__(message)
-        self.path = path
-        self.line = line
 
 
 @dataclass

@@ -15,6 +15,7 @@ Typical loop::
         ids = torch.cat([ids, result.emitted_tokens])
 """
 
+from latticekit.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError
 from latticekit.torch.acceptance import (
     block_verification_plan,
     block_verify,
@@ -23,7 +24,6 @@ from latticekit.torch.acceptance import (
     token_verify,
 )
 from latticekit.torch.cache import KVCache, commit_accepted
-from latticekit.torch.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError
 from latticekit.torch.prepare import PackedLinear, Preparation, prepare_heads, prepare_target
 from latticekit.torch.protocol import TreeVerifiableModule
 from latticekit.torch.target import Target

@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from latticekit.torch.errors import DraftError
+from latticekit.errors import DraftError
 from latticekit.torch.tree import ROOT, DraftTree
 
 __all__ = [

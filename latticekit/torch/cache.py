@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from latticekit.torch.errors import CacheError
+from latticekit.errors import CacheError
 
 __all__ = ["KVCache", "slab_cache_class", "cache_length", "cache_device", "check_committable", "commit_accepted"]
 

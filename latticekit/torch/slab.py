@@ -11,7 +11,7 @@ from typing import Any, Optional
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from latticekit.torch.errors import CacheError
+from latticekit.errors import CacheError
 
 __all__ = ["SlabCache", "SlabLayer"]
 _SLAB_ROUND = 256  # capacities are multiples of this many positions

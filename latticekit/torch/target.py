@@ -16,8 +16,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from latticekit.errors import CacheError, DeviceMismatchError, UnsupportedModelError
 from latticekit.torch.cache import KVCache, cache_device, check_committable
-from latticekit.torch.errors import CacheError, DeviceMismatchError, UnsupportedModelError
 from latticekit.torch.tree import mask_from_visibility
 
 __all__ = ["Target", "keeps_logits"]

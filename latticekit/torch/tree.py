@@ -14,7 +14,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from latticekit.torch.errors import DraftError
+from latticekit.errors import DraftError
 
 __all__ = ["DraftTree", "ROOT"]
 

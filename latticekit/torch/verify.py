@@ -21,7 +21,7 @@ from typing import Any, Literal, Optional, Union
 import numpy as np
 import torch
 
-from latticekit.errors import VocabularyError
+from latticekit.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError, VocabularyError
 from latticekit.torch.acceptance import (
     AcceptedPath,
     block_verify,
@@ -31,7 +31,6 @@ from latticekit.torch.acceptance import (
     tree_sampling_accept,
 )
 from latticekit.torch.cache import KVCache, cache_device, cache_length, check_committable, commit_accepted
-from latticekit.torch.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError
 from latticekit.torch.logits import ArgmaxRows, TreeLogits, first_block_rows
 from latticekit.torch.target import HEAD_IS_LAST_STEP, Target
 from latticekit.torch.tree import ROOT, DraftTree, mask_from_visibility

@@ -29,8 +29,8 @@ from latticekit.bpd.drafters.neural import NeuralDrafter
 from latticekit.bpd.drafters.ngram import NGramDrafter, select_lm, uniform_lm
 from latticekit.bpd.drafters.oracle import OracleDrafter, oracle_draft
 from latticekit.bpd.drafters.vanilla import VanillaDrafter, argmax_draft
-from latticekit.bpd.errors import DecoderConfigError
 from latticekit.bpd.records import DecoderConfig
+from latticekit.errors import DecoderConfigError
 
 __all__ = [
     "DRAFTERS",

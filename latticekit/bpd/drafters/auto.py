@@ -53,8 +53,8 @@ from latticekit.bpd.continuations import best_continuations
 from latticekit.bpd.costs import StepCosts
 from latticekit.bpd.drafters.base import Draft, Drafter, DraftInput, DraftResources
 from latticekit.bpd.drafters.ngram import select_lm, uniform_lm
-from latticekit.bpd.errors import DecoderConfigError
 from latticekit.bpd.records import DecoderConfig
+from latticekit.errors import DecoderConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 from latticekit.search import pbest

@@ -8,8 +8,8 @@ from typing import Any, Optional
 import numpy as np
 
 from latticekit.bpd.drafters.base import Draft, Drafter, DraftInput, DraftResources
-from latticekit.bpd.errors import DecoderConfigError
 from latticekit.bpd.records import DecoderConfig
+from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
 from latticekit.search import pbest
 

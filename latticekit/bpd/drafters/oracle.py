@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from latticekit.bpd.drafters.base import Draft, Drafter, DraftInput, DraftResources
-from latticekit.bpd.errors import DecoderConfigError
 from latticekit.bpd.records import DecoderConfig
+from latticekit.errors import DecoderConfigError
 from latticekit.lattice import SausageLattice
 
 __all__ = ["OracleDrafter", "oracle_draft"]
