@@ -34,8 +34,9 @@ shard written atomically with ``hidden`` (float16, `(n, d)`), ``greedy`` and ``i
 answer), ``key`` (what it was computed from) and its compute time. A rerun skips every shard
 whose key matches, so an interrupted run resumes; the job tolerates SIGSTOP / SIGCONT at any
 time (nothing depends on wall-clock time). Training shards are filled in turn, the domain
-that has had the least compute time (weighted: instruction answers 2, code and English 1)
-first, so a run stopped early has data from every domain.
+that has had the least CPU time (weighted: instruction answers 2, code and English 1) first,
+so a run stopped early has data from every domain. CPU time, not wall time: a shard that was
+paused or shared the machine would otherwise count as expensive and starve its domain.
 
 Outputs besides the cache: ``benchmarks/results/heads/split_v2.json`` (the rule, every held-out
 file per source in the manifest schema ``latticekit.bpd.evaluate`` reads, the files cached) and ``instruction_prompts.json`` (the held-out
@@ -306,7 +307,7 @@ def load_domain(split: str, domain: str, cache_dir: Path = CACHE) -> dict[str, n
 
 def interleave(train: dict[str, list[Shard]], spent: dict[str, dict[str, float]], budget: int,
                weights: dict[str, float]) -> Iterator[Shard]:
-    """Training shards, always from the open domain that has had the least compute time per weight.
+    """Training shards, always from the open domain that has had the least CPU time per weight.
 
     A domain stays open until it has ``budget`` tokens or no shards left. ``spent`` is read
     afresh before every choice (the caller updates it), so a run stopped at any point has spent
@@ -318,7 +319,7 @@ def interleave(train: dict[str, list[Shard]], spent: dict[str, dict[str, float]]
         open_domains = [d for d, q in queues.items() if q and spent[d]["tokens"] < budget]
         if not open_domains:
             return
-        yield queues[min(open_domains, key=lambda d: (spent[d]["wall_s"] / weights[d], d))].pop(0)
+        yield queues[min(open_domains, key=lambda d: (spent[d]["cpu_s"] / weights[d], d))].pop(0)
 
 
 def main() -> None:
