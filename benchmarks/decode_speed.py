@@ -63,7 +63,7 @@ def chat_ids(tokenizer: Any, user: str) -> list[int]:
 
 def window_prompts(args: argparse.Namespace, tokenizer: Any, domain: str) -> list[dict[str, Any]]:
     """``args.num_prompts`` windows of ``args.prompt_tokens`` tokens of the domain's held-out files."""
-    from latticekit.bpd.evaluate import prompts_from_manifest
+    from latticekit.bpd.prompts import prompts_from_manifest
 
     prompts = prompts_from_manifest(args.manifest, tokenizer, args.prompt_tokens, args.num_prompts, 0, args.seed,
                                     [domain])
@@ -237,7 +237,8 @@ def main() -> int:
 
     from latticekit.bpd.costs import step_costs
     from latticekit.bpd.demo import embedded_token_lm
-    from latticekit.bpd.evaluate import load_heads, load_target, machine
+    from latticekit.bpd.loading import load_heads, load_target
+    from latticekit.bpd.report import machine
     from latticekit.torch import prepare_target
 
     transformers.logging.set_verbosity_error()

@@ -132,7 +132,8 @@ def run_chunk(args: argparse.Namespace) -> int:
 
     from latticekit.bpd.costs import StepCosts
     from latticekit.bpd.demo import embedded_token_lm
-    from latticekit.bpd.evaluate import load_heads, load_target, machine
+    from latticekit.bpd.loading import load_heads, load_target
+    from latticekit.bpd.report import machine
     from latticekit.torch import prepare_target
 
     transformers.logging.set_verbosity_error()

@@ -47,7 +47,7 @@ def log(msg: str) -> None:
 
 
 def tuning_prompts(args: argparse.Namespace, tokenizer: Any) -> dict[str, list[list[int]]]:
-    from latticekit.bpd.evaluate import prompts_from_files
+    from latticekit.bpd.prompts import prompts_from_files
 
     manifest = json.loads(Path(args.manifest).read_text())
     out: dict[str, list[list[int]]] = {}
@@ -144,7 +144,7 @@ def main() -> int:
     from latticekit.bpd.calibration import AcceptanceModel
     from latticekit.bpd.costs import step_costs
     from latticekit.bpd.demo import embedded_token_lm
-    from latticekit.bpd.evaluate import load_heads, load_target
+    from latticekit.bpd.loading import load_heads, load_target
     from latticekit.bpd.records import DecoderConfig
     from latticekit.bpd.replay import heads_fingerprint, trace_prompts
     from latticekit.torch import prepare_target

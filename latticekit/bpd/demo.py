@@ -97,7 +97,7 @@ def run_bpd_demo(max_new_tokens: int = 64, threads: Optional[int] = None, as_jso
 
     from latticekit.bpd.costs import step_costs
     from latticekit.bpd.decoders import decode
-    from latticekit.bpd.evaluate import load_heads, load_target
+    from latticekit.bpd.loading import load_heads, load_target
     from latticekit.torch import prepare_target
 
     if threads:

