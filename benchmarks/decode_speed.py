@@ -83,7 +83,7 @@ def instruction_prompts(args: argparse.Namespace, tokenizer: Any) -> list[dict[s
 
 def load_prompts(args: argparse.Namespace, tokenizer: Any, heads_num: int) -> dict[str, list[dict[str, Any]]]:
     """domain -> prompts, each ``{"source", "ids", "max_new_tokens", "eos"}``."""
-    from latticekit.bpd.demo import demo_prompts
+    from latticekit.demo import demo_prompts
 
     out: dict[str, list[dict[str, Any]]] = {}
     for domain in args.domains:
@@ -236,7 +236,7 @@ def main() -> int:
     import transformers
 
     from latticekit.bpd.costs import step_costs
-    from latticekit.bpd.demo import embedded_token_lm
+    from latticekit.demo import embedded_token_lm
     from latticekit.bpd.loading import load_heads, load_target
     from latticekit.bpd.report import machine
     from latticekit.torch import prepare_target

@@ -131,7 +131,7 @@ def run_chunk(args: argparse.Namespace) -> int:
     import transformers
 
     from latticekit.bpd.costs import StepCosts
-    from latticekit.bpd.demo import embedded_token_lm
+    from latticekit.demo import embedded_token_lm
     from latticekit.bpd.loading import load_heads, load_target
     from latticekit.bpd.report import machine
     from latticekit.torch import prepare_target

@@ -143,7 +143,7 @@ def main() -> int:
 
     from latticekit.bpd.calibration import AcceptanceModel
     from latticekit.bpd.costs import step_costs
-    from latticekit.bpd.demo import embedded_token_lm
+    from latticekit.demo import embedded_token_lm
     from latticekit.bpd.loading import load_heads, load_target
     from latticekit.bpd.records import DecoderConfig
     from latticekit.bpd.replay import heads_fingerprint, trace_prompts
