@@ -380,10 +380,7 @@ class DraftTree:
         """
         if prefix_len < 0:
             raise DraftError(f"prefix_len must be >= 0, got {prefix_len}")
-        visible = np.concatenate(
-            [np.ones((self.num_nodes, prefix_len), dtype=bool), self.ancestors()], axis=1
-        )
-        return mask_from_visibility(visible, dtype, device)
+        return self.pass_mask(prefix_len, dtype, device)[:, :, 1:].clone()  # the node rows
 
     def position_ids(self, prefix_len: int, device: Union[str, torch.device, None] = None) -> torch.Tensor:
         """Positions of the nodes: ``prefix_len + depth``.
@@ -393,7 +390,8 @@ class DraftTree:
         """
         if prefix_len < 0:
             raise DraftError(f"prefix_len must be >= 0, got {prefix_len}")
-        return torch.from_numpy(self.depths + prefix_len).to(device).unsqueeze(0)
+        _, offsets = self.pass_arrays(device)
+        return (offsets[1:] + prefix_len)[None]  # a pass's positions without the root's
 
     def pass_arrays(self, device: Union[str, torch.device, None] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The node tokens and the pass's position offsets on ``device``, cached per tree.
@@ -436,6 +434,32 @@ class DraftTree:
             block = mask_from_visibility(visible, dtype, device)[0, 0]
             self._pass_blocks[dtype, device] = block
         return block
+
+    def pass_mask(
+        self, prefix_len: int, dtype: torch.dtype, device: Union[str, torch.device, None] = None
+    ) -> torch.Tensor:
+        """The mask of one pass over the root and every node: ``prefix_len`` columns that every
+        row sees (the cached tokens and the root, the last of them), then :meth:`pass_mask_block`.
+
+        Args:
+            prefix_len: tokens up to and including the root.
+            dtype: ``torch.bool`` (True = may attend) or a floating dtype (additive: 0 where
+                visible, the dtype's most negative finite value elsewhere).
+            device: device of the result.
+
+        Returns:
+            `torch.Tensor` of shape `(1, 1, num_nodes + 1, prefix_len + num_nodes)`: row 0 is the
+            root's, row ``i + 1`` node ``i``'s.
+
+        Raises:
+            DraftError: ``dtype`` is neither bool nor floating.
+        """
+        block = self.pass_mask_block(dtype, device)  # cached per tree
+        n = self.num_nodes
+        mask = torch.empty((1, 1, n + 1, prefix_len + n), dtype=dtype, device=block.device)
+        mask[0, 0].narrow(1, 0, prefix_len).fill_(True if dtype == torch.bool else 0)
+        mask[0, 0].narrow(1, prefix_len, n).copy_(block)
+        return mask
 
     def __repr__(self) -> str:
         return (

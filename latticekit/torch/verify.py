@@ -219,12 +219,9 @@ def tree_pass_inputs(
         of shape `(1, 1, num_nodes + 1, L + num_nodes)`: the root sees the cache and itself,
         node i the cache, the root, its ancestors and itself.
     """
-    prefix_len, n, device = prefix_ids.shape[0], tree.num_nodes, node_tokens.device
-    block = tree.pass_mask_block(mask_dtype, device)  # cached per tree
+    prefix_len, device = prefix_ids.shape[0], node_tokens.device
+    mask = tree.pass_mask(prefix_len, mask_dtype, device)
     _, offsets = tree.pass_arrays(device)
-    mask = torch.empty((1, 1, n + 1, prefix_len + n), dtype=mask_dtype, device=device)
-    mask[0, 0].narrow(1, 0, prefix_len).fill_(True if mask_dtype == torch.bool else 0)
-    mask[0, 0].narrow(1, prefix_len, n).copy_(block)
     input_ids = torch.cat([prefix_ids[-1:], node_tokens])[None]
     position_ids = (offsets + prefix_len)[None]
     return input_ids, position_ids, mask
