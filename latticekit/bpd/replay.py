@@ -137,7 +137,8 @@ def trace_prompts(model: Any, heads: Any, prompts: Sequence[Sequence[int]], num_
                   batch_size: int = 8, cache_dir: Optional[Any] = None, description: str = "",
                   progress: Optional[Callable[[str], None]] = None) -> list[Trace]:
     """Greedy-decodes ``num_tokens`` tokens after each prompt (batched, KV cache) and records
-    every position's head lattice.
+    every position's head lattice. The target runs through
+    :meth:`latticekit.torch.Target.forward_last`, the adapter's plain batched pass.
 
     Args:
         model: an HF causal LM (its output embeddings' input is the heads' hidden state).
@@ -158,11 +159,12 @@ def trace_prompts(model: Any, heads: Any, prompts: Sequence[Sequence[int]], num_
         DecoderConfigError: an empty prompt, ``num_tokens < 1``, ``cache_dir`` without
             ``description``, a model that is not an HF causal LM, or heads whose first row
             does not reproduce the model's greedy token.
+        UnsupportedModelError: an HF model without output embeddings.
     """
     import torch
     from transformers import DynamicCache, PreTrainedModel
 
-    from latticekit.torch.target import keeps_logits
+    from latticekit.torch.target import Target
 
     if num_tokens < 1:
         raise DecoderConfigError(f"num_tokens must be >= 1, got {num_tokens}")
@@ -190,31 +192,24 @@ def trace_prompts(model: Any, heads: Any, prompts: Sequence[Sequence[int]], num_
     if not isinstance(model, PreTrainedModel):
         raise DecoderConfigError(f"tracing needs an HF causal LM, got {type(model).__name__}; "
                                  "use latticekit.bpd.decode for protocol modules")
-    head_module = model.get_output_embeddings()
-    device = head_module.weight.device
-    keep = {"logits_to_keep": 1} if keeps_logits(type(model)) else {}
+    target = Target(model, tree_masks=False)  # plain batched passes: any attention will do
+    device = target.head.weight.device
     done = 0
     total = sum(len(v) for v in todo.values())
     for length, members in todo.items():
         for start in range(0, len(members), batch_size):
             batch = members[start:start + batch_size]
             t0 = time.perf_counter()
-            captured: list[torch.Tensor] = []
-            hook = head_module.register_forward_pre_hook(lambda _m, args: captured.append(args[0][:, -1]))
-            try:
-                with torch.no_grad():
-                    kv = DynamicCache(config=model.config)
-                    ids = torch.tensor([list(prompts[n]) for n in batch], dtype=torch.long, device=device)
-                    tokens, hidden = [], []
-                    step_ids = ids
-                    for _ in range(num_tokens):
-                        logits = model(input_ids=step_ids, past_key_values=kv, use_cache=True,
-                                       **keep).logits[:, -1]
-                        hidden.append(captured.pop())
-                        step_ids = logits.argmax(dim=-1, keepdim=True)
-                        tokens.append(step_ids[:, 0])
-            finally:
-                hook.remove()
+            with torch.no_grad():
+                kv = DynamicCache(config=model.config)  # batched rows: not the batch-1 SlabCache
+                ids = torch.tensor([list(prompts[n]) for n in batch], dtype=torch.long, device=device)
+                tokens, hidden = [], []
+                step_ids = ids
+                for _ in range(num_tokens):
+                    logits, last_hidden = target.forward_last(step_ids, kv)
+                    hidden.append(last_hidden)
+                    step_ids = logits.argmax(dim=-1, keepdim=True)
+                    tokens.append(step_ids[:, 0])
             t1 = time.perf_counter()
             hidden_t = torch.stack(hidden, dim=1)  # (B, N, d)
             conts = torch.stack(tokens, dim=1).cpu()

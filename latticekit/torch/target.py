@@ -2,8 +2,9 @@
 
 :class:`Target` is the one forward path of latticekit's decoders, replay tracing and the
 verification adapter: a tree pass over a KV cache (mask, positions, hidden-state capture), the
-same pass with the output projection applied to chosen rows only, and the plain one-token step
-of ordinary decoding.
+same pass with the output projection applied to chosen rows only, the plain one-token step
+of ordinary decoding, and the plain batched pass of replay tracing; every call of an HF model
+goes through one method (hidden states captured by a hook).
 """
 
 from __future__ import annotations
@@ -33,15 +34,27 @@ HEAD_IS_LAST_STEP: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDicti
 
 
 class Target:
-    """Uniform access to an HF causal LM or a plain module following the protocol."""
+    """Uniform access to an HF causal LM or a plain module following the protocol.
 
-    def __init__(self, model: Any) -> None:
+    Args:
+        model: the HF causal LM or protocol module.
+        tree_masks: whether passes will carry a 4-D mask (tree passes, and a protocol module's
+            every pass), so that an HF model's attention must take one; ``False`` for the plain
+            batched passes of :meth:`forward_last` alone.
+
+    Raises:
+        UnsupportedModelError: a model that is neither, an HF model without output embeddings
+            or (with ``tree_masks``) whose attention cannot take a 4-D mask, or one without
+            parameters.
+    """
+
+    def __init__(self, model: Any, *, tree_masks: bool = True) -> None:
         self.model = model
         transformers = sys.modules.get("transformers")
         self.is_hf = transformers is not None and isinstance(model, transformers.PreTrainedModel)
         if self.is_hf:
             attn = getattr(model.config, "_attn_implementation", None)
-            if attn not in MASKABLE_ATTENTION:
+            if tree_masks and attn not in MASKABLE_ATTENTION:
                 raise UnsupportedModelError(
                     f"attention implementation {attn!r} cannot take a custom 4-D tree mask; "
                     f"load the model with attn_implementation in {MASKABLE_ATTENTION}"
@@ -111,32 +124,43 @@ class Target:
             return logits[0], hidden[0]
         captured: list[torch.Tensor] = []
         hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
-        return self._hf_forward(input_ids, position_ids, mask, cache, hook, captured)
+        logits, hidden = self._hf_forward(
+            hook, captured, input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache
+        )
+        return logits[0], hidden[0]
 
-    def _hf_forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        mask: torch.Tensor,
-        cache: Any,
-        hook: Any,
-        captured: list[torch.Tensor],
-        **extra: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Calls the HF model with ``hook`` (which appends the hidden states to ``captured``)
-        registered; removes the hook and returns the logits and the captured hidden states."""
+    def forward_last(self, input_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The plain causal pass of an HF model over ``B`` rows of equal length, as transformers
+        decodes (no mask, no positions given), with the output projection of the last position
+        only where the model allows it (``logits_to_keep``): what replay tracing runs.
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `(B, n)`): the tokens after the cache's.
+            cache: a transformers ``Cache`` holding ``B`` rows of equal length, which gains them.
+
+        Returns:
+            Logits `(B, vocab)` and final hidden states `(B, hidden)` of each row's last position.
+
+        Raises:
+            UnsupportedModelError: a protocol module (its passes take a mask).
+        """
+        if not self.is_hf:
+            raise UnsupportedModelError("forward_last needs an HF causal LM; a protocol module's passes take a mask")
+        captured: list[torch.Tensor] = []
+        hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0][:, -1]))
+        keep = {"logits_to_keep": 1} if keeps_logits(type(self.model)) else {}
+        logits, hidden = self._hf_forward(hook, captured, input_ids=input_ids, past_key_values=cache, **keep)
+        return logits[:, -1], hidden
+
+    def _hf_forward(self, hook: Any, captured: list[torch.Tensor], **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Calls the HF model on ``inputs`` (with its cache in use) with ``hook`` (which appends
+        the hidden states to ``captured``) registered; removes the hook and returns the logits and
+        the last captured hidden states, batch dimension kept."""
         try:
-            out = self.model(
-                input_ids=input_ids,
-                position_ids=position_ids,
-                attention_mask=mask,
-                past_key_values=cache,
-                use_cache=True,
-                **extra,
-            )
+            out = self.model(use_cache=True, **inputs)
         finally:
             hook.remove()
-        return out.logits[0], captured[-1][0]
+        return out.logits, captured[-1]
 
     def step(self, cache: Any, token: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One plain decoding step: ``token`` at ``position`` over a cache holding ``position``
@@ -189,7 +213,16 @@ class Target:
         captured: list[torch.Tensor] = []
         hook = self.body.register_forward_hook(lambda _module, _args, out: captured.append(out[0]))
         keep = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
-        return self._hf_forward(input_ids, position_ids, mask, cache, hook, captured, logits_to_keep=keep)
+        logits, hidden = self._hf_forward(
+            hook,
+            captured,
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=mask,
+            past_key_values=cache,
+            logits_to_keep=keep,
+        )
+        return logits[0], hidden[0]
 
     def forward_probing_head(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any
