@@ -3,6 +3,14 @@
 
 from __future__ import annotations
 
-from latticekit.demo import DEMO_DECODERS, bpd_demo_available, demo_prompts, embedded_token_lm, run_bpd_demo
+from latticekit.demo import (  # noqa: F401  (LM_FILE, PROMPTS_FILE: module constants kept importable)
+    DEMO_DECODERS,
+    LM_FILE,
+    PROMPTS_FILE,
+    bpd_demo_available,
+    demo_prompts,
+    embedded_token_lm,
+    run_bpd_demo,
+)
 
 __all__ = ["DEMO_DECODERS", "demo_prompts", "embedded_token_lm", "run_bpd_demo", "bpd_demo_available"]

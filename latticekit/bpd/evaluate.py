@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from latticekit.bpd.loading import Tokenizer, load_heads, load_lms, load_target
+from latticekit.bpd.loading import TINY_MODELS, Tokenizer, load_heads, load_lms, load_target  # noqa: F401
 from latticekit.bpd.prompts import Prompt, prompts_from_files, prompts_from_manifest, split_by_file
 from latticekit.bpd.records import DecoderConfig, Decoding
 from latticekit.bpd.report import _fmt, agreement, machine, summarize, write_report
