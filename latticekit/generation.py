@@ -110,7 +110,7 @@ def generate(
             None drafts without heads (``headsfree``: continuations of the decoded text under
             its own n-gram cache and ``lm``).
         lm: a Katz n-gram model over the model's token ids (e.g.
-            ``latticekit.bpd.demo.embedded_token_lm()`` for SmolLM2): rescores the heads'
+            ``latticekit.demo.embedded_token_lm()`` for SmolLM2): rescores the heads'
             candidates, or drafts with the cache when there are no heads, and feeds the
             acceptance estimates. Optional.
         max_new_tokens: how many tokens to decode at most (>= 1).
