@@ -7,8 +7,18 @@ from libcpp.vector cimport vector
 
 
 cdef extern from "latticekit/errors.h" namespace "latticekit" nogil:
+    # ErrorInfo::Kind itself, by its C++ names (its values live in errors.h only).
+    cdef enum ErrorKind "latticekit::ErrorInfo::Kind":
+        kOther "latticekit::ErrorInfo::kOther"
+        kArpa "latticekit::ErrorInfo::kArpa"
+        kModelFile "latticekit::ErrorInfo::kModelFile"
+        kInvalidArgument "latticekit::ErrorInfo::kInvalidArgument"
+        kNoMemory "latticekit::ErrorInfo::kNoMemory"
+        kFileSystem "latticekit::ErrorInfo::kFileSystem"
+        kThreadStart "latticekit::ErrorInfo::kThreadStart"
+
     cdef cppclass ErrorInfo:
-        int kind
+        ErrorKind kind
         string message
         string path
         long line
@@ -22,17 +32,17 @@ cdef inline int raise_core_error() except -1:
     cdef ErrorInfo info = CurrentError()
     from latticekit import errors
     message = info.message.decode("utf-8", "replace")
-    if info.kind == 1:
+    if info.kind == kArpa:
         raise errors.ArpaFormatError(message, info.path.decode("utf-8", "replace"), info.line)
-    if info.kind == 2:
+    if info.kind == kModelFile:
         raise errors.ModelFormatError(message)
-    if info.kind == 3:
+    if info.kind == kInvalidArgument:
         raise errors.LatticeError(message)
-    if info.kind == 4:
+    if info.kind == kNoMemory:
         raise errors.OutOfMemoryError(message)
-    if info.kind == 5:
+    if info.kind == kFileSystem:
         raise errors.FileAccessError(message, info.path.decode("utf-8", "surrogateescape"), info.code)
-    if info.kind == 6:
+    if info.kind == kThreadStart:
         raise errors.ThreadStartError(message, info.code)
     raise errors.LatticeKitError(f"internal error (a bug of latticekit's, please report it): {message}")
 
