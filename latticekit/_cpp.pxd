@@ -163,8 +163,23 @@ cdef extern from "latticekit/search.h" namespace "latticekit" nogil:
     int PBestOne(const Model& model, const LatticeView& lattice, const int32_t* context,
                  size_t context_size, bool bos, int p, double alpha,
                  const PathsOut& out) except +raise_core_error
-    void PBestBatch(const Model& model, const int32_t* tokens, const float* scores,
-                    const int32_t* widths, int64_t batch, int h, int k, const int32_t* context,
+    cdef cppclass LatticeBatchView:
+        const int32_t* tokens
+        const float* scores
+        const int32_t* widths
+        int64_t batch
+        int h
+        int k
+
+    cdef cppclass BatchPathsOut:
+        int32_t* tokens
+        double* score
+        double* draft_score
+        double* lm_score
+        int32_t* count
+        int64_t* pops
+        int64_t* transitions
+
+    void PBestBatch(const Model& model, const LatticeBatchView& lattices, const int32_t* context,
                     const int64_t* context_offsets, bool bos, int p, double alpha, int threads,
-                    int32_t* out_tokens, double* out_score, double* out_draft, double* out_lm,
-                    int32_t* out_count, int64_t* out_pops, int64_t* out_transitions) except +raise_core_error
+                    const BatchPathsOut& out) except +raise_core_error

@@ -962,11 +962,11 @@ int PBestOne(const Model &model, const LatticeView &lattice, const int32_t *cont
   return ThreadSearcher(model).Run(lattice, start, p, alpha, out);
 }
 
-void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,
-                const int32_t *widths, int64_t batch, int h, int k, const int32_t *context,
+void PBestBatch(const Model &model, const LatticeBatchView &lattices, const int32_t *context,
                 const int64_t *context_offsets, bool bos, int p, double alpha, int threads,
-                int32_t *out_tokens, double *out_score, double *out_draft, double *out_lm,
-                int32_t *out_count, int64_t *out_pops, int64_t *out_transitions) {
+                const BatchPathsOut &out) {
+  const int64_t batch = lattices.batch;
+  const int h = lattices.h, k = lattices.k;
   if (batch <= 0) return;
   threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, batch)));
   std::atomic<int64_t> next(0);
@@ -979,23 +979,23 @@ void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,
         const int64_t b = next.fetch_add(1);
         if (b >= batch) break;
         LatticeView lattice;
-        lattice.tokens = tokens + b * h * k;
-        lattice.scores = scores + b * h * k;
-        lattice.widths = widths ? widths + b * h : nullptr;
+        lattice.tokens = lattices.tokens + b * h * k;
+        lattice.scores = lattices.scores + b * h * k;
+        lattice.widths = lattices.widths ? lattices.widths + b * h : nullptr;
         lattice.h = h;
         lattice.k = k;
-        PathsOut out;
-        out.tokens = out_tokens + b * p * h;
-        out.score = out_score + b * p;
-        out.draft_score = out_draft + b * p;
-        out.lm_score = out_lm + b * p;
+        PathsOut paths;
+        paths.tokens = out.tokens + b * p * h;
+        paths.score = out.score + b * p;
+        paths.draft_score = out.draft_score + b * p;
+        paths.lm_score = out.lm_score + b * p;
         const int32_t *own_context = context ? context + context_offsets[b] : nullptr;
         const size_t context_size =
             context ? static_cast<size_t>(context_offsets[b + 1] - context_offsets[b]) : 0;
-        out_count[b] = PBestOne(model, lattice, own_context, context_size, bos, p, alpha, out);
-        if (out_pops != nullptr) out_pops[b] = static_cast<int64_t>(search.stats().pops);
-        if (out_transitions != nullptr)
-          out_transitions[b] = static_cast<int64_t>(search.stats().transitions);
+        out.count[b] = PBestOne(model, lattice, own_context, context_size, bos, p, alpha, paths);
+        if (out.pops != nullptr) out.pops[b] = static_cast<int64_t>(search.stats().pops);
+        if (out.transitions != nullptr)
+          out.transitions[b] = static_cast<int64_t>(search.stats().transitions);
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mutex);
