@@ -45,14 +45,14 @@ double Model::Advance(StateId s, WordId w, StateId *next) const {
     if (a != kNoArc) {
       if (order_ == 1) {
         *next = kRootState;
-      } else if (a + 1 < num_states_) {
-        *next = Normalize(a + 1);
+      } else if (!IsTopArc(a)) {
+        *next = Normalize(ArcState(a));
       } else {
         // Highest order: the next history is the longest suffix of (t, w) that is a state.
         StateId u = BackoffState(t);
         uint32_t b;
         while ((b = FindArc(u, w)) == kNoArc) u = BackoffState(u);
-        *next = Normalize(b + 1);
+        *next = Normalize(ArcState(b));
       }
       return total + ArcLog10Prob(a);
     }
@@ -107,7 +107,7 @@ void Model::NGrams(int n, int32_t *ids, float *log10_prob, float *log10_backoff)
         rows[i * k + k - 1] = static_cast<int32_t>(ArcWord(a));
         if (k == n) {
           log10_prob[i] = ArcLog10Prob(a);
-          log10_backoff[i] = k < order_ ? BackoffWeight(a + 1) : 0.0f;
+          log10_backoff[i] = k < order_ ? BackoffWeight(ArcState(a)) : 0.0f;
         }
       }
     }

@@ -514,43 +514,11 @@ class ForwardPass {
     }
     slot_of_state.Clear();  // the successor slots of this column
     for (int j = 0; j < width; ++j) {
-      if (++epoch == 0) {  // wrapped
-        std::fill(involved.begin(), involved.end(), 0);
-        std::fill(consumer.begin(), consumer.end(), 0);
-        epoch = 1;
-      }
-      involved_list.clear();
-      for (uint32_t w = word_begin[j]; w < word_begin[j + 1]; ++w) {
-        const uint32_t u = word_uses[w];
-        uint32_t x = uses[u].node - nb;
-        consumer[x] = epoch;
-        while (involved[x] != epoch) {
-          involved[x] = epoch;
-          involved_list.push_back(x);
-          if (x == 0) break;
-          x = static_cast<uint32_t>(nodes[nb + x].parent) - nb;
-        }
-      }
+      MarkInvolved(nb, j);
       double root_flow = up[0];
       int32_t root_src = up_src[0];
       if (!involved_list.empty()) {
-        std::sort(involved_list.begin(), involved_list.end(), std::greater<uint32_t>());
-        for (uint32_t x : involved_list) {
-          const int32_t s = nodes[nb + x].slot;
-          fl[x] = s >= 0 ? g.best[s] : kNegInf;
-          fl_src[x] = s;
-        }
-        for (uint32_t x : involved_list) {  // children first
-          for (uint32_t i = child_begin[x]; i < child_begin[x + 1]; ++i) {
-            const uint32_t c = children[i];
-            if (contrib[c] == kNegInf || contrib[c] < fl[x]) break;  // nothing later does better
-            if (involved[c] != epoch) Offer(t, &fl[x], &fl_src[x], contrib[c], up_src[c]);
-          }
-          if (x != 0 && consumer[x] != epoch && fl[x] != kNegInf) {
-            const uint32_t parent = static_cast<uint32_t>(nodes[nb + x].parent) - nb;
-            Offer(t, &fl[parent], &fl_src[parent], fl[x] + al * nodes[nb + x].log10_bo, fl_src[x]);
-          }
-        }
+        SolveFlows(t, nb);
         for (uint32_t w = word_begin[j]; w < word_begin[j + 1]; ++w) {
           const uint32_t u = word_uses[w];
           const uint32_t x = uses[u].node - nb;
@@ -562,6 +530,52 @@ class ForwardPass {
       Consume(t, nb, root.use_begin + j, root_flow, root_src);
     }
     g.slot_begin[t + 2] = static_cast<uint32_t>(g.slot_state.size());
+  }
+
+  // Arc j's flow problem: its consumers (other than the root) and the nodes on their
+  // back-off chains, in involved_list; consumer[x] and involved[x] are epoch for them.
+  void MarkInvolved(uint32_t nb, int j) {
+    if (++epoch == 0) {  // wrapped
+      std::fill(involved.begin(), involved.end(), 0);
+      std::fill(consumer.begin(), consumer.end(), 0);
+      epoch = 1;
+    }
+    involved_list.clear();
+    for (uint32_t w = word_begin[j]; w < word_begin[j + 1]; ++w) {
+      const uint32_t u = word_uses[w];
+      uint32_t x = g.uses[u].node - nb;
+      consumer[x] = epoch;
+      while (involved[x] != epoch) {
+        involved[x] = epoch;
+        involved_list.push_back(x);
+        if (x == 0) break;
+        x = static_cast<uint32_t>(g.nodes[nb + x].parent) - nb;
+      }
+    }
+  }
+
+  // fl[x]: the best prefix reaching involved node x for the current arc, over x's subtree
+  // cut below the arc's other consumers (children first; an uninvolved child brings its
+  // whole subtree's best, contrib).
+  void SolveFlows(int t, uint32_t nb) {
+    const std::vector<TreeNode> &nodes = g.nodes;
+    std::sort(involved_list.begin(), involved_list.end(), std::greater<uint32_t>());
+    for (uint32_t x : involved_list) {
+      const int32_t s = nodes[nb + x].slot;
+      fl[x] = s >= 0 ? g.best[s] : kNegInf;
+      fl_src[x] = s;
+    }
+    for (uint32_t x : involved_list) {  // children first
+      for (uint32_t i = child_begin[x]; i < child_begin[x + 1]; ++i) {
+        const uint32_t c = children[i];
+        if (contrib[c] == kNegInf || contrib[c] < fl[x]) break;  // nothing later does better
+        if (involved[c] != epoch) Offer(t, &fl[x], &fl_src[x], contrib[c], up_src[c]);
+      }
+      if (x != 0 && consumer[x] != epoch && fl[x] != kNegInf) {
+        const uint32_t parent = static_cast<uint32_t>(nodes[nb + x].parent) - nb;
+        Offer(t, &fl[parent], &fl_src[parent], fl[x] + g.al * nodes[nb + x].log10_bo, fl_src[x]);
+      }
+    }
   }
 
   SearchGraph &g;
