@@ -11,6 +11,8 @@ CORE_SOURCES = [
     "csrc/latticekit/corpus.cc",
     "csrc/latticekit/counting.cc",
     "csrc/latticekit/model.cc",
+    "csrc/latticekit/model_build.cc",
+    "csrc/latticekit/model_format.cc",
     "csrc/latticekit/search.cc",
     "csrc/latticekit/storage.cc",
     "csrc/latticekit/trie.cc",

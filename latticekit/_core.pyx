@@ -29,7 +29,7 @@ from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountT
                               MergeCountOrder, Model, NGramTables, OrderTable, ParseArpa,
                               ParseArpaHeader,
                               LookupChildren, ParseIdLines, PBestBatch, PBestOne, LatticeView,
-                              PathsOut, StateId, Checksum64)
+                              LatticeBatchView, BatchPathsOut, PathsOut, StateId, Checksum64)
 
 
 cdef string _path_bytes(path):
@@ -223,10 +223,23 @@ cdef class CoreModel:
             co_view = context_offsets
             c_ptr = &c_view[0] if c_view.shape[0] > 0 else &dummy
             co_ptr = &co_view[0]
+        cdef LatticeBatchView lattices
+        lattices.tokens = &tokens[0, 0, 0]
+        lattices.scores = &scores[0, 0, 0]
+        lattices.widths = w_ptr
+        lattices.batch = batch
+        lattices.h = h
+        lattices.k = k
+        cdef BatchPathsOut out
+        out.tokens = &ot[0, 0, 0]
+        out.score = &osc[0, 0]
+        out.draft_score = &od[0, 0]
+        out.lm_score = &ol[0, 0]
+        out.count = &oc[0]
+        out.pops = &op[0]
+        out.transitions = &otr[0]
         with nogil:
-            PBestBatch(self.model.get()[0], &tokens[0, 0, 0], &scores[0, 0, 0], w_ptr, batch, h, k,
-                       c_ptr, co_ptr, bos, p, alpha, threads, &ot[0, 0, 0], &osc[0, 0], &od[0, 0],
-                       &ol[0, 0], &oc[0], &op[0], &otr[0])
+            PBestBatch(self.model.get()[0], lattices, c_ptr, co_ptr, bos, p, alpha, threads, out)
         return out_tokens, out_score, out_draft, out_lm, out_count, out_pops, out_transitions
 
 

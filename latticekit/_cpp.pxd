@@ -7,8 +7,18 @@ from libcpp.vector cimport vector
 
 
 cdef extern from "latticekit/errors.h" namespace "latticekit" nogil:
+    # ErrorInfo::Kind itself, by its C++ names (its values live in errors.h only).
+    cdef enum ErrorKind "latticekit::ErrorInfo::Kind":
+        kOther "latticekit::ErrorInfo::kOther"
+        kArpa "latticekit::ErrorInfo::kArpa"
+        kModelFile "latticekit::ErrorInfo::kModelFile"
+        kInvalidArgument "latticekit::ErrorInfo::kInvalidArgument"
+        kNoMemory "latticekit::ErrorInfo::kNoMemory"
+        kFileSystem "latticekit::ErrorInfo::kFileSystem"
+        kThreadStart "latticekit::ErrorInfo::kThreadStart"
+
     cdef cppclass ErrorInfo:
-        int kind
+        ErrorKind kind
         string message
         string path
         long line
@@ -22,17 +32,17 @@ cdef inline int raise_core_error() except -1:
     cdef ErrorInfo info = CurrentError()
     from latticekit import errors
     message = info.message.decode("utf-8", "replace")
-    if info.kind == 1:
+    if info.kind == kArpa:
         raise errors.ArpaFormatError(message, info.path.decode("utf-8", "replace"), info.line)
-    if info.kind == 2:
+    if info.kind == kModelFile:
         raise errors.ModelFormatError(message)
-    if info.kind == 3:
+    if info.kind == kInvalidArgument:
         raise errors.LatticeError(message)
-    if info.kind == 4:
+    if info.kind == kNoMemory:
         raise errors.OutOfMemoryError(message)
-    if info.kind == 5:
+    if info.kind == kFileSystem:
         raise errors.FileAccessError(message, info.path.decode("utf-8", "surrogateescape"), info.code)
-    if info.kind == 6:
+    if info.kind == kThreadStart:
         raise errors.ThreadStartError(message, info.code)
     raise errors.LatticeKitError(f"internal error (a bug of latticekit's, please report it): {message}")
 
@@ -153,8 +163,23 @@ cdef extern from "latticekit/search.h" namespace "latticekit" nogil:
     int PBestOne(const Model& model, const LatticeView& lattice, const int32_t* context,
                  size_t context_size, bool bos, int p, double alpha,
                  const PathsOut& out) except +raise_core_error
-    void PBestBatch(const Model& model, const int32_t* tokens, const float* scores,
-                    const int32_t* widths, int64_t batch, int h, int k, const int32_t* context,
+    cdef cppclass LatticeBatchView:
+        const int32_t* tokens
+        const float* scores
+        const int32_t* widths
+        int64_t batch
+        int h
+        int k
+
+    cdef cppclass BatchPathsOut:
+        int32_t* tokens
+        double* score
+        double* draft_score
+        double* lm_score
+        int32_t* count
+        int64_t* pops
+        int64_t* transitions
+
+    void PBestBatch(const Model& model, const LatticeBatchView& lattices, const int32_t* context,
                     const int64_t* context_offsets, bool bos, int p, double alpha, int threads,
-                    int32_t* out_tokens, double* out_score, double* out_draft, double* out_lm,
-                    int32_t* out_count, int64_t* out_pops, int64_t* out_transitions) except +raise_core_error
+                    const BatchPathsOut& out) except +raise_core_error

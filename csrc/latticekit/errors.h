@@ -67,6 +67,7 @@ class ThreadStartError : public std::runtime_error {
 // What the exception being handled is, for bindings that translate it. Call it only
 // inside a catch block.
 struct ErrorInfo {
+  // latticekit/_cpp.pxd declares this enum by name: its values are not repeated there.
   enum Kind {
     kOther = 0,  // a bug of latticekit's, not the input's
     kArpa = 1,
@@ -76,7 +77,7 @@ struct ErrorInfo {
     kFileSystem = 5,
     kThreadStart = 6,
   };
-  int kind = kOther;
+  Kind kind = kOther;
   std::string message;
   std::string path;
   long line = 0;

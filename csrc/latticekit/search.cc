@@ -12,10 +12,6 @@
 #include <system_error>
 #include <thread>
 
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
-
 #include "latticekit/errors.h"
 
 namespace latticekit {
@@ -131,42 +127,6 @@ struct Use {
   double add;       // draft + al * log10 p(word | node), plus any back-off paid on arrival
 };
 
-// How many of the n words at f are <= key.
-inline uint32_t CountNotAbove(const uint32_t *f, uint32_t n, WordId key) {
-  uint32_t count = 0;
-  for (uint32_t i = 0; i < n; ++i) count += f[i] <= key;
-  return count;
-}
-
-// The same for 16-bit words (n < 2^19). f[n .. n + 7] must be readable
-// (Model::kFencePadding); their values do not matter.
-inline uint32_t CountNotAbove(const uint16_t *f, uint32_t n, WordId key) {
-#ifdef __SSE2__
-  // x <= key exactly when the unsigned saturating difference x - key is 0. Each 16-bit lane
-  // counts at most n / 8 + 1 words. The last 0-7 words are one more load of 8, its lanes
-  // past n masked off: no scalar tail, no data-dependent branch.
-  const __m128i k = _mm_set1_epi16(static_cast<short>(key)), zero = _mm_setzero_si128();
-  __m128i acc = zero;
-  uint32_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i *>(f + i));
-    acc = _mm_sub_epi16(acc, _mm_cmpeq_epi16(_mm_subs_epu16(x, k), zero));
-  }
-  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i *>(f + i));
-  const __m128i lane = _mm_set_epi16(7, 6, 5, 4, 3, 2, 1, 0);
-  const __m128i in_range = _mm_cmplt_epi16(lane, _mm_set1_epi16(static_cast<short>(n - i)));
-  acc = _mm_sub_epi16(acc, _mm_and_si128(in_range, _mm_cmpeq_epi16(_mm_subs_epu16(x, k), zero)));
-  __m128i sum = _mm_madd_epi16(acc, _mm_set1_epi16(1));  // 4 x int32
-  sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(1, 0, 3, 2)));
-  sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
-  return static_cast<uint32_t>(_mm_cvtsi128_si32(sum));
-#else
-  uint32_t count = 0;
-  for (uint32_t i = 0; i < n; ++i) count += f[i] <= key;
-  return count;
-#endif
-}
-
 // Groups the items first .. last - 1 by key (< num_keys), counting-sort style: the items of
 // key g are (*members)[(*begin)[g] .. (*begin)[g + 1]), ascending.
 template <typename KeyOf>
@@ -199,28 +159,35 @@ struct PathNode {
 
 }  // namespace
 
-// The search runs in up to three passes over the lattice's columns.
+// The search runs in up to three passes over the lattice's columns, one struct each: the
+// passes share a SearchGraph, and each owns its scratch.
 //
-// Pass 1 (forward, best path per state). For each column it builds the back-off tree of the
-// states the prefixes reach (the "active" states) and resolves every (tree node, column arc)
-// against the model once: either the node has an explicit n-gram for the arc's word (the
-// node "consumes" the arc) or the arc backs off to the parent. A prefix in active state d
-// takes arc j exactly at the nearest node on d's back-off chain that consumes j, after
-// paying the back-off weights on the way. Only the consuming cells are kept (Forward says
-// how their best prefixes are found), and only they create successor states: the work per
-// column is its nodes plus its consuming cells, not nodes x arcs.
+// Pass 1 (ForwardPass: forward, best path per state). For each column it builds the
+// back-off tree of the states the prefixes reach (the "active" states) and resolves every
+// (tree node, column arc) against the model once: either the node has an explicit n-gram
+// for the arc's word (the node "consumes" the arc) or the arc backs off to the parent. A
+// prefix in active state d takes arc j exactly at the nearest node on d's back-off chain
+// that consumes j, after paying the back-off weights on the way. Only the consuming cells
+// are kept (Flow says how their best prefixes are found), and only they create successor
+// states: the work per column is its nodes plus its consuming cells, not nodes x arcs.
 //
-// For p = 1 that is the answer. For p > 1, pass 2 runs the consuming cells backwards to get,
-// for every state, the best completion score W, and from the best path through each state
-// a lower bound tau on the p-th best path score (paths through distinct states of a column
-// are distinct). Pass 3 is the p-best dynamic programme over (position, state), restricted
-// to prefixes g with g + W >= tau: it touches little more than the p best paths themselves.
-struct PBestSearch::Impl {
-  explicit Impl(const Model &m) : model(m) {}
+// For p = 1 that is the answer. For p > 1, pass 2 (BackwardPass) runs the consuming cells
+// backwards to get, for every state, the best completion score W, and from the best path
+// through each state a lower bound tau on the p-th best path score (paths through distinct
+// states of a column are distinct). Pass 3 (PBestPass) is the p-best dynamic programme over
+// (position, state), restricted to prefixes g with g + W >= tau: it touches little more
+// than the p best paths themselves.
+namespace {
+
+// What the passes share: the lattice in the model's words; the active states after each
+// position ("slots") with pass 1's best prefix into each; the columns' back-off trees and
+// their consuming cells, which pass 1 builds and passes 2 and 3 read.
+struct SearchGraph {
+  explicit SearchGraph(const Model &m) : model(m) {}
 
   const Model &model;
   const LatticeView *lattice = nullptr;
-  int h = 0, k = 0, p = 1;
+  int h = 0, k = 0;
   double al = 0;  // alpha * ln 10: a log10 model weight -> its share of g
   SearchStats *stats = nullptr;
 
@@ -235,7 +202,6 @@ struct PBestSearch::Impl {
   std::vector<double> best;          // pass 1: best prefix score V
   std::vector<int32_t> back_slot;    // pass 1: the best prefix's previous slot and arc
   std::vector<int32_t> back_arc;
-  std::vector<double> completion;    // pass 2: best completion score W
 
   std::vector<Column> columns;
   std::vector<TreeNode> nodes;
@@ -244,39 +210,7 @@ struct PBestSearch::Impl {
   std::vector<Use> uses;
   uint32_t num_uses = 0;
 
-  // Scratch, per column; node-indexed arrays are local (index - node_begin).
-  StampedMap node_of_state, slot_of_state;
-  struct Pending {
-    StateId state;
-    int32_t slot;
-    int order;
-  };
-  std::vector<Pending> pending;
-  std::vector<uint32_t> rank;
-  std::vector<uint32_t> order_count;
-  std::vector<uint32_t> child_begin, children;  // children of each node (CSR), best first
-  std::vector<double> up, contrib, fl;
-  std::vector<int32_t> up_src, fl_src;
-  std::vector<uint32_t> involved, consumer;  // stamps: in this arc's flow problem / consumes it
-  uint32_t epoch = 0;
-  std::vector<uint32_t> word_begin, word_uses, involved_list;
-  StampedMap column_word;               // word -> first arc j with it
-  std::vector<uint64_t> word_bits;      // the words of the current column, as a bit set
-  std::vector<int32_t> same_word_next;  // next arc j with the same word, or -1
-  std::vector<int32_t> chain_tail;      // last arc j of the chain a first arc starts
-  std::vector<std::pair<WordId, int32_t>> sorted_words;
-  std::vector<std::pair<uint32_t, uint32_t>> blocks;  // per sorted word: arcs that may hold it
-  std::vector<uint32_t> hits;  // a short arc list's arcs whose word is in the column
-  std::vector<int32_t> seq_a, seq_b;
-  std::vector<double> top;
-  std::vector<double> rows;  // pass 2: [column nodes, width]
-  // [nodes, k]: the consuming cell that arc j reaches from node x (passes 2 and 3).
-  std::vector<int32_t> cell_of;
-
-  // Pass 3.
-  std::vector<PathNode> path_nodes;
-  std::vector<std::vector<Entry>> lists;
-  std::vector<Entry> final_entries;
+  std::vector<int32_t> seq_a, seq_b;  // PrefixLess's arc sequences
 
   int32_t Token(int t, int j) const { return lattice->tokens[static_cast<size_t>(t) * k + j]; }
 
@@ -307,37 +241,6 @@ struct PBestSearch::Impl {
     }
     return ArcsLess(seq_a, seq_b);
   }
-  // Keeps the better of (value, src) and (v, v_src), best prefixes after t tokens.
-  void Offer(int t, double *value, int32_t *src, double v, int32_t v_src) {
-    if (v > *value || (v == *value && v != kNegInf && PrefixLess(t, v_src, -1, *src, -1))) {
-      *value = v;
-      *src = v_src;
-    }
-  }
-
-  void PathArcs(int32_t node, int depth, std::vector<int32_t> *out) const {
-    out->resize(depth);
-    for (int d = depth; d > 0; --d) {
-      (*out)[d - 1] = path_nodes[node].arc;
-      node = path_nodes[node].parent;
-    }
-  }
-  // Pass 3's strict order of partial paths of equal length: higher g first, then sequence.
-  // A candidate not yet in path_nodes is (parent node, arc at column depth - 1).
-  bool Better(double ga, int32_t parent_a, int32_t arc_a, double gb, int32_t parent_b,
-              int32_t arc_b, int depth) {
-    if (ga != gb) return ga > gb;
-    PathArcs(parent_a, depth - 1, &seq_a);
-    PathArcs(parent_b, depth - 1, &seq_b);
-    seq_a.push_back(arc_a);
-    seq_b.push_back(arc_b);
-    return ArcsLess(seq_a, seq_b);
-  }
-  bool BetterEntry(const Entry &a, const Entry &b, int depth) {
-    if (a.g != b.g) return a.g > b.g;
-    return Better(a.g, path_nodes[a.node].parent, path_nodes[a.node].arc, b.g,
-                  path_nodes[b.node].parent, path_nodes[b.node].arc, depth);
-  }
 
   // The consuming cell of arc j at node x, or -1 when x backs off for it.
   int64_t FindUse(uint32_t x, int32_t j) const {
@@ -347,35 +250,68 @@ struct PBestSearch::Impl {
       if (uses[u].j == j) return u;
     return -1;
   }
+};
 
-  // ---- Pass 1.
+// ---- Pass 1: the columns' trees and consuming cells, and the best prefix per slot.
+class ForwardPass {
+ public:
+  explicit ForwardPass(SearchGraph &graph)
+      : g(graph), model(graph.model), lookup16(graph.model), lookup32(graph.model) {}
+
+  // Runs every column from the slot of start.
+  void Run(StateId start) {
+    const int h = g.h;
+    g.slot_begin.assign(h + 2, 0);
+    g.slot_state.assign(1, start);
+    g.best.assign(1, 0.0);
+    g.back_slot.assign(1, -1);
+    g.back_arc.assign(1, -1);
+    g.slot_begin[1] = 1;
+    g.columns.resize(h);
+    g.nodes.clear();
+    g.num_uses = 0;
+    for (int t = 0; t < h; ++t) {
+      g.slot_node.resize(g.slot_state.size());
+      Extend(t);
+    }
+    g.stats->expansions = g.nodes.size();
+  }
+
+ private:
+  // Keeps the better of (value, src) and (v, v_src), best prefixes after t tokens.
+  void Offer(int t, double *value, int32_t *src, double v, int32_t v_src) {
+    if (v > *value || (v == *value && v != kNegInf && g.PrefixLess(t, v_src, -1, *src, -1))) {
+      *value = v;
+      *src = v_src;
+    }
+  }
 
   int32_t NextSlot(StateId state) {
     bool inserted;
-    const uint32_t s = slot_of_state.FindOrInsert(state, static_cast<uint32_t>(slot_state.size()), &inserted);
+    const uint32_t s = slot_of_state.FindOrInsert(state, static_cast<uint32_t>(g.slot_state.size()), &inserted);
     if (inserted) {
-      slot_state.push_back(state);
-      best.push_back(kNegInf);
-      back_slot.push_back(-1);
-      back_arc.push_back(-1);
+      g.slot_state.push_back(state);
+      g.best.push_back(kNegInf);
+      g.back_slot.push_back(-1);
+      g.back_arc.push_back(-1);
     }
     return static_cast<int32_t>(s);
   }
 
   // The tree of column t: active slots plus their back-off ancestors, parents first.
   void BuildTree(int t) {
-    Column &col = columns[t];
-    col.width = widths[t];
+    Column &col = g.columns[t];
+    col.width = g.widths[t];
     // Every prefix score is finite (Run bounds alpha, the model's values are finite), so
     // the root takes every arc of a reached state and every column has a reached state.
-    if (slot_begin[t] == slot_begin[t + 1])
+    if (g.slot_begin[t] == g.slot_begin[t + 1])
       throw std::logic_error("the search reached no state at position " + std::to_string(t));
     node_of_state.Clear();
     pending.clear();
     bool inserted;
-    for (uint32_t s = slot_begin[t]; s < slot_begin[t + 1]; ++s) {
-      node_of_state.FindOrInsert(slot_state[s], static_cast<uint32_t>(pending.size()), &inserted);
-      pending.push_back(Pending{slot_state[s], static_cast<int32_t>(s), 0});
+    for (uint32_t s = g.slot_begin[t]; s < g.slot_begin[t + 1]; ++s) {
+      node_of_state.FindOrInsert(g.slot_state[s], static_cast<uint32_t>(pending.size()), &inserted);
+      pending.push_back(Pending{g.slot_state[s], static_cast<int32_t>(s), 0});
     }
     const int order = model.order();
     order_count.assign(order, 0);
@@ -402,12 +338,12 @@ struct PBestSearch::Impl {
     rank.resize(pending.size());
     for (size_t i = 0; i < pending.size(); ++i) rank[i] = order_count[pending[i].order]++;
     const uint32_t n = static_cast<uint32_t>(pending.size());
-    col.node_begin = static_cast<uint32_t>(nodes.size());
+    col.node_begin = static_cast<uint32_t>(g.nodes.size());
     col.node_end = col.node_begin + n;
-    nodes.resize(col.node_end);
+    g.nodes.resize(col.node_end);
     for (size_t i = 0; i < pending.size(); ++i) {
       const Pending &q = pending[i];
-      TreeNode &node = nodes[col.node_begin + rank[i]];
+      TreeNode &node = g.nodes[col.node_begin + rank[i]];
       node.state = q.state;
       node.slot = q.slot;
       node.arc_begin = model.ArcBegin(q.state);
@@ -420,200 +356,117 @@ struct PBestSearch::Impl {
         node.parent = static_cast<int32_t>(col.node_begin + rank[*node_of_state.Find(model.BackoffState(q.state))]);
         node.log10_bo = model.BackoffWeight(q.state);
       }
-      if (q.slot >= 0) slot_node[q.slot] = static_cast<int32_t>(col.node_begin + rank[i]);
+      if (q.slot >= 0) g.slot_node[q.slot] = static_cast<int32_t>(col.node_begin + rank[i]);
     }
     // Every node but the root (local index 0) is the child of its parent.
-    GroupByKey(1, n, n, [&](uint32_t i) { return nodes[col.node_begin + i].parent - col.node_begin; },
+    GroupByKey(1, n, n, [&](uint32_t i) { return g.nodes[col.node_begin + i].parent - col.node_begin; },
                &child_begin, &children);
   }
 
-  // A consuming arc's successor state will be read soon (its probability shares the
-  // arc's record, already in cache).
-  void Prefetch(uint32_t a) const {
-    if (!model.IsTopArc(a)) model.PrefetchState(a + 1);
-  }
-
   void AddUse(uint32_t x, int32_t j, uint32_t a) {
-    if (num_uses == uses.size()) uses.resize(std::max<size_t>(1024, 2 * uses.size()));
-    uses[num_uses++] = Use{x, j, a, kNoState, kUnreached, 0.0};
-  }
-
-  // A long arc list [begin, end), longer than S = Model::kFenceStride: for every column
-  // word w, the block of at most S arcs that may hold it, the one after the last fence word
-  // not above w (or the arcs before the list's first fence word). Up to kCountedFence fence
-  // words, they are counted (SSE2, no chain of dependent loads); a longer stretch of the
-  // fence is narrowed to S fence words by the upper fence first, counted the same way or,
-  // for the longest lists, binary-searched from where the previous, smaller word ended.
-  // The blocks are prefetched, to be scanned next, so that their cache misses overlap.
-  static constexpr uint32_t kCountedFence = 256;  // fence words counted, not searched
-  template <typename Word>
-  void FenceBlocks(const Word *fence, const Word *upper, uint32_t begin, uint32_t end) {
-    constexpr uint32_t kS = Model::kFenceStride;
-    const uint32_t g0 = (begin + kS - 1) / kS, g1 = (end - 1) / kS;  // g0 <= g1
-    blocks.resize(sorted_words.size());
-    const uint32_t n_fence = g1 - g0 + 1;
-    // A very long list: its upper fence words first, then the (at most S) fence words
-    // after the last upper one not above w.
-    const uint32_t u0 = (g0 + kS - 1) / kS, u1 = g1 / kS;
-    uint32_t u = u0;
-    for (size_t i = 0; i < sorted_words.size(); ++i) {
-      const WordId w = sorted_words[i].first;
-      uint32_t a = g0, e = g1 + 1;  // fence words [a, e) hold the last one not above w, if any
-      if (n_fence > kCountedFence && u0 <= u1) {
-        const uint32_t n_upper = u1 - u0 + 1;
-        uint32_t below;
-        if (n_upper <= kCountedFence) {
-          below = CountNotAbove(upper + u0, n_upper, w);
-        } else {  // progressive binary search, from where the previous (smaller) word ended
-          for (uint32_t len = u1 - u + 1; len > 1;) {
-            const uint32_t half = len / 2;
-            u = upper[u + half] <= w ? u + half : u;
-            len -= half;
-          }
-          below = upper[u] <= w ? u - u0 + 1 : 0;
-        }
-        if (below == 0) {
-          e = u0 * kS;  // the fence words before the first upper one (maybe none)
-        } else {
-          a = (u0 + below - 1) * kS;
-          e = std::min(g1 + 1, a + kS);
-        }
-      }
-      // No fence word <= w (count 0 happens only with a == g0): w can only precede them all.
-      const uint32_t count = CountNotAbove(fence + a, e - a, w);
-      const uint32_t g = a + count - 1;
-      blocks[i] = count > 0 ? std::make_pair(g * kS, std::min(end, g * kS + kS))
-                            : std::make_pair(begin, g0 * kS);
-      if (blocks[i].first < blocks[i].second) {
-        model.PrefetchArc(blocks[i].first);
-        model.PrefetchArc(blocks[i].second - 1);
-      }
-    }
+    std::vector<Use> &uses = g.uses;
+    if (g.num_uses == uses.size()) uses.resize(std::max<size_t>(1024, 2 * uses.size()));
+    uses[g.num_uses++] = Use{x, j, a, kNoState, kUnreached, 0.0};
   }
 
   // The consuming cells of column t: for every node, the column arcs whose word it has.
-  template <typename Records, typename Word>
-  void FindArcs(int t, const Records &arc_words, const Word *fence, const Word *upper) {
-    const Column &col = columns[t];
+  template <typename Word>
+  void FindArcs(int t, ArcSetLookup<Word> &lookup) {
+    const Column &col = g.columns[t];
     const int width = col.width;
-    const WordId *row = &words[static_cast<size_t>(t) * k];
+    const WordId *row = &g.words[static_cast<size_t>(t) * g.k];
     column_word.Clear();
     same_word_next.assign(width, -1);
     chain_tail.resize(width);
-    sorted_words.clear();
+    column_words.clear();
     bool inserted;
     for (int j = 0; j < width; ++j) {  // chains list a word's arcs ascending
       const uint32_t first = column_word.FindOrInsert(row[j], static_cast<uint32_t>(j), &inserted);
       if (inserted) {
-        sorted_words.emplace_back(row[j], j);
+        column_words.push_back(row[j]);
         chain_tail[j] = j;
       } else {
         same_word_next[chain_tail[first]] = j;
         chain_tail[first] = j;
       }
     }
-    std::sort(sorted_words.begin(), sorted_words.end());
-    word_bits.resize((model.num_words() + 63) / 64, 0);
-    for (const auto &wj : sorted_words) word_bits[wj.first >> 6] |= uint64_t(1) << (wj.first & 63);
-    const uint32_t scan_limit = static_cast<uint32_t>(
-        std::max<size_t>(8 * sorted_words.size(), Model::kFenceStride));
-    if (hits.size() < scan_limit + 1) hits.resize(scan_limit + 1);
+    std::sort(column_words.begin(), column_words.end());
+    lookup.SetWords(column_words);
     for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
-      TreeNode &node = nodes[x];
-      node.use_begin = num_uses;
+      TreeNode &node = g.nodes[x];
+      node.use_begin = g.num_uses;
       if (node.state == kRootState) {
-        for (int j = 0; j < width; ++j) AddUse(x, j, row[j]);
-      } else if (node.arc_end - node.arc_begin <= scan_limit) {
-        // The arcs whose word is in the column, collected without a branch per arc (few
-        // are, and which ones is unpredictable).
-        uint32_t found = 0;
-        for (uint32_t a = node.arc_begin; a < node.arc_end; ++a) {
-          const WordId w = arc_words.word(a);
-          hits[found] = a;
-          found += static_cast<uint32_t>(word_bits[w >> 6] >> (w & 63)) & 1;
-        }
-        for (uint32_t i = 0; i < found; ++i) {
-          const uint32_t a = hits[i];
-          // word_bits holds exactly the column's words, so the word has a first arc j.
-          const uint32_t *j = column_word.Find(arc_words.word(a));
-          for (int32_t c = static_cast<int32_t>(*j); c >= 0; c = same_word_next[c]) AddUse(x, c, a);
-          Prefetch(a);
-        }
+        for (int j = 0; j < width; ++j) AddUse(x, j, row[j]);  // root arc w is word w
       } else {
-        FenceBlocks(fence, upper, node.arc_begin, node.arc_end);
-        for (size_t i = 0; i < sorted_words.size(); ++i) {
-          // The first arc of the block whose word is not below w, found without branching
-          // on the words: a binary search of a full block, a count in a shorter one.
-          const WordId w = sorted_words[i].first;
-          const uint32_t b = blocks[i].first, e = blocks[i].second;
-          uint32_t a = b;
-          if (e - b == Model::kFenceStride) {
-            static_assert(Model::kFenceStride == 8, "three halving steps");
-            a += arc_words.word(a + 3) < w ? 4 : 0;
-            a += arc_words.word(a + 1) < w ? 2 : 0;
-            a += arc_words.word(a) < w ? 1 : 0;
-          } else {
-            for (uint32_t c = b; c < e; ++c) a += arc_words.word(c) < w ? 1 : 0;
-          }
-          if (a < e && arc_words.word(a) == w) {
-            for (int32_t j = sorted_words[i].second; j >= 0; j = same_word_next[j]) AddUse(x, j, a);
-            Prefetch(a);
-          }
-        }
+        lookup.ForEachArc(node.arc_begin, node.arc_end, [&](uint32_t a, WordId w) {
+          // Every column arc of the word, from the first.
+          for (int32_t j = static_cast<int32_t>(*column_word.Find(w)); j >= 0; j = same_word_next[j])
+            AddUse(x, j, a);
+        });
       }
-      node.use_end = num_uses;
+      node.use_end = g.num_uses;
     }
-    for (const auto &wj : sorted_words) word_bits[wj.first >> 6] = 0;
   }
 
   // The state after the word of consuming cell u at node x.
   StateId NextState(uint32_t x, uint32_t u) {
-    Use &use = uses[u];
+    Use &use = g.uses[u];
     if (use.next_state != kNoState) return use.next_state;
     StateId next;
     if (model.order() == 1) {
       next = kRootState;
     } else if (!model.IsTopArc(use.arc)) {
-      next = model.Normalize(use.arc + 1);
+      next = model.Normalize(model.ArcState(use.arc));
     } else {
       // Highest order: the longest suffix of (history, word) that is a state, which is
       // where the nearest ancestor consuming the word leads.
-      uint32_t y = static_cast<uint32_t>(nodes[x].parent);
+      uint32_t y = static_cast<uint32_t>(g.nodes[x].parent);
       int64_t v;
-      while ((v = FindUse(y, use.j)) < 0) y = static_cast<uint32_t>(nodes[y].parent);
+      while ((v = g.FindUse(y, use.j)) < 0) y = static_cast<uint32_t>(g.nodes[y].parent);
       next = NextState(y, static_cast<uint32_t>(v));
     }
-    uses[u].next_state = next;
+    g.uses[u].next_state = next;
     return next;
   }
 
   // Extends the best prefix f (from slot src) through consuming cell u at node x.
   void Consume(int t, uint32_t x, uint32_t u, double f, int32_t src) {
-    ++stats->transitions;
+    ++g.stats->transitions;
     if (f == kNegInf) return;  // stays kUnreached
-    const int32_t j = uses[u].j;
+    const int32_t j = g.uses[u].j;
     // A successor without arcs backs off whatever comes next: unless the lattice ends
     // here, go to its back-off state now and pay the weight on arrival.
     StateId state = NextState(x, u);
-    double add = draft[static_cast<size_t>(t) * k + j] + al * model.ArcLog10Prob(uses[u].arc);
-    if (t + 1 < h && state != kRootState && model.ArcBegin(state) == model.ArcEnd(state)) {
+    double add = g.draft[static_cast<size_t>(t) * g.k + j] + g.al * model.ArcLog10Prob(g.uses[u].arc);
+    if (t + 1 < g.h && state != kRootState && model.ArcBegin(state) == model.ArcEnd(state)) {
       double log10_bo = 0.0;
       do {
         log10_bo += model.BackoffWeight(state);
         state = model.BackoffState(state);
       } while (state != kRootState && model.ArcBegin(state) == model.ArcEnd(state));
-      add += al * log10_bo;
+      add += g.al * log10_bo;
     }
     const int32_t next = NextSlot(state);
-    uses[u].add = add;
-    uses[u].next = next;
-    ++stats->pops;
+    g.uses[u].add = add;
+    g.uses[u].next = next;
+    ++g.stats->pops;
     const double v = f + add;
-    if (v > best[next] || (v == best[next] && PrefixLess(t, src, j, back_slot[next], back_arc[next]))) {
-      best[next] = v;
-      back_slot[next] = src;
-      back_arc[next] = j;
+    if (v > g.best[next] ||
+        (v == g.best[next] && g.PrefixLess(t, src, j, g.back_slot[next], g.back_arc[next]))) {
+      g.best[next] = v;
+      g.back_slot[next] = src;
+      g.back_arc[next] = j;
     }
+  }
+
+  // Extends the prefixes by column t.
+  void Extend(int t) {
+    BuildTree(t);
+    if (model.WideWords())
+      FindArcs(t, lookup32);
+    else
+      FindArcs(t, lookup16);
+    Flow(t);
   }
 
   // A prefix in active state d takes arc j at the nearest node on d's back-off chain that
@@ -621,13 +474,11 @@ struct PBestSearch::Impl {
   // a consuming cell (x, j) is the best over x's subtree, cut below the other consumers
   // of j. Per node, up() is that best over the whole subtree; for arc j, only the nodes on
   // the chains of j's (few) consumers differ from it, and only those are recomputed.
-  void Forward(int t) {
-    BuildTree(t);
-    if (model.WideWords())
-      FindArcs(t, model.Arcs32(), model.Fence32(), model.UpperFence32());
-    else
-      FindArcs(t, model.Arcs16(), model.Fence16(), model.UpperFence16());
-    const Column &col = columns[t];
+  void Flow(int t) {
+    const std::vector<TreeNode> &nodes = g.nodes;
+    const std::vector<Use> &uses = g.uses;
+    const double al = g.al;
+    const Column &col = g.columns[t];
     const uint32_t nb = col.node_begin, n = col.node_end - nb;
     const int width = col.width;
     up.resize(n);
@@ -637,7 +488,7 @@ struct PBestSearch::Impl {
     fl_src.resize(n);
     for (uint32_t i = 0; i < n; ++i) {
       const int32_t s = nodes[nb + i].slot;
-      up[i] = s >= 0 ? best[s] : kNegInf;
+      up[i] = s >= 0 ? g.best[s] : kNegInf;
       up_src[i] = s;
     }
     for (uint32_t i = n; i-- > 1;) {  // children before parents; only the root lacks one
@@ -654,7 +505,7 @@ struct PBestSearch::Impl {
 
     // The consuming cells of other nodes than the root, by arc.
     const TreeNode &root = nodes[nb];
-    GroupByKey(root.use_end, num_uses, width,
+    GroupByKey(root.use_end, g.num_uses, width,
                [&](uint32_t u) { return uses[u].j; }, &word_begin, &word_uses);
     if (involved.size() < n) {
       involved.assign(n, 0);
@@ -663,43 +514,11 @@ struct PBestSearch::Impl {
     }
     slot_of_state.Clear();  // the successor slots of this column
     for (int j = 0; j < width; ++j) {
-      if (++epoch == 0) {  // wrapped
-        std::fill(involved.begin(), involved.end(), 0);
-        std::fill(consumer.begin(), consumer.end(), 0);
-        epoch = 1;
-      }
-      involved_list.clear();
-      for (uint32_t w = word_begin[j]; w < word_begin[j + 1]; ++w) {
-        const uint32_t u = word_uses[w];
-        uint32_t x = uses[u].node - nb;
-        consumer[x] = epoch;
-        while (involved[x] != epoch) {
-          involved[x] = epoch;
-          involved_list.push_back(x);
-          if (x == 0) break;
-          x = static_cast<uint32_t>(nodes[nb + x].parent) - nb;
-        }
-      }
+      MarkInvolved(nb, j);
       double root_flow = up[0];
       int32_t root_src = up_src[0];
       if (!involved_list.empty()) {
-        std::sort(involved_list.begin(), involved_list.end(), std::greater<uint32_t>());
-        for (uint32_t x : involved_list) {
-          const int32_t s = nodes[nb + x].slot;
-          fl[x] = s >= 0 ? best[s] : kNegInf;
-          fl_src[x] = s;
-        }
-        for (uint32_t x : involved_list) {  // children first
-          for (uint32_t i = child_begin[x]; i < child_begin[x + 1]; ++i) {
-            const uint32_t c = children[i];
-            if (contrib[c] == kNegInf || contrib[c] < fl[x]) break;  // nothing later does better
-            if (involved[c] != epoch) Offer(t, &fl[x], &fl_src[x], contrib[c], up_src[c]);
-          }
-          if (x != 0 && consumer[x] != epoch && fl[x] != kNegInf) {
-            const uint32_t parent = static_cast<uint32_t>(nodes[nb + x].parent) - nb;
-            Offer(t, &fl[parent], &fl_src[parent], fl[x] + al * nodes[nb + x].log10_bo, fl_src[x]);
-          }
-        }
+        SolveFlows(t, nb);
         for (uint32_t w = word_begin[j]; w < word_begin[j + 1]; ++w) {
           const uint32_t u = word_uses[w];
           const uint32_t x = uses[u].node - nb;
@@ -710,24 +529,108 @@ struct PBestSearch::Impl {
       }
       Consume(t, nb, root.use_begin + j, root_flow, root_src);
     }
-    slot_begin[t + 2] = static_cast<uint32_t>(slot_state.size());
+    g.slot_begin[t + 2] = static_cast<uint32_t>(g.slot_state.size());
   }
 
-  // ---- Pass 2: best completion per slot, and tau.
-  //
-  // From node x, arc j continues at the nearest consuming cell on x's back-off chain, after
-  // the chain's back-off weights: per node and arc, the cell's value if x consumes the arc,
-  // else its parent's after x's back-off weight (parents first, one row of the column's
-  // arcs per node). W(d) is the best of d's row. tau is the p-th best of V + W over the
-  // slots of a column (distinct states, so distinct paths), the best over columns.
-  double Backward() {
-    const uint32_t total = static_cast<uint32_t>(slot_state.size());
+  // Arc j's flow problem: its consumers (other than the root) and the nodes on their
+  // back-off chains, in involved_list; consumer[x] and involved[x] are epoch for them.
+  void MarkInvolved(uint32_t nb, int j) {
+    if (++epoch == 0) {  // wrapped
+      std::fill(involved.begin(), involved.end(), 0);
+      std::fill(consumer.begin(), consumer.end(), 0);
+      epoch = 1;
+    }
+    involved_list.clear();
+    for (uint32_t w = word_begin[j]; w < word_begin[j + 1]; ++w) {
+      const uint32_t u = word_uses[w];
+      uint32_t x = g.uses[u].node - nb;
+      consumer[x] = epoch;
+      while (involved[x] != epoch) {
+        involved[x] = epoch;
+        involved_list.push_back(x);
+        if (x == 0) break;
+        x = static_cast<uint32_t>(g.nodes[nb + x].parent) - nb;
+      }
+    }
+  }
+
+  // fl[x]: the best prefix reaching involved node x for the current arc, over x's subtree
+  // cut below the arc's other consumers (children first; an uninvolved child brings its
+  // whole subtree's best, contrib).
+  void SolveFlows(int t, uint32_t nb) {
+    const std::vector<TreeNode> &nodes = g.nodes;
+    std::sort(involved_list.begin(), involved_list.end(), std::greater<uint32_t>());
+    for (uint32_t x : involved_list) {
+      const int32_t s = nodes[nb + x].slot;
+      fl[x] = s >= 0 ? g.best[s] : kNegInf;
+      fl_src[x] = s;
+    }
+    for (uint32_t x : involved_list) {  // children first
+      for (uint32_t i = child_begin[x]; i < child_begin[x + 1]; ++i) {
+        const uint32_t c = children[i];
+        if (contrib[c] == kNegInf || contrib[c] < fl[x]) break;  // nothing later does better
+        if (involved[c] != epoch) Offer(t, &fl[x], &fl_src[x], contrib[c], up_src[c]);
+      }
+      if (x != 0 && consumer[x] != epoch && fl[x] != kNegInf) {
+        const uint32_t parent = static_cast<uint32_t>(nodes[nb + x].parent) - nb;
+        Offer(t, &fl[parent], &fl_src[parent], fl[x] + g.al * nodes[nb + x].log10_bo, fl_src[x]);
+      }
+    }
+  }
+
+  SearchGraph &g;
+  const Model &model;
+  ArcSetLookup<uint16_t> lookup16;  // for a model without WideWords()
+  ArcSetLookup<uint32_t> lookup32;
+
+  // Scratch, per column; node-indexed arrays are local (index - node_begin).
+  StampedMap node_of_state, slot_of_state;
+  struct Pending {
+    StateId state;
+    int32_t slot;
+    int order;
+  };
+  std::vector<Pending> pending;
+  std::vector<uint32_t> rank;
+  std::vector<uint32_t> order_count;
+  std::vector<uint32_t> child_begin, children;  // children of each node (CSR), best first
+  std::vector<double> up, contrib, fl;
+  std::vector<int32_t> up_src, fl_src;
+  std::vector<uint32_t> involved, consumer;  // stamps: in this arc's flow problem / consumes it
+  uint32_t epoch = 0;
+  std::vector<uint32_t> word_begin, word_uses, involved_list;
+  StampedMap column_word;               // word -> first arc j with it
+  std::vector<int32_t> same_word_next;  // next arc j with the same word, or -1
+  std::vector<int32_t> chain_tail;      // last arc j of the chain a first arc starts
+  std::vector<WordId> column_words;     // the column's distinct words, ascending
+};
+
+// ---- Pass 2: best completion per slot, and tau.
+//
+// From node x, arc j continues at the nearest consuming cell on x's back-off chain, after
+// the chain's back-off weights: per node and arc, the cell's value if x consumes the arc,
+// else its parent's after x's back-off weight (parents first, one row of the column's
+// arcs per node). W(d) is the best of d's row. tau is the p-th best of V + W over the
+// slots of a column (distinct states, so distinct paths), the best over columns.
+class BackwardPass {
+ public:
+  explicit BackwardPass(const SearchGraph &graph) : g(graph) {}
+
+  std::vector<double> completion;  // best completion score W, per slot
+  // [nodes, k]: the consuming cell that arc j reaches from node x (for pass 3).
+  std::vector<int32_t> cell_of;
+
+  // Returns tau.
+  double Run(int p) {
+    const std::vector<TreeNode> &nodes = g.nodes;
+    const int h = g.h, k = g.k;
+    const uint32_t total = static_cast<uint32_t>(g.slot_state.size());
     completion.assign(total, kNegInf);
-    for (uint32_t s = slot_begin[h]; s < slot_begin[h + 1]; ++s) completion[s] = 0.0;
+    for (uint32_t s = g.slot_begin[h]; s < g.slot_begin[h + 1]; ++s) completion[s] = 0.0;
     double tau = kNegInf;
     cell_of.resize(nodes.size() * k);
     for (int t = h - 1; t >= 0; --t) {
-      const Column &col = columns[t];
+      const Column &col = g.columns[t];
       const uint32_t nb = col.node_begin, n = col.node_end - nb;
       const int width = col.width;
       rows.resize(static_cast<size_t>(n) * width);
@@ -737,13 +640,13 @@ struct PBestSearch::Impl {
         double *row = &rows[static_cast<size_t>(x) * width];
         int32_t *cell = &cell_of[static_cast<size_t>(nb + x) * k];
         if (x > 0) {
-          const double bo = al * node.log10_bo;
+          const double bo = g.al * node.log10_bo;
           const double *parent_row = &rows[static_cast<size_t>(node.parent - nb) * width];
           for (int j = 0; j < width; ++j) row[j] = parent_row[j] + bo;
           std::copy_n(&cell_of[static_cast<size_t>(node.parent) * k], width, cell);
         }
         for (uint32_t u = node.use_begin; u < node.use_end; ++u) {
-          const Use &use = uses[u];
+          const Use &use = g.uses[u];
           row[use.j] = use.next >= 0 ? use.add + completion[use.next] : kNegInf;
           cell[use.j] = static_cast<int32_t>(u);
         }
@@ -751,7 +654,7 @@ struct PBestSearch::Impl {
         double w = kNegInf;
         for (int j = 0; j < width; ++j) w = std::max(w, row[j]);
         completion[node.slot] = w;
-        const double v = best[node.slot] + w;
+        const double v = g.best[node.slot] + w;
         if (static_cast<int>(top.size()) < p) {
           top.push_back(v);
           std::push_heap(top.begin(), top.end(), std::greater<double>());
@@ -766,27 +669,42 @@ struct PBestSearch::Impl {
     return tau;
   }
 
-  // ---- Pass 3: the p best prefixes per slot, for prefixes that can still make the top p.
-  void PBestForward(double threshold) {
-    const uint32_t total = static_cast<uint32_t>(slot_state.size());
+ private:
+  const SearchGraph &g;
+  std::vector<double> rows;  // [column nodes, width]
+  std::vector<double> top;
+};
+
+// ---- Pass 3: the p best prefixes per slot, for prefixes that can still make the top p.
+class PBestPass {
+ public:
+  PBestPass(const SearchGraph &graph, const BackwardPass &backward_pass)
+      : g(graph), backward(backward_pass) {}
+
+  void Run(int p, double threshold) {
+    const std::vector<TreeNode> &nodes = g.nodes;
+    const std::vector<Use> &uses = g.uses;
+    const std::vector<double> &completion = backward.completion;
+    const int h = g.h, k = g.k;
+    const uint32_t total = static_cast<uint32_t>(g.slot_state.size());
     if (lists.size() < total) lists.resize(total);
     for (uint32_t s = 0; s < total; ++s) lists[s].clear();
     path_nodes.clear();
     path_nodes.push_back(PathNode{-1, -1});
-    lists[slot_begin[0]].push_back(Entry{0.0, 0});
+    lists[g.slot_begin[0]].push_back(Entry{0.0, 0});
     double hops[64];
     for (int t = 0; t < h; ++t) {
-      const Column &col = columns[t];
+      const Column &col = g.columns[t];
       const int width = col.width;
-      for (uint32_t s = slot_begin[t]; s < slot_begin[t + 1]; ++s) {
+      for (uint32_t s = g.slot_begin[t]; s < g.slot_begin[t + 1]; ++s) {
         std::vector<Entry> &list = lists[s];
         if (list.empty() || list[0].g + completion[s] < threshold) continue;
-        const uint32_t x = static_cast<uint32_t>(slot_node[s]);
+        const uint32_t x = static_cast<uint32_t>(g.slot_node[s]);
         for (int j = 0; j < width; ++j) {
-          const uint32_t u = static_cast<uint32_t>(cell_of[static_cast<size_t>(x) * k + j]);
+          const uint32_t u = static_cast<uint32_t>(backward.cell_of[static_cast<size_t>(x) * k + j]);
           int n_hops = 0;
           for (uint32_t y = x; y != uses[u].node; y = static_cast<uint32_t>(nodes[y].parent))
-            hops[n_hops++] = al * nodes[y].log10_bo;
+            hops[n_hops++] = g.al * nodes[y].log10_bo;
           const int32_t next = uses[u].next;
           if (next < 0) continue;  // no prefix reaches the cell
           const double add = uses[u].add;
@@ -794,30 +712,89 @@ struct PBestSearch::Impl {
           std::vector<Entry> &heap = lists[next];  // worst on top once full
           auto worse = [&](const Entry &a, const Entry &b) { return BetterEntry(a, b, t + 1); };
           for (const Entry &e : list) {
-            double g = e.g;
-            for (int i = 0; i < n_hops; ++i) g += hops[i];
-            g += add;
-            if (g + rest < threshold) break;  // entries are best first
+            double score = e.g;
+            for (int i = 0; i < n_hops; ++i) score += hops[i];
+            score += add;
+            if (score + rest < threshold) break;  // entries are best first
             if (static_cast<int>(heap.size()) == p) {
               const Entry &worst = heap.front();
-              if (!Better(g, e.node, j, worst.g, path_nodes[worst.node].parent, path_nodes[worst.node].arc, t + 1))
+              if (!Better(score, e.node, j, worst.g, path_nodes[worst.node].parent, path_nodes[worst.node].arc, t + 1))
                 break;
               std::pop_heap(heap.begin(), heap.end(), worse);
               heap.pop_back();
             }
             path_nodes.push_back(PathNode{e.node, j});
-            heap.push_back(Entry{g, static_cast<int32_t>(path_nodes.size() - 1)});
+            heap.push_back(Entry{score, static_cast<int32_t>(path_nodes.size() - 1)});
             std::push_heap(heap.begin(), heap.end(), worse);
           }
         }
       }
-      for (uint32_t s = slot_begin[t + 1]; s < slot_begin[t + 2]; ++s) {
+      for (uint32_t s = g.slot_begin[t + 1]; s < g.slot_begin[t + 2]; ++s) {
         auto worse = [&](const Entry &a, const Entry &b) { return BetterEntry(a, b, t + 1); };
         std::sort_heap(lists[s].begin(), lists[s].end(), worse);
       }
     }
-    stats->pops += path_nodes.size() - 1;
+    g.stats->pops += path_nodes.size() - 1;
   }
+
+  // The up to p best complete paths, best first; returns how many.
+  size_t Best(int p) {
+    const int h = g.h;
+    final_entries.clear();
+    for (uint32_t f = g.slot_begin[h]; f < g.slot_begin[h + 1]; ++f)
+      final_entries.insert(final_entries.end(), lists[f].begin(), lists[f].end());
+    const size_t found = std::min<size_t>(p, final_entries.size());
+    std::partial_sort(final_entries.begin(), final_entries.begin() + found, final_entries.end(),
+                      [&](const Entry &x, const Entry &y) { return BetterEntry(x, y, h); });
+    return found;
+  }
+  // The arcs of Best's r-th path.
+  void BestArcs(size_t r, std::vector<int32_t> *out) const { PathArcs(final_entries[r].node, g.h, out); }
+
+ private:
+  void PathArcs(int32_t node, int depth, std::vector<int32_t> *out) const {
+    out->resize(depth);
+    for (int d = depth; d > 0; --d) {
+      (*out)[d - 1] = path_nodes[node].arc;
+      node = path_nodes[node].parent;
+    }
+  }
+  // The strict order of partial paths of equal length: higher g first, then sequence.
+  // A candidate not yet in path_nodes is (parent node, arc at column depth - 1).
+  bool Better(double ga, int32_t parent_a, int32_t arc_a, double gb, int32_t parent_b,
+              int32_t arc_b, int depth) {
+    if (ga != gb) return ga > gb;
+    PathArcs(parent_a, depth - 1, &seq_a);
+    PathArcs(parent_b, depth - 1, &seq_b);
+    seq_a.push_back(arc_a);
+    seq_b.push_back(arc_b);
+    return g.ArcsLess(seq_a, seq_b);
+  }
+  bool BetterEntry(const Entry &a, const Entry &b, int depth) {
+    if (a.g != b.g) return a.g > b.g;
+    return Better(a.g, path_nodes[a.node].parent, path_nodes[a.node].arc, b.g,
+                  path_nodes[b.node].parent, path_nodes[b.node].arc, depth);
+  }
+
+  const SearchGraph &g;
+  const BackwardPass &backward;
+  std::vector<PathNode> path_nodes;
+  std::vector<std::vector<Entry>> lists;  // per slot: its best prefixes
+  std::vector<Entry> final_entries;
+  std::vector<int32_t> seq_a, seq_b;
+};
+
+}  // namespace
+
+struct PBestSearch::Impl {
+  explicit Impl(const Model &model)
+      : graph(model), forward(graph), backward(graph), pbest(graph, backward) {}
+
+  SearchGraph graph;
+  ForwardPass forward;
+  BackwardPass backward;
+  PBestPass pbest;
+  std::vector<int32_t> arcs;  // the path being written
 };
 
 PBestSearch::PBestSearch(const Model &model) : impl_(new Impl(model)) {}
@@ -825,7 +802,7 @@ PBestSearch::~PBestSearch() = default;
 
 int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double alpha,
                      const PathsOut &out) {
-  Impl &s = *impl_;
+  SearchGraph &s = impl_->graph;
   const Model &model = s.model;
   const int h = lattice.h, k = lattice.k;
   if (p < 1) throw InvalidArgument("p must be at least 1");
@@ -851,7 +828,6 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   s.lattice = &lattice;
   s.h = h;
   s.k = k;
-  s.p = p;
   s.al = alpha * kLn10;
   s.stats = &stats_;
   stats_ = SearchStats();
@@ -876,31 +852,11 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   // covers even when large terms of opposite signs cancel.
   const double magnitude = alpha * kLn10 * per_term * (double(h) + 2.0 * model.order()) + h * max_draft;
 
-  // Pass 1.
-  s.slot_begin.assign(h + 2, 0);
-  s.slot_state.assign(1, start);
-  s.best.assign(1, 0.0);
-  s.back_slot.assign(1, -1);
-  s.back_arc.assign(1, -1);
-  s.slot_begin[1] = 1;
-  s.columns.resize(h);
-  s.nodes.clear();
-  s.num_uses = 0;
-  for (int t = 0; t < h; ++t) {
-    s.slot_node.resize(s.slot_state.size());
-    s.Forward(t);
-  }
-  stats_.expansions = s.nodes.size();
+  impl_->forward.Run(start);
 
-  // The answer: the p = 1 path from pass 1, or pass 3's lists.
-  std::vector<int32_t> &arcs = s.seq_a;
-  auto write = [&](int r, int32_t final_slot, int32_t path_node) {
-    arcs.resize(h);
-    if (path_node < 0) {
-      s.PrefixArcs(h, final_slot, &arcs);
-    } else {
-      s.PathArcs(path_node, h, &arcs);
-    }
+  // The answer: the p = 1 path from pass 1, or pass 3's.
+  std::vector<int32_t> &arcs = impl_->arcs;
+  auto write = [&](int r) {
     int32_t *tokens = out.tokens + static_cast<size_t>(r) * h;
     double draft = 0.0;  // in position order, so that a reader recomputes it exactly
     for (int d = 0; d < h; ++d) {
@@ -921,21 +877,19 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
         winner = static_cast<int32_t>(f);
     }
     if (winner < 0) throw std::logic_error("the search reached no final state");
-    write(0, winner, -1);
+    s.PrefixArcs(h, winner, &arcs);
+    write(0);
     return 1;
   }
 
-  const double tau = s.Backward();
+  const double tau = impl_->backward.Run(p);
   const double rounding = 4.0 * (double(h) + 2.0 * model.order()) * DBL_EPSILON * magnitude;
-  s.PBestForward(tau - 1e-9 * (1.0 + std::fabs(tau)) - rounding);
-  std::vector<Entry> &final_entries = s.final_entries;
-  final_entries.clear();
-  for (uint32_t f = s.slot_begin[h]; f < s.slot_begin[h + 1]; ++f)
-    final_entries.insert(final_entries.end(), s.lists[f].begin(), s.lists[f].end());
-  const size_t found = std::min<size_t>(p, final_entries.size());
-  std::partial_sort(final_entries.begin(), final_entries.begin() + found, final_entries.end(),
-                    [&](const Entry &x, const Entry &y) { return s.BetterEntry(x, y, h); });
-  for (size_t r = 0; r < found; ++r) write(static_cast<int>(r), -1, final_entries[r].node);
+  impl_->pbest.Run(p, tau - 1e-9 * (1.0 + std::fabs(tau)) - rounding);
+  const size_t found = impl_->pbest.Best(p);
+  for (size_t r = 0; r < found; ++r) {
+    impl_->pbest.BestArcs(r, &arcs);
+    write(static_cast<int>(r));
+  }
   return static_cast<int>(found);
 }
 
@@ -962,11 +916,11 @@ int PBestOne(const Model &model, const LatticeView &lattice, const int32_t *cont
   return ThreadSearcher(model).Run(lattice, start, p, alpha, out);
 }
 
-void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,
-                const int32_t *widths, int64_t batch, int h, int k, const int32_t *context,
+void PBestBatch(const Model &model, const LatticeBatchView &lattices, const int32_t *context,
                 const int64_t *context_offsets, bool bos, int p, double alpha, int threads,
-                int32_t *out_tokens, double *out_score, double *out_draft, double *out_lm,
-                int32_t *out_count, int64_t *out_pops, int64_t *out_transitions) {
+                const BatchPathsOut &out) {
+  const int64_t batch = lattices.batch;
+  const int h = lattices.h, k = lattices.k;
   if (batch <= 0) return;
   threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, batch)));
   std::atomic<int64_t> next(0);
@@ -979,23 +933,23 @@ void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,
         const int64_t b = next.fetch_add(1);
         if (b >= batch) break;
         LatticeView lattice;
-        lattice.tokens = tokens + b * h * k;
-        lattice.scores = scores + b * h * k;
-        lattice.widths = widths ? widths + b * h : nullptr;
+        lattice.tokens = lattices.tokens + b * h * k;
+        lattice.scores = lattices.scores + b * h * k;
+        lattice.widths = lattices.widths ? lattices.widths + b * h : nullptr;
         lattice.h = h;
         lattice.k = k;
-        PathsOut out;
-        out.tokens = out_tokens + b * p * h;
-        out.score = out_score + b * p;
-        out.draft_score = out_draft + b * p;
-        out.lm_score = out_lm + b * p;
+        PathsOut paths;
+        paths.tokens = out.tokens + b * p * h;
+        paths.score = out.score + b * p;
+        paths.draft_score = out.draft_score + b * p;
+        paths.lm_score = out.lm_score + b * p;
         const int32_t *own_context = context ? context + context_offsets[b] : nullptr;
         const size_t context_size =
             context ? static_cast<size_t>(context_offsets[b + 1] - context_offsets[b]) : 0;
-        out_count[b] = PBestOne(model, lattice, own_context, context_size, bos, p, alpha, out);
-        if (out_pops != nullptr) out_pops[b] = static_cast<int64_t>(search.stats().pops);
-        if (out_transitions != nullptr)
-          out_transitions[b] = static_cast<int64_t>(search.stats().transitions);
+        out.count[b] = PBestOne(model, lattice, own_context, context_size, bos, p, alpha, paths);
+        if (out.pops != nullptr) out.pops[b] = static_cast<int64_t>(search.stats().pops);
+        if (out.transitions != nullptr)
+          out.transitions[b] = static_cast<int64_t>(search.stats().transitions);
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mutex);

@@ -65,16 +65,35 @@ class PBestSearch {
 int PBestOne(const Model &model, const LatticeView &lattice, const int32_t *context,
              size_t context_size, bool bos, int p, double alpha, const PathsOut &out);
 
-// The p best paths of each of a batch of equally shaped lattices, spread over threads.
-// tokens/scores [batch, h, k]; widths [batch, h] or null; contexts: tokens of lattice b are
-// context[context_offsets[b] .. context_offsets[b + 1]) (context null: no context).
-// Outputs: tokens [batch, p, h], score/draft/lm [batch, p], count [batch].
-void PBestBatch(const Model &model, const int32_t *tokens, const float *scores,
-                const int32_t *widths, int64_t batch, int h, int k, const int32_t *context,
+// A batch of equally shaped lattices, borrowed: tokens and scores are [batch, h, k]
+// row-major; widths [batch, h] (all k arcs when widths is null).
+struct LatticeBatchView {
+  const int32_t *tokens = nullptr;
+  const float *scores = nullptr;
+  const int32_t *widths = nullptr;
+  int64_t batch = 0;
+  int h = 0;
+  int k = 0;
+};
+
+// Where a batch search writes: tokens [batch, p, h]; score, draft_score, lm_score [batch, p]
+// (natural log); count [batch], the paths each lattice has; pops and transitions [batch]
+// (SearchStats), unless null.
+struct BatchPathsOut {
+  int32_t *tokens = nullptr;
+  double *score = nullptr;
+  double *draft_score = nullptr;
+  double *lm_score = nullptr;
+  int32_t *count = nullptr;
+  int64_t *pops = nullptr;
+  int64_t *transitions = nullptr;
+};
+
+// The p best paths of each lattice of a batch, spread over threads. The context of lattice
+// b is context[context_offsets[b] .. context_offsets[b + 1]) (context null: no context).
+void PBestBatch(const Model &model, const LatticeBatchView &lattices, const int32_t *context,
                 const int64_t *context_offsets, bool bos, int p, double alpha, int threads,
-                int32_t *out_tokens, double *out_score, double *out_draft, double *out_lm,
-                int32_t *out_count, int64_t *out_pops = nullptr,
-                int64_t *out_transitions = nullptr);
+                const BatchPathsOut &out);
 
 }  // namespace latticekit
 
