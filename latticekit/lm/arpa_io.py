@@ -26,7 +26,7 @@ from latticekit import _core
 from latticekit._files import atomic_write, file_error
 from latticekit.errors import ArpaFormatError
 from latticekit.lm.model import BackoffModel
-from latticekit.lm.trie import EOS, SPECIAL_WORDS
+from latticekit.ngram_trie import EOS, SPECIAL_WORDS
 
 __all__ = ["write_arpa", "write_model_arpa", "read_arpa", "arpa_text"]
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from latticekit.lm.model import LN10, BackoffModel
-from latticekit.lm.trie import BOS, EOS, SPECIAL_WORDS, NGramTrie
+from latticekit.ngram_trie import BOS, EOS, SPECIAL_WORDS, NGramTrie
 
 __all__ = [
     "model_to_fst",

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from latticekit.errors import VocabularyError
-from latticekit.lm.trie import BOS, EOS, SPECIAL_WORDS, UNK, NGramTrie
+from latticekit.ngram_trie import BOS, EOS, SPECIAL_WORDS, UNK, NGramTrie
 
 __all__ = ["BackoffModel", "LN10"]
 
@@ -23,7 +23,7 @@ LN10 = float(np.log(10.0))
 
 @dataclass
 class BackoffModel(NGramTrie):
-    """A back-off n-gram model (see :class:`~latticekit.lm.trie.NGramTrie` for the layout).
+    """A back-off n-gram model (see :class:`~latticekit.ngram_trie.NGramTrie` for the layout).
 
     Attributes:
         words: the word table; ``words[i]`` is the word of internal id ``i``
