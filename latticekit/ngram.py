@@ -12,6 +12,7 @@ import numpy as np
 from latticekit import _core
 from latticekit._arrays import token_array
 from latticekit._files import atomic_write, checked_path, read_bytes
+from latticekit.arpa_writer import write_arpa
 from latticekit.errors import ArpaFormatError, LatticeError
 
 __all__ = ["NGramLM"]
@@ -250,8 +251,6 @@ class NGramLM:
 
     def write_arpa(self, path: "os.PathLike[str] | str") -> None:
         """Writes the model as an ARPA file (``.gz`` names are compressed), atomically."""
-        from latticekit.lm.arpa_io import write_arpa
-
         write_arpa(os.fspath(path), self.words, [self.ngrams(n) for n in range(1, self.order + 1)])
 
 
