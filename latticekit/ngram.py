@@ -14,6 +14,7 @@ from latticekit._arrays import token_array
 from latticekit._files import atomic_write, checked_path, read_bytes
 from latticekit.arpa_writer import write_arpa
 from latticekit.errors import ArpaFormatError, LatticeError
+from latticekit.fst import ngramlm_to_fst, tables_from_fst
 
 __all__ = ["NGramLM"]
 
@@ -238,15 +239,13 @@ class NGramLM:
         One state per history, back-off arcs on label 0, ``-ln`` tropical weights, ``</s>``
         as final weight, words from the FST's symbol table. Needs ``pynini``.
         """
-        from latticekit.lm.fst import ngramlm_from_fst
-
-        return ngramlm_from_fst(fst, vocab)
+        words, tables = tables_from_fst(fst)
+        return cls.from_ngrams(words, [(ids, prob, np.nan_to_num(backoff, nan=0.0)) for ids, prob, backoff in tables],
+                               vocab)
 
     def to_fst(self) -> Any:
         """This model in the OpenGrm model format, a ``pywrapfst.VectorFst`` with symbol
         tables attached, that OpenFst and OpenGrm tools accept. Needs ``pynini``."""
-        from latticekit.lm.fst import ngramlm_to_fst
-
         return ngramlm_to_fst(self)
 
     def write_arpa(self, path: "os.PathLike[str] | str") -> None:

@@ -16,13 +16,13 @@ table below are contiguous: a lookup is a binary search among them (in the C++ c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from latticekit import _core
 
-__all__ = ["UNK", "BOS", "EOS", "SPECIAL_WORDS", "NGramTrie"]
+__all__ = ["UNK", "BOS", "EOS", "SPECIAL_WORDS", "NGramTrie", "index_tables"]
 
 #: Internal word ids of the three special words (the first three entries of every word table).
 UNK, BOS, EOS = 0, 1, 2
@@ -213,3 +213,37 @@ class NGramTrie:
             trie.prefix.append(prefix[order])
             trie.word.append(ids[order, -1].astype(np.int32))
         return trie
+
+
+def index_tables(
+    vocab_size: int,
+    ids: Sequence[np.ndarray],
+    log10_prob: Sequence[np.ndarray],
+    log10_backoff: Sequence[np.ndarray],
+) -> Tuple[NGramTrie, List[np.ndarray], List[np.ndarray]]:
+    """The trie of n-grams listed in any order, and their values in its row order.
+
+    Args:
+        vocab_size: size of the word-id space.
+        ids: ``ids[k-1]`` (int `[n_k, k]`) the k-grams.
+        log10_prob, log10_backoff: ``[k-1]`` (float `[n_k]`) their values, row for row.
+
+    Returns:
+        ``(trie, log10_prob, log10_backoff)``, the values float64 `[n_k]` per order, in the
+        trie's (lexicographic) row order.
+
+    Raises:
+        ValueError: duplicate n-grams or missing histories (from :meth:`NGramTrie.from_ngram_ids`).
+    """
+    trie = NGramTrie.from_ngram_ids(vocab_size, ids)
+    probs: List[np.ndarray] = []
+    backoffs: List[np.ndarray] = []
+    for k in range(1, len(ids) + 1):
+        rows = trie.lookup_ngrams(ids[k - 1])
+        p = np.empty(len(rows))
+        b = np.empty(len(rows))
+        p[rows] = log10_prob[k - 1]
+        b[rows] = log10_backoff[k - 1]
+        probs.append(p)
+        backoffs.append(b)
+    return trie, probs, backoffs

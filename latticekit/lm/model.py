@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from latticekit.errors import VocabularyError
-from latticekit.ngram_trie import BOS, EOS, SPECIAL_WORDS, UNK, NGramTrie
+from latticekit.ngram_trie import BOS, EOS, SPECIAL_WORDS, UNK, NGramTrie, index_tables
 
 __all__ = ["BackoffModel", "LN10"]
 
@@ -66,17 +66,8 @@ class BackoffModel(NGramTrie):
         Raises:
             ValueError: duplicate n-grams or missing histories (from the trie).
         """
-        trie = NGramTrie.from_ngram_ids(len(words), ids)
-        model = cls(len(words), trie.prefix, trie.word, list(words))
-        for k in range(1, len(ids) + 1):
-            rows = trie.lookup_ngrams(ids[k - 1])
-            p = np.empty(len(rows))
-            b = np.empty(len(rows))
-            p[rows] = log10_prob[k - 1]
-            b[rows] = log10_backoff[k - 1]
-            model.log10_prob.append(p)
-            model.log10_backoff.append(b)
-        return model
+        trie, probs, backoffs = index_tables(len(words), ids, log10_prob, log10_backoff)
+        return cls(len(words), trie.prefix, trie.word, list(words), probs, backoffs)
 
     @property
     def counts(self) -> Tuple[int, ...]:
