@@ -240,6 +240,7 @@ class NGramLM:
         as final weight, words from the FST's symbol table. Needs ``pynini``.
         """
         words, tables = tables_from_fst(fst)
+        # from_ngrams takes back-off weight 0 where an n-gram opens no state (NaN here)
         return cls.from_ngrams(words, [(ids, prob, np.nan_to_num(backoff, nan=0.0)) for ids, prob, backoff in tables],
                                vocab)
 
