@@ -1,9 +1,9 @@
 """A back-off n-gram model held as numpy tables: the working form of latticekit.lm.
 
 :class:`BackoffModel` is what estimation produces, pruning shrinks, the ARPA and FST
-converters read and write, and the perplexity code scores. It keeps log10 values in float64
-so that printing reproduces OpenGrm's 7 significant digits exactly; :meth:`BackoffModel.tables`
-gives the ``(ids, log10_prob, log10_backoff)`` float32 triples of the ``NGramLM`` contract.
+converters read and write, and the perplexity code scores. It keeps log10 values in float64;
+:meth:`BackoffModel.tables` gives the ``(ids, log10_prob, log10_backoff)`` float32 triples of
+the ``NGramLM`` contract.
 
 Why float64 (the one statement of it; the float64 ARPA reader and the docs point here):
 OpenGrm holds every weight as a float32 ``-ln p`` and prints ``log10 p = -w / ln 10`` computed
