@@ -125,7 +125,8 @@ def main(argv=None) -> int:
     rescorer = None
     if not args.no_openfst:
         try:
-            from latticekit.lm.fst import OpenFstRescorer
+            from latticekit.openfst_baseline import OpenFstRescorer
+
             t = time.perf_counter()
             rescorer = OpenFstRescorer(lm, bos=True)
             report["openfst_model_build_s"] = time.perf_counter() - t

@@ -12,7 +12,9 @@ import numpy as np
 from latticekit import _core
 from latticekit._arrays import token_array
 from latticekit._files import atomic_write, checked_path, read_bytes
+from latticekit.arpa_writer import write_arpa
 from latticekit.errors import ArpaFormatError, LatticeError
+from latticekit.fst import ngramlm_to_fst, tables_from_fst
 
 __all__ = ["NGramLM"]
 
@@ -237,21 +239,18 @@ class NGramLM:
         One state per history, back-off arcs on label 0, ``-ln`` tropical weights, ``</s>``
         as final weight, words from the FST's symbol table. Needs ``pynini``.
         """
-        from latticekit.lm.fst import ngramlm_from_fst
-
-        return ngramlm_from_fst(fst, vocab)
+        words, tables = tables_from_fst(fst)
+        # from_ngrams takes back-off weight 0 where an n-gram opens no state (NaN here)
+        return cls.from_ngrams(words, [(ids, prob, np.nan_to_num(backoff, nan=0.0)) for ids, prob, backoff in tables],
+                               vocab)
 
     def to_fst(self) -> Any:
         """This model in the OpenGrm model format, a ``pywrapfst.VectorFst`` with symbol
         tables attached, that OpenFst and OpenGrm tools accept. Needs ``pynini``."""
-        from latticekit.lm.fst import ngramlm_to_fst
-
         return ngramlm_to_fst(self)
 
     def write_arpa(self, path: "os.PathLike[str] | str") -> None:
         """Writes the model as an ARPA file (``.gz`` names are compressed), atomically."""
-        from latticekit.lm.arpa_io import write_arpa
-
         write_arpa(os.fspath(path), self.words, [self.ngrams(n) for n in range(1, self.order + 1)])
 
 

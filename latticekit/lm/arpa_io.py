@@ -1,127 +1,45 @@
-"""ARPA back-off files: a fast writer printing like OpenGrm, and a pure-Python reader.
+"""ARPA back-off files for model building: the float64 reader, and writers of BackoffModels.
 
-The writer prints every number with 7 significant digits (C's ``%.7g``, what OpenGrm's
-``ngramprint --ARPA`` gives: ``-0.7306006``, ``7.141721e-05``, ``-0``), omits the back-off
-field where an n-gram opens no state (highest order, n-grams ending in ``</s>``, NaN weights)
-and writes to a temporary file in the target directory, renamed into place when complete.
-Lines are formatted by the C++ core, blocks of rows in two threads.
+latticekit reads ARPA text in two places, one per purpose. ``NGramLM.from_arpa`` (the C++
+core) compiles a float32 model for scoring and search. :func:`read_arpa` here reads the n-gram
+tables into a :class:`~latticekit.lm.model.BackoffModel` for estimation, pruning and
+perplexity, keeping every value in float64 as printed: the model-building tools must write back
+OpenGrm-identical ARPA text, which float32 values would not reproduce (see
+:class:`~latticekit.lm.model.BackoffModel`). Both number the special words ``<unk>``, ``<s>``,
+``</s>`` as ids 0, 1, 2 (:mod:`latticekit.ngram_trie`); :func:`read_arpa` numbers the other
+words in order of first appearance, or by a word table it is given.
 
-The reader is independent of the C++ core: it is used by the tests and by
-:mod:`latticekit.lm` tools that need the n-gram tables of an ARPA file.
+Writing is the core's :mod:`latticekit.arpa_writer` (one writer for ``NGramLM.write_arpa``
+and for these models); :func:`write_arpa` is re-exported from it.
 """
 
 from __future__ import annotations
 
-import functools
 import gzip
 import io
 import zlib
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import IO, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from latticekit import _core
-from latticekit._files import atomic_write, file_error
+from latticekit._files import file_error
+from latticekit.arpa_writer import write_arpa, write_arpa_text
 from latticekit.errors import ArpaFormatError
 from latticekit.lm.model import BackoffModel
-from latticekit.lm.trie import EOS, SPECIAL_WORDS
+from latticekit.ngram_trie import SPECIAL_WORDS
 
 __all__ = ["write_arpa", "write_model_arpa", "read_arpa", "arpa_text"]
-
-_BLOCK_ROWS = 100_000
-
-Table = Tuple[np.ndarray, np.ndarray, np.ndarray]
-
-
-def _ngram_blocks(words: Sequence[str], tables: Sequence[Table]) -> Iterator[Callable[[], bytes]]:
-    """The ARPA text as a sequence of jobs, each giving the bytes of one piece, in order."""
-    blob = "".join(words).encode("utf-8")
-    offsets = np.zeros(len(words) + 1, np.int64)
-    offsets[1:] = np.cumsum([len(w.encode("utf-8")) for w in words])
-    eos = _eos_id(words)
-    order = len(tables)
-    header = "\n\\data\\\n" + "".join(f"ngram {k}={len(ids)}\n" for k, (ids, _, _) in enumerate(tables, 1))
-    yield functools.partial(str.encode, header + "\n")
-    for k, (ids, prob, backoff) in enumerate(tables, start=1):
-        yield functools.partial(str.encode, f"\\{k}-grams:\n")
-        ids = np.ascontiguousarray(np.asarray(ids).reshape(-1, k), dtype=np.int32)
-        prob = np.ascontiguousarray(prob, dtype=np.float64)
-        backoff = np.ascontiguousarray(backoff, dtype=np.float64)
-        for start in range(0, len(ids), _BLOCK_ROWS):
-            sl = slice(start, start + _BLOCK_ROWS)
-            if k == order:
-                show = np.zeros(len(ids[sl]), bool)
-            else:
-                show = ~np.isnan(backoff[sl]) & (ids[sl, -1] != eos)
-            yield functools.partial(
-                _core.format_arpa_lines, blob, offsets, ids[sl], prob[sl], backoff[sl], show.view(np.uint8)
-            )
-        yield functools.partial(str.encode, "\n")
-    yield functools.partial(str.encode, "\\end\\\n")
-
-
-def _write_tables(out: IO[bytes], words: Sequence[str], tables: Sequence[Table], threads: int = 2) -> None:
-    """Write the ARPA text, formatting blocks in ``threads`` threads (the C++ formatter
-    releases the GIL) and writing them in order."""
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        pending: "deque[Future[bytes]]" = deque()
-        for job in _ngram_blocks(words, tables):
-            pending.append(pool.submit(job))
-            while len(pending) > 2 * threads:
-                out.write(pending.popleft().result())
-        while pending:
-            out.write(pending.popleft().result())
-
-
-def _eos_id(words: Sequence[str]) -> int:
-    return EOS if len(words) > EOS and words[EOS] == "</s>" else -1
-
-
-def write_arpa(path: str, words: Sequence[str], tables: Sequence[Table]) -> None:
-    """Write n-gram tables as an ARPA file, printed like OpenGrm.
-
-    Args:
-        path: output file (``.gz`` suffix: gzip-compressed). Written to a temporary file in
-            the same directory and renamed, so readers never see a partial file.
-        words: the word table; ids index it.
-        tables: per order ``k``: ids (int `[n, k]`), log10_prob (float `[n]`),
-            log10_backoff (float `[n]`, NaN where the n-gram opens no state).
-
-    Raises:
-        OSError: if the file cannot be written.
-        ValueError: if the tables are malformed.
-    """
-    for k, (ids, prob, backoff) in enumerate(tables, start=1):
-        ids = np.asarray(ids)
-        if ids.ndim != 2 or ids.shape[1] != k or len(prob) != len(ids) or len(backoff) != len(ids):
-            raise ValueError(f"table of order {k} must be ids [n, {k}], log10_prob [n], log10_backoff [n]")
-        if len(ids) and (ids.min() < 0 or ids.max() >= len(words)):
-            raise ValueError(f"table of order {k} has word ids outside the word table")
-    with atomic_write(path) as raw:
-        binary: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb") if str(path).endswith(".gz") else raw
-        _write_tables(binary, words, tables)
-        if binary is not raw:
-            binary.close()
-
-
-def _model_tables(model: BackoffModel) -> List[Table]:
-    return [
-        (model.ngram_ids(k), model.log10_prob[k - 1], model.log10_backoff[k - 1])
-        for k in range(1, model.order + 1)
-    ]
 
 
 def write_model_arpa(path: str, model: BackoffModel) -> None:
     """Write a :class:`BackoffModel` as an ARPA file (see :func:`write_arpa`)."""
-    write_arpa(path, model.words, _model_tables(model))
+    write_arpa(path, model.words, model.log10_tables())
 
 
 def arpa_text(model: BackoffModel) -> str:
     """The ARPA text of a model, as a string (small models, tests)."""
     buf = io.BytesIO()
-    _write_tables(buf, model.words, _model_tables(model), threads=1)
+    write_arpa_text(buf, model.words, model.log10_tables(), threads=1)
     return buf.getvalue().decode("utf-8")
 
 
@@ -140,7 +58,8 @@ def read_arpa(path: str, words: Optional[Sequence[str]] = None) -> BackoffModel:
             words of the file not in it are appended. By default ids follow first appearance.
 
     Returns:
-        The model; log10 values are kept as float64 exactly as printed.
+        The model; log10 values are kept as float64 exactly as printed (the reason:
+        :class:`~latticekit.lm.model.BackoffModel`).
 
     Raises:
         ArpaFormatError: naming the file and line, if the file is malformed (a corrupt gzip

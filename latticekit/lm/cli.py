@@ -236,11 +236,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    try:
-        from latticekit import NGramLM  # type: ignore[attr-defined]
-    except ImportError:
-        print("latticekit lm compile needs latticekit's compiled core (NGramLM)", file=sys.stderr)
-        return 2
+    from latticekit.ngram import NGramLM
+
     lm = NGramLM.from_arpa(args.model)
     lm.save(args.output)
     _emit(args, {"model": args.model, "output": args.output, "ngrams": list(lm.counts)},

@@ -23,7 +23,7 @@ from latticekit import _core
 from latticekit._arrays import _INT32_MAX
 from latticekit.errors import VocabularyError
 from latticekit.lm.counting import CorpusError
-from latticekit.lm.trie import BOS, EOS, SPECIAL_WORDS
+from latticekit.ngram_trie import BOS, EOS, SPECIAL_WORDS
 
 _INT32_LIMIT = int(_INT32_MAX) + 1
 

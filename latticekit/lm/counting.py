@@ -32,7 +32,7 @@ import numpy as np
 
 from latticekit import _core
 from latticekit.errors import CorpusError
-from latticekit.lm.trie import BOS, EOS, SPECIAL_WORDS, UNK, NGramTrie
+from latticekit.ngram_trie import BOS, EOS, SPECIAL_WORDS, UNK, NGramTrie
 
 __all__ = [
     "UNK",

@@ -27,7 +27,7 @@ import numpy as np
 
 from latticekit.lm.counting import NGramCounts
 from latticekit.lm.model import LN10, BackoffModel
-from latticekit.lm.trie import BOS, EOS
+from latticekit.ngram_trie import BOS, EOS
 
 __all__ = [
     "NORM_EPS",

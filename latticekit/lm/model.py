@@ -1,9 +1,18 @@
 """A back-off n-gram model held as numpy tables: the working form of latticekit.lm.
 
 :class:`BackoffModel` is what estimation produces, pruning shrinks, the ARPA and FST
-converters read and write, and the perplexity code scores. It keeps log10 values in float64
-so that printing reproduces OpenGrm's 7 significant digits exactly; :meth:`BackoffModel.tables`
-gives the ``(ids, log10_prob, log10_backoff)`` float32 triples of the ``NGramLM`` contract.
+converters read and write, and the perplexity code scores. It keeps log10 values in float64;
+:meth:`BackoffModel.tables` gives the ``(ids, log10_prob, log10_backoff)`` float32 triples of
+the ``NGramLM`` contract.
+
+Why float64 (the one statement of it; the float64 ARPA reader and the docs point here):
+OpenGrm holds every weight as a float32 ``-ln p`` and prints ``log10 p = -w / ln 10`` computed
+in double with 7 significant digits. That log10 value is not a float32 number: storing it as
+one (as the compiled ``NGramLM`` does, which is ample for scoring) can change the printed 7th
+digit. Estimation applies OpenGrm's float32 roundings to the ``-ln`` weights (see
+:mod:`latticekit.lm.katz`) and keeps the log10 values in float64, and :func:`read_arpa
+<latticekit.lm.arpa_io.read_arpa>` keeps them as printed, so that building, pruning and
+re-writing a model give OpenGrm's ARPA text byte for byte.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from latticekit.errors import VocabularyError
-from latticekit.lm.trie import BOS, EOS, SPECIAL_WORDS, UNK, NGramTrie
+from latticekit.ngram_trie import BOS, EOS, SPECIAL_WORDS, UNK, NGramTrie, index_tables
 
 __all__ = ["BackoffModel", "LN10"]
 
@@ -23,7 +32,7 @@ LN10 = float(np.log(10.0))
 
 @dataclass
 class BackoffModel(NGramTrie):
-    """A back-off n-gram model (see :class:`~latticekit.lm.trie.NGramTrie` for the layout).
+    """A back-off n-gram model (see :class:`~latticekit.ngram_trie.NGramTrie` for the layout).
 
     Attributes:
         words: the word table; ``words[i]`` is the word of internal id ``i``
@@ -57,17 +66,8 @@ class BackoffModel(NGramTrie):
         Raises:
             ValueError: duplicate n-grams or missing histories (from the trie).
         """
-        trie = NGramTrie.from_ngram_ids(len(words), ids)
-        model = cls(len(words), trie.prefix, trie.word, list(words))
-        for k in range(1, len(ids) + 1):
-            rows = trie.lookup_ngrams(ids[k - 1])
-            p = np.empty(len(rows))
-            b = np.empty(len(rows))
-            p[rows] = log10_prob[k - 1]
-            b[rows] = log10_backoff[k - 1]
-            model.log10_prob.append(p)
-            model.log10_backoff.append(b)
-        return model
+        trie, probs, backoffs = index_tables(len(words), ids, log10_prob, log10_backoff)
+        return cls(len(words), trie.prefix, trie.word, list(words), probs, backoffs)
 
     @property
     def counts(self) -> Tuple[int, ...]:
@@ -92,6 +92,18 @@ class BackoffModel(NGramTrie):
                 )
             )
         return out
+
+    def log10_tables(self) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The float64 tables the ARPA writer and the FST converter take, per order.
+
+        Returns:
+            For order ``k``: ids (int32 `[n, k]` indexing :attr:`words`), log10_prob (float64
+            `[n]`), log10_backoff (float64 `[n]`, NaN where the n-gram opens no state).
+        """
+        return [
+            (self.ngram_ids(k), self.log10_prob[k - 1], self.log10_backoff[k - 1])
+            for k in range(1, self.order + 1)
+        ]
 
     def word_ids(self, words: Sequence[str]) -> np.ndarray:
         """Internal ids of ``words`` (``UNK`` = 0 for words not in the table)."""

@@ -13,7 +13,7 @@ from typing import Iterable, List, Sequence
 import numpy as np
 
 from latticekit.lm.model import BackoffModel
-from latticekit.lm.trie import EOS, UNK
+from latticekit.ngram_trie import EOS, UNK
 
 __all__ = ["PerplexityResult", "perplexity", "perplexity_of_files"]
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from latticekit.lm.katz import INF_BACKOFF, _backoff_cost, _round_f32, state_mass_sums
 from latticekit.lm.model import LN10, BackoffModel
-from latticekit.lm.trie import BOS, EOS
+from latticekit.ngram_trie import BOS, EOS
 
 __all__ = ["relative_entropy_scores", "prune_relative_entropy", "theta_for_target"]
 
