@@ -10,11 +10,12 @@ from hypothesis import given, settings, strategies as st
 import latticekit as lk
 
 DATA = Path(__file__).parent / "data"
+GOLDEN = Path(__file__).parent / "lm" / "data"  # OpenGrm reference models and corpora
 
 
 @pytest.fixture(scope="module")
 def model_and_file(tmp_path_factory):
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     path = tmp_path_factory.mktemp("bin") / "model.lkm"
     lm.save(path)
     return lm, path

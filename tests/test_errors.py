@@ -10,7 +10,7 @@ import latticekit as lk
 from arpa_gen import SMALL_ARPA as GOOD
 from reference import slow_lattice_problem
 
-DATA = Path(__file__).parent / "data"
+GOLDEN = Path(__file__).parent / "lm" / "data"  # OpenGrm reference models and corpora
 
 
 
@@ -79,7 +79,7 @@ def test_missing_arpa_file_is_oserror():
 
 @pytest.fixture(scope="module")
 def lm():
-    return lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    return lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
 
 
 @pytest.mark.parametrize("tokens,scores,widths,error,pattern", [

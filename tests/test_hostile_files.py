@@ -14,12 +14,12 @@ import pytest
 import latticekit as lk
 from latticekit.errors import FileAccessError
 
-DATA = Path(__file__).parent / "data"
+GOLDEN = Path(__file__).parent / "lm" / "data"  # OpenGrm reference models and corpora
 
 
 @pytest.fixture(scope="module")
 def lm():
-    return lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    return lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
 
 
 def test_paths_with_a_nul_byte_are_refused(lm, tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ from latticekit import _core
 from latticekit.errors import LatticeKitError
 
 DATA = Path(__file__).parent / "data"
+GOLDEN = Path(__file__).parent / "lm" / "data"  # OpenGrm reference models and corpora
 
 LATTICE = lk.SausageLattice([[7, 8], [8, 7]], np.zeros((2, 2)))
 
@@ -163,7 +164,7 @@ def craft(data: bytearray, offset: int, value: float) -> bytes:
 @pytest.fixture(scope="module")
 def saved_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("bin") / "m.lkm"
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     lm.save(path)
     return lm, path
 

@@ -13,6 +13,7 @@ from reference import LN10, ReferenceLM
 
 kenlm = pytest.importorskip("kenlm")
 DATA = Path(__file__).parent / "data"
+GOLDEN = Path(__file__).parent / "lm" / "data"  # OpenGrm reference models and corpora
 
 
 def kenlm_log10probs(model, words, context_words=(), bos=False):
@@ -71,8 +72,9 @@ def test_scores_equal_kenlm(tmp_path_factory, model, tokens, context, bos):
     ("tokenids-small-katz3", False), ("tokenids-small-katz5_pruned", False),
     ("words-small-katz2", True), ("words-small-katz3", True)])
 def test_golden_models_score_as_kenlm(name, vocab_from_words):
-    path = DATA / f"{name}.arpa.gz"
     corpus = "words-small" if name.startswith("words") else "tokenids-small"
+    # the bigram is ours (tests/data); the others are OpenGrm's reference builds
+    path = DATA / f"{name}.arpa.gz" if name == "words-small-katz2" else GOLDEN / corpus / f"{name[len(corpus) + 1:]}.arpa.gz"
     lines = [l.split() for l in (DATA / f"{corpus}-heldout.txt").read_text().splitlines() if l.split()]
     if vocab_from_words:
         probe = lk.NGramLM.from_arpa(path, vocab=["<unk>"])
@@ -102,7 +104,7 @@ def test_golden_models_score_as_kenlm(name, vocab_from_words):
 
 
 def test_properties_and_counts(tmp_path):
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     assert lm.order == 3
     # OpenGrm writes no <unk>: the model adds it, as KenLM does.
     assert lm.counts == (5592, 34360, 57264)
@@ -121,7 +123,7 @@ def test_unknown_tokens_score_as_unk_and_kenlm_default(tmp_path):
 
 
 def test_context_longer_than_order_only_last_tokens_matter(tmp_path):
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     toks = [int(t) for t in (DATA / "tokenids-small-heldout.txt").read_text().split()[:40]]
     long_ctx, tail = toks[:30], toks[28:30]
     assert lm.score(toks[30:], long_ctx) == lm.score(toks[30:], tail)
@@ -163,17 +165,17 @@ def test_from_ngrams_round_trips_ngrams():
 
 def test_gzip_and_plain_agree(tmp_path):
     import gzip
-    raw = gzip.decompress((DATA / "tokenids-small-katz3.arpa.gz").read_bytes())
+    raw = gzip.decompress((GOLDEN / "tokenids-small" / "katz3.arpa.gz").read_bytes())
     plain = tmp_path / "m.arpa"
     plain.write_bytes(raw)
     a = lk.NGramLM.from_arpa(plain)
-    b = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    b = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     toks = [int(t) for t in (DATA / "tokenids-small-heldout.txt").read_text().split()[:200]]
     assert a.score(toks, bos=True) == b.score(toks, bos=True)
 
 
 def test_scoring_accepts_numpy_and_torch():
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     toks = [int(t) for t in (DATA / "tokenids-small-heldout.txt").read_text().split()[:20]]
     expected = lm.score(toks)
     assert lm.score(np.array(toks, dtype=np.int64)) == expected

@@ -13,6 +13,7 @@ from gil_probe import assert_releases_gil_on
 from reference import ReferenceLM, brute_force_pbest
 
 DATA = Path(__file__).parent / "data"
+GOLDEN = Path(__file__).parent / "lm" / "data"  # OpenGrm reference models and corpora
 
 
 @st.composite
@@ -172,7 +173,7 @@ def test_pbest_with_very_long_arc_lists_equals_brute_force(very_long_lists, seed
 @given(lattice=lattices(tie_prone=True), p=st.integers(1, 30))
 def test_ties_break_by_tokens_ascending(tmp_path_factory, lattice, p):
     # alpha = 0 with few distinct scores: many exact ties, resolved by token sequence.
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     tokens, scores, widths = lattice
     got = lk.pbest(lk.SausageLattice(tokens, scores, widths), lm, p, alpha=0.0)
     paths = brute_force_pbest(tokens, scores, widths, ReferenceLM({("x",): (0.0, 0.0)}), p, 0.0)
@@ -180,7 +181,7 @@ def test_ties_break_by_tokens_ascending(tmp_path_factory, lattice, p):
 
 
 def test_fewer_paths_than_p_returns_all():
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     lat = lk.SausageLattice([[1, 2], [3, 4]], [[-0.1, -0.2], [-0.3, -0.4]])
     paths = lk.pbest(lat, lm, p=100)
     assert len(paths) == 4 == lat.num_paths
@@ -208,7 +209,7 @@ def golden_lattices(lm, n, h, k, seed):
 
 
 def test_batch_equals_single_calls_and_threads_agree():
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     items = golden_lattices(lm, 24, 5, 6, seed=1)
     lattices_, contexts = [l for l, _ in items], [c for _, c in items]
     singles = [lk.pbest(l, lm, 8, 0.7, c) for l, c in items]
@@ -221,7 +222,7 @@ def test_batch_equals_single_calls_and_threads_agree():
 
 
 def test_context_forms_agree_and_only_the_tail_is_read():
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     (lat, context), = golden_lattices(lm, 1, 4, 5, seed=3)
     want = lk.pbest(lat, lm, 4, 0.7, context)
     assert want == lk.pbest(lat, lm, 4, 0.7, tuple(context))
@@ -240,7 +241,7 @@ def test_context_forms_agree_and_only_the_tail_is_read():
 
 
 def test_batch_pads_different_widths():
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     a = lk.SausageLattice([[5, 6, 7], [8, 9, 10]], np.full((2, 3), -1.0))
     b = lk.SausageLattice([[5], [8]], [[-1.0], [-2.0]])
     res = lk.pbest_batch([a, b], lm, 4)
@@ -249,7 +250,7 @@ def test_batch_pads_different_widths():
 
 
 def test_fix_first_lattice_keeps_only_the_argmax():
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     logits = np.random.default_rng(0).normal(size=(4, 50)).astype(np.float32)
     lat = lk.SausageLattice.from_logits(logits, k=5, fix_first=True)
     paths = lk.pbest(lat, lm, 30)
@@ -258,7 +259,7 @@ def test_fix_first_lattice_keeps_only_the_argmax():
 
 
 def test_gil_is_released_during_batch_search():
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz5_pruned.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz5_pruned.arpa.gz")
     items = golden_lattices(lm, 300, 8, 12, seed=2)
     lats = [l for l, _ in items]
     ctx = [c for _, c in items]
@@ -267,7 +268,7 @@ def test_gil_is_released_during_batch_search():
 
 
 def test_concurrent_calls_on_one_model_match_serial():
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     items = golden_lattices(lm, 40, 6, 8, seed=3)
     serial = [lk.pbest(l, lm, 4, 1.0, c) for l, c in items]
     results = [None] * 4
@@ -289,9 +290,9 @@ def test_concurrent_calls_on_one_model_match_serial():
 
 
 def test_search_on_golden_model_matches_brute_force():
-    lm = lk.NGramLM.from_arpa(DATA / "tokenids-small-katz3.arpa.gz")
+    lm = lk.NGramLM.from_arpa(GOLDEN / "tokenids-small" / "katz3.arpa.gz")
     import gzip
-    ref = ReferenceLM.from_arpa_text(gzip.decompress((DATA / "tokenids-small-katz3.arpa.gz").read_bytes()).decode())
+    ref = ReferenceLM.from_arpa_text(gzip.decompress((GOLDEN / "tokenids-small" / "katz3.arpa.gz").read_bytes()).decode())
     for lat, ctx in golden_lattices(lm, 6, 4, 4, seed=4):
         got = lk.pbest(lat, lm, 10, 1.0, ctx)
         ranked = brute_force_pbest(lat.tokens, lat.scores, lat.widths, ref, None, 1.0, ctx)

@@ -17,7 +17,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 VOCAB = 64
 INIT_RANGE = 0.2  # wide enough that fp32 top-2 logit gaps are rarely tiny
 DATA = Path(__file__).resolve().parents[1] / "data"
-ARPA = DATA / "tokenids-small-katz3.arpa.gz"
+GOLDEN = Path(__file__).resolve().parents[1] / "lm" / "data"  # OpenGrm reference models and corpora
+ARPA = GOLDEN / "tokenids-small" / "katz3.arpa.gz"
 
 
 def tiny_llama(seed: int = 0, attn: str = "sdpa") -> LlamaForCausalLM:
