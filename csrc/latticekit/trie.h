@@ -1,4 +1,4 @@
-// Lookups in the sorted n-gram tables of latticekit/lm/trie.py (prefix row, word).
+// Lookups in the sorted n-gram tables of latticekit/ngram_trie.py (prefix row, word).
 #ifndef LATTICEKIT_TRIE_H_
 #define LATTICEKIT_TRIE_H_
 
