@@ -140,7 +140,8 @@ class Drafter:
     def lattice_source(self, heads: Any, vocab_size: int) -> Any:
         """Where a decode's lattices come from: ``source(hidden, ids) -> (lattice, entropy)``
         (:mod:`latticekit.bpd.lattices`). The exact full-vocabulary lattice by default; a replay
-        reads its trace's lattices instead."""
+        reads its trace's lattices instead; None for a strategy that reads no lattice (the
+        decode loop then builds none)."""
         from latticekit.bpd.lattices import FullLattice
 
         return FullLattice(heads, self.k, vocab_size)

@@ -43,9 +43,7 @@ class HeadsFreeDrafter(AutoDrafter):
     method = "headsfree"
 
     def lattice_source(self, heads: Any, vocab_size: int) -> Any:
-        from latticekit.bpd.lattices import FullLattice
-
-        return FullLattice(heads, self.k, vocab_size)  # never read: this drafter reads no heads
+        return None  # this drafter reads no heads' lattice
 
     def prepare_replay(self, trace: Any) -> None:
         pass
