@@ -13,8 +13,11 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <random>
+#include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -342,6 +345,149 @@ void TestSearch(const Model &model) {
   }
 }
 
+// CountNotAbove against the plain loop, for every n up to 40 and random keys; the words
+// past n (the padding the 16-bit count may read) hold random values that must not count.
+void TestCountNotAbove() {
+  std::mt19937 rng(7);
+  for (uint32_t n = 0; n <= 40; ++n) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<uint16_t> f16(n + 8);
+      std::vector<uint32_t> f32(n);
+      // Small ranges make equal words and keys common; 16-bit extremes test the saturation.
+      const uint32_t range = trial % 2 ? 65536 : 16;
+      for (uint32_t i = 0; i < n + 8; ++i) f16[i] = static_cast<uint16_t>(rng() % range);
+      for (uint32_t i = 0; i < n; ++i) f32[i] = trial % 3 ? f16[i] : rng();
+      for (WordId key : {WordId(0), WordId(65535), WordId(rng() % range), WordId(f16[0])}) {
+        uint32_t want16 = 0, want32 = 0;
+        for (uint32_t i = 0; i < n; ++i) {
+          want16 += f16[i] <= key;
+          want32 += f32[i] <= key;
+        }
+        CHECK(CountNotAbove(f16.data(), n, key) == want16);
+        CHECK(CountNotAbove(f32.data(), n, key) == want32);
+      }
+    }
+  }
+}
+
+// A bigram model of num_ints words spelled 3, 4, ... (token ids) whose states have arc lists
+// of every length ArcSetLookup treats differently: <s> precedes every third word, 3 every
+// fifth, 4 every 13th, 5 every 500th, 6 only word 7.
+std::string LongListArpa(int num_ints) {
+  std::ostringstream unigrams, bigrams;
+  int n_bigrams = 0;
+  const int steps[] = {3, 5, 13, 500};
+  const char *histories[] = {"<s>", "3", "4", "5"};
+  for (int h = 0; h < 4; ++h) {
+    for (int i = 3; i < 3 + num_ints; i += steps[h], ++n_bigrams)
+      bigrams << "-0.5\t" << histories[h] << ' ' << i << '\n';
+  }
+  bigrams << "-0.5\t6 7\n";
+  ++n_bigrams;
+  unigrams << "-1.5\t<unk>\n-99\t<s>\t-0.5\n-1.5\t</s>\n";
+  for (int i = 3; i < 3 + num_ints; ++i) unigrams << "-2.0\t" << i << "\t-0.25\n";
+  std::ostringstream arpa;
+  arpa << "\\data\\\nngram 1=" << num_ints + 3 << "\nngram 2=" << n_bigrams << "\n\n\\1-grams:\n"
+       << unigrams.str() << "\n\\2-grams:\n" << bigrams.str() << "\n\\end\\\n";
+  return arpa.str();
+}
+
+// ArcSetLookup<Word> against a scan of each state's arcs, for random word sets: short lists
+// scanned through the bit set, long ones through the fence blocks (counted, narrowed by the
+// counted upper fence, or binary-searched in it).
+template <typename Word>
+void CheckArcSetLookup(const Model &model, int num_sets) {
+  CHECK((model.WideWords() == std::is_same<Word, uint32_t>::value));
+  std::vector<StateId> states = {kRootState, model.StartState(true)};
+  for (int32_t t : {3, 4, 5, 6, 7}) states.push_back(StateAfter(model, kRootState, {t}));
+  const uint32_t num_words = static_cast<uint32_t>(model.num_words());
+  std::mt19937 rng(11);
+  ArcSetLookup<Word> lookup(model);
+  for (int set = 0; set < num_sets; ++set) {
+    const uint32_t sizes[] = {1, 2, 3, 8, 40, 300};
+    const uint32_t size = std::min(num_words, sizes[set % 6]);
+    std::set<WordId> chosen;
+    if (set % 7 == 0) chosen.insert(num_words - 1);  // the last word, and the first
+    if (set % 7 == 1) chosen.insert(0);
+    while (chosen.size() < size) chosen.insert(rng() % num_words);
+    const std::vector<WordId> words(chosen.begin(), chosen.end());
+    lookup.SetWords(words);
+    for (StateId s : states) {
+      std::vector<std::pair<uint32_t, WordId>> want, got;
+      for (uint32_t a = model.ArcBegin(s); a < model.ArcEnd(s); ++a) {
+        if (chosen.count(model.ArcWord(a))) want.emplace_back(a, model.ArcWord(a));
+      }
+      lookup.ForEachArc(model.ArcBegin(s), model.ArcEnd(s),
+                        [&](uint32_t a, WordId w) { got.emplace_back(a, w); });
+      CHECK(got == want);
+    }
+  }
+}
+
+void TestArcSetLookup() {
+  // 20,000 words: uint16 arc words; the root's 20,003 arcs reach the searched upper fence,
+  // <s>'s 6,667 and 3's 4,000 the counted one, 4's 1,539 the counted fence alone.
+  const std::string narrow_text = LongListArpa(20000);
+  const std::unique_ptr<Model> narrow =
+      Model::Build(ParseArpa(narrow_text.data(), narrow_text.size(), "narrow.arpa"), {}, false,
+                   "narrow.arpa");
+  const auto arcs_after = [&](std::vector<int32_t> tokens) {
+    const StateId s = tokens.empty() ? kRootState : StateAfter(*narrow, kRootState, tokens);
+    return narrow->ArcEnd(s) - narrow->ArcBegin(s);
+  };
+  CHECK(arcs_after({}) == 20003);
+  CHECK(narrow->ArcEnd(narrow->StartState(true)) - narrow->ArcBegin(narrow->StartState(true)) ==
+        6667);
+  CHECK(arcs_after({3}) == 4000 && arcs_after({4}) == 1539 && arcs_after({5}) == 40);
+  CheckArcSetLookup<uint16_t>(*narrow, 120);
+  // 70,000 words: uint32 arc words, the same paths.
+  const std::string wide_text = LongListArpa(70000);
+  const std::unique_ptr<Model> wide =
+      Model::Build(ParseArpa(wide_text.data(), wide_text.size(), "wide.arpa"), {}, false,
+                   "wide.arpa");
+  CheckArcSetLookup<uint32_t>(*wide, 30);
+}
+
+// Exact ties: draft scores that are multiples of 0.125 sum exactly, and with alpha = 0 many
+// paths have equal scores; PBestOne must order them as the enumeration does (by token
+// sequence, then arc sequence).
+void TestSearchTies(const Model &model) {
+  std::mt19937 rng(5);
+  const int h = 4, k = 4;
+  for (int trial = 0; trial < 40; ++trial) {
+    int32_t tokens[h * k], widths[h];
+    float scores[h * k];
+    for (int i = 0; i < h * k; ++i) {
+      tokens[i] = static_cast<int32_t>(rng() % 6);  // repeats within a position too
+      scores[i] = -0.125f * static_cast<float>(rng() % 4);
+    }
+    int total = 1;
+    for (int d = 0; d < h; ++d) total *= widths[d] = 1 + static_cast<int>(rng() % k);
+    LatticeView lattice;
+    lattice.tokens = tokens;
+    lattice.scores = scores;
+    lattice.widths = widths;
+    lattice.h = h;
+    lattice.k = k;
+    const std::vector<Path> expected = BruteForce(model, lattice, model.StartState(true), 0.0);
+    CHECK(static_cast<int>(expected.size()) == total);
+    const int p = 1 + trial % total;
+    std::vector<int32_t> out_tokens(static_cast<size_t>(p) * h, -1);
+    std::vector<double> score(p), draft(p), lm(p);
+    PathsOut out;
+    out.tokens = out_tokens.data();
+    out.score = score.data();
+    out.draft_score = draft.data();
+    out.lm_score = lm.data();
+    const int n = PBestOne(model, lattice, nullptr, 0, true, p, 0.0, out);
+    CHECK(n == p);
+    for (int r = 0; r < n; ++r) {
+      CHECK(std::equal(expected[r].tokens.begin(), expected[r].tokens.end(), &out_tokens[r * h]));
+      CHECK(score[r] == expected[r].score);
+    }
+  }
+}
+
 void TestErrors(const Model &model, const std::string &dir) {
   // A malformed line: the error names the file and the line.
   std::string bad = kTinyArpa;
@@ -444,6 +590,9 @@ int main(int argc, char **argv) {
     TestBinaryRoundTrip(*model, dir);
     TestSearch(*model);
     TestErrors(*model, dir);
+    TestSearchTies(*model);
+    TestCountNotAbove();
+    TestArcSetLookup();
   } catch (const std::exception &e) {
     std::printf("unexpected exception: %s\n", e.what());
     return 1;
