@@ -182,7 +182,7 @@ class ArpaParser {
       Fail(std::string("cannot parse ") + what + " '" + std::string(s) + "'");
     }
     // Beyond float32's range is +-inf (converting such a double to float is undefined);
-    // what a value may be is the model builder's to say (model.cc, CheckValues).
+    // what a value may be is the model builder's to say (model_build.cc, CheckValues).
     if (value > FLT_MAX) return HUGE_VALF;
     if (value < -FLT_MAX) return -HUGE_VALF;
     return static_cast<float>(value);

@@ -197,7 +197,7 @@ class Model {
   std::vector<uint32_t> fence32_;  // the fence, when wide_words_
   // The upper fence: every kFenceStride-th fence word (the word of every S * S-th arc), for
   // lists so long that their stretch of the fence is long itself.
-  std::vector<uint16_t> upper16_;
+  std::vector<uint16_t> upper16_;  // when !wide_words_, padded like fence16_ (kFencePadding more)
   std::vector<uint32_t> upper32_;
 };
 

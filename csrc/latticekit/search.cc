@@ -21,7 +21,7 @@ constexpr double kLn10 = 2.302585092994045684;
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr int32_t kUnreached = -1;  // a consuming cell that no prefix reaches
 constexpr StateId kNoState = 0xFFFFFFFFu;
-// No partial score may exceed this in magnitude (Run bounds alpha by it): a sum of two such
+// No partial score may exceed this in magnitude (PBestSearch::Run bounds alpha by it): a sum of two such
 // scores (pass 2's V + W) and the rounding margin stay far from double's 1.8e308.
 constexpr double kScoreLimit = 1e300;
 
@@ -159,8 +159,11 @@ struct PathNode {
 
 }  // namespace
 
-// The search runs in up to three passes over the lattice's columns, one struct each: the
-// passes share a SearchGraph, and each owns its scratch.
+// The search runs in up to three passes over the lattice's columns, one class each. They
+// share a SearchGraph: the lattice, the slots with pass 1's best prefixes, the columns' trees
+// and consuming cells, and the tie-break's arc-sequence buffers seq_a/seq_b (which pass 1's
+// PrefixLess and PBestSearch::Run's winner choice use). Each pass keeps its other scratch to
+// itself; BackwardPass publishes completion and cell_of, which PBestPass reads.
 //
 // Pass 1 (ForwardPass: forward, best path per state). For each column it builds the
 // back-off tree of the states the prefixes reach (the "active" states) and resolves every
@@ -256,31 +259,31 @@ struct SearchGraph {
 class ForwardPass {
  public:
   explicit ForwardPass(SearchGraph &graph)
-      : g(graph), model(graph.model), lookup16(graph.model), lookup32(graph.model) {}
+      : graph(graph), model(graph.model), lookup16(graph.model), lookup32(graph.model) {}
 
   // Runs every column from the slot of start.
   void Run(StateId start) {
-    const int h = g.h;
-    g.slot_begin.assign(h + 2, 0);
-    g.slot_state.assign(1, start);
-    g.best.assign(1, 0.0);
-    g.back_slot.assign(1, -1);
-    g.back_arc.assign(1, -1);
-    g.slot_begin[1] = 1;
-    g.columns.resize(h);
-    g.nodes.clear();
-    g.num_uses = 0;
+    const int h = graph.h;
+    graph.slot_begin.assign(h + 2, 0);
+    graph.slot_state.assign(1, start);
+    graph.best.assign(1, 0.0);
+    graph.back_slot.assign(1, -1);
+    graph.back_arc.assign(1, -1);
+    graph.slot_begin[1] = 1;
+    graph.columns.resize(h);
+    graph.nodes.clear();
+    graph.num_uses = 0;
     for (int t = 0; t < h; ++t) {
-      g.slot_node.resize(g.slot_state.size());
+      graph.slot_node.resize(graph.slot_state.size());
       Extend(t);
     }
-    g.stats->expansions = g.nodes.size();
+    graph.stats->expansions = graph.nodes.size();
   }
 
  private:
   // Keeps the better of (value, src) and (v, v_src), best prefixes after t tokens.
   void Offer(int t, double *value, int32_t *src, double v, int32_t v_src) {
-    if (v > *value || (v == *value && v != kNegInf && g.PrefixLess(t, v_src, -1, *src, -1))) {
+    if (v > *value || (v == *value && v != kNegInf && graph.PrefixLess(t, v_src, -1, *src, -1))) {
       *value = v;
       *src = v_src;
     }
@@ -288,30 +291,31 @@ class ForwardPass {
 
   int32_t NextSlot(StateId state) {
     bool inserted;
-    const uint32_t s = slot_of_state.FindOrInsert(state, static_cast<uint32_t>(g.slot_state.size()), &inserted);
+    const uint32_t s = slot_of_state.FindOrInsert(state, static_cast<uint32_t>(graph.slot_state.size()), &inserted);
     if (inserted) {
-      g.slot_state.push_back(state);
-      g.best.push_back(kNegInf);
-      g.back_slot.push_back(-1);
-      g.back_arc.push_back(-1);
+      graph.slot_state.push_back(state);
+      graph.best.push_back(kNegInf);
+      graph.back_slot.push_back(-1);
+      graph.back_arc.push_back(-1);
     }
     return static_cast<int32_t>(s);
   }
 
   // The tree of column t: active slots plus their back-off ancestors, parents first.
   void BuildTree(int t) {
-    Column &col = g.columns[t];
-    col.width = g.widths[t];
-    // Every prefix score is finite (Run bounds alpha, the model's values are finite), so
-    // the root takes every arc of a reached state and every column has a reached state.
-    if (g.slot_begin[t] == g.slot_begin[t + 1])
+    Column &col = graph.columns[t];
+    col.width = graph.widths[t];
+    // Every prefix score is finite (PBestSearch::Run bounds alpha, the model's values are
+    // finite), so the root takes every arc of a reached state and every column has a
+    // reached state.
+    if (graph.slot_begin[t] == graph.slot_begin[t + 1])
       throw std::logic_error("the search reached no state at position " + std::to_string(t));
     node_of_state.Clear();
     pending.clear();
     bool inserted;
-    for (uint32_t s = g.slot_begin[t]; s < g.slot_begin[t + 1]; ++s) {
-      node_of_state.FindOrInsert(g.slot_state[s], static_cast<uint32_t>(pending.size()), &inserted);
-      pending.push_back(Pending{g.slot_state[s], static_cast<int32_t>(s), 0});
+    for (uint32_t s = graph.slot_begin[t]; s < graph.slot_begin[t + 1]; ++s) {
+      node_of_state.FindOrInsert(graph.slot_state[s], static_cast<uint32_t>(pending.size()), &inserted);
+      pending.push_back(Pending{graph.slot_state[s], static_cast<int32_t>(s), 0});
     }
     const int order = model.order();
     order_count.assign(order, 0);
@@ -338,12 +342,12 @@ class ForwardPass {
     rank.resize(pending.size());
     for (size_t i = 0; i < pending.size(); ++i) rank[i] = order_count[pending[i].order]++;
     const uint32_t n = static_cast<uint32_t>(pending.size());
-    col.node_begin = static_cast<uint32_t>(g.nodes.size());
+    col.node_begin = static_cast<uint32_t>(graph.nodes.size());
     col.node_end = col.node_begin + n;
-    g.nodes.resize(col.node_end);
+    graph.nodes.resize(col.node_end);
     for (size_t i = 0; i < pending.size(); ++i) {
       const Pending &q = pending[i];
-      TreeNode &node = g.nodes[col.node_begin + rank[i]];
+      TreeNode &node = graph.nodes[col.node_begin + rank[i]];
       node.state = q.state;
       node.slot = q.slot;
       node.arc_begin = model.ArcBegin(q.state);
@@ -356,25 +360,25 @@ class ForwardPass {
         node.parent = static_cast<int32_t>(col.node_begin + rank[*node_of_state.Find(model.BackoffState(q.state))]);
         node.log10_bo = model.BackoffWeight(q.state);
       }
-      if (q.slot >= 0) g.slot_node[q.slot] = static_cast<int32_t>(col.node_begin + rank[i]);
+      if (q.slot >= 0) graph.slot_node[q.slot] = static_cast<int32_t>(col.node_begin + rank[i]);
     }
     // Every node but the root (local index 0) is the child of its parent.
-    GroupByKey(1, n, n, [&](uint32_t i) { return g.nodes[col.node_begin + i].parent - col.node_begin; },
+    GroupByKey(1, n, n, [&](uint32_t i) { return graph.nodes[col.node_begin + i].parent - col.node_begin; },
                &child_begin, &children);
   }
 
   void AddUse(uint32_t x, int32_t j, uint32_t a) {
-    std::vector<Use> &uses = g.uses;
-    if (g.num_uses == uses.size()) uses.resize(std::max<size_t>(1024, 2 * uses.size()));
-    uses[g.num_uses++] = Use{x, j, a, kNoState, kUnreached, 0.0};
+    std::vector<Use> &uses = graph.uses;
+    if (graph.num_uses == uses.size()) uses.resize(std::max<size_t>(1024, 2 * uses.size()));
+    uses[graph.num_uses++] = Use{x, j, a, kNoState, kUnreached, 0.0};
   }
 
   // The consuming cells of column t: for every node, the column arcs whose word it has.
   template <typename Word>
   void FindArcs(int t, ArcSetLookup<Word> &lookup) {
-    const Column &col = g.columns[t];
+    const Column &col = graph.columns[t];
     const int width = col.width;
-    const WordId *row = &g.words[static_cast<size_t>(t) * g.k];
+    const WordId *row = &graph.words[static_cast<size_t>(t) * graph.k];
     column_word.Clear();
     same_word_next.assign(width, -1);
     chain_tail.resize(width);
@@ -393,8 +397,8 @@ class ForwardPass {
     std::sort(column_words.begin(), column_words.end());
     lookup.SetWords(column_words);
     for (uint32_t x = col.node_begin; x < col.node_end; ++x) {
-      TreeNode &node = g.nodes[x];
-      node.use_begin = g.num_uses;
+      TreeNode &node = graph.nodes[x];
+      node.use_begin = graph.num_uses;
       if (node.state == kRootState) {
         for (int j = 0; j < width; ++j) AddUse(x, j, row[j]);  // root arc w is word w
       } else {
@@ -404,13 +408,13 @@ class ForwardPass {
             AddUse(x, j, a);
         });
       }
-      node.use_end = g.num_uses;
+      node.use_end = graph.num_uses;
     }
   }
 
   // The state after the word of consuming cell u at node x.
   StateId NextState(uint32_t x, uint32_t u) {
-    Use &use = g.uses[u];
+    Use &use = graph.uses[u];
     if (use.next_state != kNoState) return use.next_state;
     StateId next;
     if (model.order() == 1) {
@@ -420,42 +424,42 @@ class ForwardPass {
     } else {
       // Highest order: the longest suffix of (history, word) that is a state, which is
       // where the nearest ancestor consuming the word leads.
-      uint32_t y = static_cast<uint32_t>(g.nodes[x].parent);
+      uint32_t y = static_cast<uint32_t>(graph.nodes[x].parent);
       int64_t v;
-      while ((v = g.FindUse(y, use.j)) < 0) y = static_cast<uint32_t>(g.nodes[y].parent);
+      while ((v = graph.FindUse(y, use.j)) < 0) y = static_cast<uint32_t>(graph.nodes[y].parent);
       next = NextState(y, static_cast<uint32_t>(v));
     }
-    g.uses[u].next_state = next;
+    graph.uses[u].next_state = next;
     return next;
   }
 
   // Extends the best prefix f (from slot src) through consuming cell u at node x.
   void Consume(int t, uint32_t x, uint32_t u, double f, int32_t src) {
-    ++g.stats->transitions;
+    ++graph.stats->transitions;
     if (f == kNegInf) return;  // stays kUnreached
-    const int32_t j = g.uses[u].j;
+    const int32_t j = graph.uses[u].j;
     // A successor without arcs backs off whatever comes next: unless the lattice ends
     // here, go to its back-off state now and pay the weight on arrival.
     StateId state = NextState(x, u);
-    double add = g.draft[static_cast<size_t>(t) * g.k + j] + g.al * model.ArcLog10Prob(g.uses[u].arc);
-    if (t + 1 < g.h && state != kRootState && model.ArcBegin(state) == model.ArcEnd(state)) {
+    double add = graph.draft[static_cast<size_t>(t) * graph.k + j] + graph.al * model.ArcLog10Prob(graph.uses[u].arc);
+    if (t + 1 < graph.h && state != kRootState && model.ArcBegin(state) == model.ArcEnd(state)) {
       double log10_bo = 0.0;
       do {
         log10_bo += model.BackoffWeight(state);
         state = model.BackoffState(state);
       } while (state != kRootState && model.ArcBegin(state) == model.ArcEnd(state));
-      add += g.al * log10_bo;
+      add += graph.al * log10_bo;
     }
     const int32_t next = NextSlot(state);
-    g.uses[u].add = add;
-    g.uses[u].next = next;
-    ++g.stats->pops;
+    graph.uses[u].add = add;
+    graph.uses[u].next = next;
+    ++graph.stats->pops;
     const double v = f + add;
-    if (v > g.best[next] ||
-        (v == g.best[next] && g.PrefixLess(t, src, j, g.back_slot[next], g.back_arc[next]))) {
-      g.best[next] = v;
-      g.back_slot[next] = src;
-      g.back_arc[next] = j;
+    if (v > graph.best[next] ||
+        (v == graph.best[next] && graph.PrefixLess(t, src, j, graph.back_slot[next], graph.back_arc[next]))) {
+      graph.best[next] = v;
+      graph.back_slot[next] = src;
+      graph.back_arc[next] = j;
     }
   }
 
@@ -475,10 +479,10 @@ class ForwardPass {
   // of j. Per node, up() is that best over the whole subtree; for arc j, only the nodes on
   // the chains of j's (few) consumers differ from it, and only those are recomputed.
   void Flow(int t) {
-    const std::vector<TreeNode> &nodes = g.nodes;
-    const std::vector<Use> &uses = g.uses;
-    const double al = g.al;
-    const Column &col = g.columns[t];
+    const std::vector<TreeNode> &nodes = graph.nodes;
+    const std::vector<Use> &uses = graph.uses;
+    const double al = graph.al;
+    const Column &col = graph.columns[t];
     const uint32_t nb = col.node_begin, n = col.node_end - nb;
     const int width = col.width;
     up.resize(n);
@@ -488,7 +492,7 @@ class ForwardPass {
     fl_src.resize(n);
     for (uint32_t i = 0; i < n; ++i) {
       const int32_t s = nodes[nb + i].slot;
-      up[i] = s >= 0 ? g.best[s] : kNegInf;
+      up[i] = s >= 0 ? graph.best[s] : kNegInf;
       up_src[i] = s;
     }
     for (uint32_t i = n; i-- > 1;) {  // children before parents; only the root lacks one
@@ -505,7 +509,7 @@ class ForwardPass {
 
     // The consuming cells of other nodes than the root, by arc.
     const TreeNode &root = nodes[nb];
-    GroupByKey(root.use_end, g.num_uses, width,
+    GroupByKey(root.use_end, graph.num_uses, width,
                [&](uint32_t u) { return uses[u].j; }, &word_begin, &word_uses);
     if (involved.size() < n) {
       involved.assign(n, 0);
@@ -529,7 +533,7 @@ class ForwardPass {
       }
       Consume(t, nb, root.use_begin + j, root_flow, root_src);
     }
-    g.slot_begin[t + 2] = static_cast<uint32_t>(g.slot_state.size());
+    graph.slot_begin[t + 2] = static_cast<uint32_t>(graph.slot_state.size());
   }
 
   // Arc j's flow problem: its consumers (other than the root) and the nodes on their
@@ -543,13 +547,13 @@ class ForwardPass {
     involved_list.clear();
     for (uint32_t w = word_begin[j]; w < word_begin[j + 1]; ++w) {
       const uint32_t u = word_uses[w];
-      uint32_t x = g.uses[u].node - nb;
+      uint32_t x = graph.uses[u].node - nb;
       consumer[x] = epoch;
       while (involved[x] != epoch) {
         involved[x] = epoch;
         involved_list.push_back(x);
         if (x == 0) break;
-        x = static_cast<uint32_t>(g.nodes[nb + x].parent) - nb;
+        x = static_cast<uint32_t>(graph.nodes[nb + x].parent) - nb;
       }
     }
   }
@@ -558,11 +562,11 @@ class ForwardPass {
   // cut below the arc's other consumers (children first; an uninvolved child brings its
   // whole subtree's best, contrib).
   void SolveFlows(int t, uint32_t nb) {
-    const std::vector<TreeNode> &nodes = g.nodes;
+    const std::vector<TreeNode> &nodes = graph.nodes;
     std::sort(involved_list.begin(), involved_list.end(), std::greater<uint32_t>());
     for (uint32_t x : involved_list) {
       const int32_t s = nodes[nb + x].slot;
-      fl[x] = s >= 0 ? g.best[s] : kNegInf;
+      fl[x] = s >= 0 ? graph.best[s] : kNegInf;
       fl_src[x] = s;
     }
     for (uint32_t x : involved_list) {  // children first
@@ -573,12 +577,12 @@ class ForwardPass {
       }
       if (x != 0 && consumer[x] != epoch && fl[x] != kNegInf) {
         const uint32_t parent = static_cast<uint32_t>(nodes[nb + x].parent) - nb;
-        Offer(t, &fl[parent], &fl_src[parent], fl[x] + g.al * nodes[nb + x].log10_bo, fl_src[x]);
+        Offer(t, &fl[parent], &fl_src[parent], fl[x] + graph.al * nodes[nb + x].log10_bo, fl_src[x]);
       }
     }
   }
 
-  SearchGraph &g;
+  SearchGraph &graph;
   const Model &model;
   ArcSetLookup<uint16_t> lookup16;  // for a model without WideWords()
   ArcSetLookup<uint32_t> lookup32;
@@ -614,7 +618,7 @@ class ForwardPass {
 // slots of a column (distinct states, so distinct paths), the best over columns.
 class BackwardPass {
  public:
-  explicit BackwardPass(const SearchGraph &graph) : g(graph) {}
+  explicit BackwardPass(const SearchGraph &graph) : graph(graph) {}
 
   std::vector<double> completion;  // best completion score W, per slot
   // [nodes, k]: the consuming cell that arc j reaches from node x (for pass 3).
@@ -622,15 +626,15 @@ class BackwardPass {
 
   // Returns tau.
   double Run(int p) {
-    const std::vector<TreeNode> &nodes = g.nodes;
-    const int h = g.h, k = g.k;
-    const uint32_t total = static_cast<uint32_t>(g.slot_state.size());
+    const std::vector<TreeNode> &nodes = graph.nodes;
+    const int h = graph.h, k = graph.k;
+    const uint32_t total = static_cast<uint32_t>(graph.slot_state.size());
     completion.assign(total, kNegInf);
-    for (uint32_t s = g.slot_begin[h]; s < g.slot_begin[h + 1]; ++s) completion[s] = 0.0;
+    for (uint32_t s = graph.slot_begin[h]; s < graph.slot_begin[h + 1]; ++s) completion[s] = 0.0;
     double tau = kNegInf;
     cell_of.resize(nodes.size() * k);
     for (int t = h - 1; t >= 0; --t) {
-      const Column &col = g.columns[t];
+      const Column &col = graph.columns[t];
       const uint32_t nb = col.node_begin, n = col.node_end - nb;
       const int width = col.width;
       rows.resize(static_cast<size_t>(n) * width);
@@ -640,13 +644,13 @@ class BackwardPass {
         double *row = &rows[static_cast<size_t>(x) * width];
         int32_t *cell = &cell_of[static_cast<size_t>(nb + x) * k];
         if (x > 0) {
-          const double bo = g.al * node.log10_bo;
+          const double bo = graph.al * node.log10_bo;
           const double *parent_row = &rows[static_cast<size_t>(node.parent - nb) * width];
           for (int j = 0; j < width; ++j) row[j] = parent_row[j] + bo;
           std::copy_n(&cell_of[static_cast<size_t>(node.parent) * k], width, cell);
         }
         for (uint32_t u = node.use_begin; u < node.use_end; ++u) {
-          const Use &use = g.uses[u];
+          const Use &use = graph.uses[u];
           row[use.j] = use.next >= 0 ? use.add + completion[use.next] : kNegInf;
           cell[use.j] = static_cast<int32_t>(u);
         }
@@ -654,7 +658,7 @@ class BackwardPass {
         double w = kNegInf;
         for (int j = 0; j < width; ++j) w = std::max(w, row[j]);
         completion[node.slot] = w;
-        const double v = g.best[node.slot] + w;
+        const double v = graph.best[node.slot] + w;
         if (static_cast<int>(top.size()) < p) {
           top.push_back(v);
           std::push_heap(top.begin(), top.end(), std::greater<double>());
@@ -670,7 +674,7 @@ class BackwardPass {
   }
 
  private:
-  const SearchGraph &g;
+  const SearchGraph &graph;
   std::vector<double> rows;  // [column nodes, width]
   std::vector<double> top;
 };
@@ -679,32 +683,32 @@ class BackwardPass {
 class PBestPass {
  public:
   PBestPass(const SearchGraph &graph, const BackwardPass &backward_pass)
-      : g(graph), backward(backward_pass) {}
+      : graph(graph), backward(backward_pass) {}
 
   void Run(int p, double threshold) {
-    const std::vector<TreeNode> &nodes = g.nodes;
-    const std::vector<Use> &uses = g.uses;
+    const std::vector<TreeNode> &nodes = graph.nodes;
+    const std::vector<Use> &uses = graph.uses;
     const std::vector<double> &completion = backward.completion;
-    const int h = g.h, k = g.k;
-    const uint32_t total = static_cast<uint32_t>(g.slot_state.size());
+    const int h = graph.h, k = graph.k;
+    const uint32_t total = static_cast<uint32_t>(graph.slot_state.size());
     if (lists.size() < total) lists.resize(total);
     for (uint32_t s = 0; s < total; ++s) lists[s].clear();
     path_nodes.clear();
     path_nodes.push_back(PathNode{-1, -1});
-    lists[g.slot_begin[0]].push_back(Entry{0.0, 0});
+    lists[graph.slot_begin[0]].push_back(Entry{0.0, 0});
     double hops[64];
     for (int t = 0; t < h; ++t) {
-      const Column &col = g.columns[t];
+      const Column &col = graph.columns[t];
       const int width = col.width;
-      for (uint32_t s = g.slot_begin[t]; s < g.slot_begin[t + 1]; ++s) {
+      for (uint32_t s = graph.slot_begin[t]; s < graph.slot_begin[t + 1]; ++s) {
         std::vector<Entry> &list = lists[s];
         if (list.empty() || list[0].g + completion[s] < threshold) continue;
-        const uint32_t x = static_cast<uint32_t>(g.slot_node[s]);
+        const uint32_t x = static_cast<uint32_t>(graph.slot_node[s]);
         for (int j = 0; j < width; ++j) {
           const uint32_t u = static_cast<uint32_t>(backward.cell_of[static_cast<size_t>(x) * k + j]);
           int n_hops = 0;
           for (uint32_t y = x; y != uses[u].node; y = static_cast<uint32_t>(nodes[y].parent))
-            hops[n_hops++] = g.al * nodes[y].log10_bo;
+            hops[n_hops++] = graph.al * nodes[y].log10_bo;
           const int32_t next = uses[u].next;
           if (next < 0) continue;  // no prefix reaches the cell
           const double add = uses[u].add;
@@ -729,19 +733,19 @@ class PBestPass {
           }
         }
       }
-      for (uint32_t s = g.slot_begin[t + 1]; s < g.slot_begin[t + 2]; ++s) {
+      for (uint32_t s = graph.slot_begin[t + 1]; s < graph.slot_begin[t + 2]; ++s) {
         auto worse = [&](const Entry &a, const Entry &b) { return BetterEntry(a, b, t + 1); };
         std::sort_heap(lists[s].begin(), lists[s].end(), worse);
       }
     }
-    g.stats->pops += path_nodes.size() - 1;
+    graph.stats->pops += path_nodes.size() - 1;
   }
 
   // The up to p best complete paths, best first; returns how many.
   size_t Best(int p) {
-    const int h = g.h;
+    const int h = graph.h;
     final_entries.clear();
-    for (uint32_t f = g.slot_begin[h]; f < g.slot_begin[h + 1]; ++f)
+    for (uint32_t f = graph.slot_begin[h]; f < graph.slot_begin[h + 1]; ++f)
       final_entries.insert(final_entries.end(), lists[f].begin(), lists[f].end());
     const size_t found = std::min<size_t>(p, final_entries.size());
     std::partial_sort(final_entries.begin(), final_entries.begin() + found, final_entries.end(),
@@ -749,7 +753,7 @@ class PBestPass {
     return found;
   }
   // The arcs of Best's r-th path.
-  void BestArcs(size_t r, std::vector<int32_t> *out) const { PathArcs(final_entries[r].node, g.h, out); }
+  void BestArcs(size_t r, std::vector<int32_t> *out) const { PathArcs(final_entries[r].node, graph.h, out); }
 
  private:
   void PathArcs(int32_t node, int depth, std::vector<int32_t> *out) const {
@@ -768,7 +772,7 @@ class PBestPass {
     PathArcs(parent_b, depth - 1, &seq_b);
     seq_a.push_back(arc_a);
     seq_b.push_back(arc_b);
-    return g.ArcsLess(seq_a, seq_b);
+    return graph.ArcsLess(seq_a, seq_b);
   }
   bool BetterEntry(const Entry &a, const Entry &b, int depth) {
     if (a.g != b.g) return a.g > b.g;
@@ -776,7 +780,7 @@ class PBestPass {
                   path_nodes[b.node].parent, path_nodes[b.node].arc, depth);
   }
 
-  const SearchGraph &g;
+  const SearchGraph &graph;
   const BackwardPass &backward;
   std::vector<PathNode> path_nodes;
   std::vector<std::vector<Entry>> lists;  // per slot: its best prefixes
@@ -802,8 +806,8 @@ PBestSearch::~PBestSearch() = default;
 
 int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double alpha,
                      const PathsOut &out) {
-  SearchGraph &s = impl_->graph;
-  const Model &model = s.model;
+  SearchGraph &graph = impl_->graph;
+  const Model &model = graph.model;
   const int h = lattice.h, k = lattice.k;
   if (p < 1) throw InvalidArgument("p must be at least 1");
   if (h < 1 || k < 1) throw InvalidArgument("a lattice needs at least one position and one arc");
@@ -825,26 +829,26 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
                   alpha, model.MaxAbsLog10Prob(), model.MaxAbsLog10Backoff(), h, max_alpha);
     throw InvalidArgument(message);
   }
-  s.lattice = &lattice;
-  s.h = h;
-  s.k = k;
-  s.al = alpha * kLn10;
-  s.stats = &stats_;
+  graph.lattice = &lattice;
+  graph.h = h;
+  graph.k = k;
+  graph.al = alpha * kLn10;
+  graph.stats = &stats_;
   stats_ = SearchStats();
-  s.words.resize(static_cast<size_t>(h) * k);
-  s.draft.resize(static_cast<size_t>(h) * k);
-  s.widths.resize(h);
+  graph.words.resize(static_cast<size_t>(h) * k);
+  graph.draft.resize(static_cast<size_t>(h) * k);
+  graph.widths.resize(h);
   double max_draft = 0.0;
   for (int i = 0; i < h; ++i) {
     const int width = lattice.widths ? lattice.widths[i] : k;
     if (width < 1 || width > k) throw InvalidArgument("lattice width out of range");
-    s.widths[i] = width;
+    graph.widths[i] = width;
     for (int j = 0; j < width; ++j) {
       const size_t at = static_cast<size_t>(i) * k + j;
-      s.words[at] = model.TokenToWord(lattice.tokens[at]);
-      s.draft[at] = lattice.scores[at];
-      if (!std::isfinite(s.draft[at])) throw InvalidArgument("lattice scores must be finite");
-      max_draft = std::max(max_draft, std::fabs(s.draft[at]));
+      graph.words[at] = model.TokenToWord(lattice.tokens[at]);
+      graph.draft[at] = lattice.scores[at];
+      if (!std::isfinite(graph.draft[at])) throw InvalidArgument("lattice scores must be finite");
+      max_draft = std::max(max_draft, std::fabs(graph.draft[at]));
     }
   }
   // The largest magnitude a partial score's terms may add up to: the rounding of sums in
@@ -854,7 +858,7 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
 
   impl_->forward.Run(start);
 
-  // The answer: the p = 1 path from pass 1, or pass 3's.
+  // The answer: the p = 1 path from pass 1, or pass 3'graph.
   std::vector<int32_t> &arcs = impl_->arcs;
   auto write = [&](int r) {
     int32_t *tokens = out.tokens + static_cast<size_t>(r) * h;
@@ -870,14 +874,14 @@ int PBestSearch::Run(const LatticeView &lattice, StateId start, int p, double al
   };
   if (p == 1) {
     int32_t winner = -1;
-    for (uint32_t f = s.slot_begin[h]; f < s.slot_begin[h + 1]; ++f) {
-      if (s.best[f] == kNegInf) continue;
-      if (winner < 0 || s.best[f] > s.best[winner] ||
-          (s.best[f] == s.best[winner] && s.PrefixLess(h, f, -1, winner, -1)))
+    for (uint32_t f = graph.slot_begin[h]; f < graph.slot_begin[h + 1]; ++f) {
+      if (graph.best[f] == kNegInf) continue;
+      if (winner < 0 || graph.best[f] > graph.best[winner] ||
+          (graph.best[f] == graph.best[winner] && graph.PrefixLess(h, f, -1, winner, -1)))
         winner = static_cast<int32_t>(f);
     }
     if (winner < 0) throw std::logic_error("the search reached no final state");
-    s.PrefixArcs(h, winner, &arcs);
+    graph.PrefixArcs(h, winner, &arcs);
     write(0);
     return 1;
   }
