@@ -12,6 +12,7 @@
 #include <system_error>
 #include <thread>
 
+#include "latticekit/arc_lookup.h"
 #include "latticekit/errors.h"
 
 namespace latticekit {

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "latticekit/arc_lookup.h"
 #include "latticekit/arpa.h"
 #include "latticekit/errors.h"
 #include "latticekit/model.h"
