@@ -228,6 +228,22 @@ void TestBinaryRoundTrip(const Model &model, const std::string &dir) {
   CHECK(std::equal(model.image(), model.image() + model.size_bytes(), from_file->image()));
 }
 
+// Buffers for p paths of h tokens, and the PathsOut that points into them.
+struct PathBuffers {
+  PathBuffers(int p, int h) : tokens(static_cast<size_t>(p) * h, -1), score(p), draft(p), lm(p) {
+    out.tokens = tokens.data();
+    out.score = score.data();
+    out.draft_score = draft.data();
+    out.lm_score = lm.data();
+  }
+  PathBuffers(const PathBuffers &) = delete;  // out points into this object's vectors
+  PathBuffers &operator=(const PathBuffers &) = delete;
+
+  std::vector<int32_t> tokens;
+  std::vector<double> score, draft, lm;
+  PathsOut out;
+};
+
 struct Path {
   std::vector<int32_t> tokens;
   std::vector<int> arcs;
@@ -288,22 +304,16 @@ void TestSearch(const Model &model) {
       const std::vector<Path> expected = BruteForce(model, lattice, start, alpha);
       CHECK(expected.size() == 4 * 4 * 3);
       for (int p : {1, 2, 5, 48, 60}) {
-        std::vector<int32_t> out_tokens(static_cast<size_t>(p) * h, -1);
-        std::vector<double> score(p), draft(p), lm(p);
-        PathsOut out;
-        out.tokens = out_tokens.data();
-        out.score = score.data();
-        out.draft_score = draft.data();
-        out.lm_score = lm.data();
+        PathBuffers got(p, h);
         const int n = PBestOne(model, lattice, with_context ? context : nullptr,
-                               with_context ? 2 : 0, true, p, alpha, out);
+                               with_context ? 2 : 0, true, p, alpha, got.out);
         CHECK(n == std::min<int>(p, static_cast<int>(expected.size())));
         for (int r = 0; r < n; ++r) {
           const Path &want = expected[r];
-          CHECK(std::equal(want.tokens.begin(), want.tokens.end(), &out_tokens[r * h]));
-          CHECK_NEAR(score[r], want.score, 1e-9);
-          CHECK_NEAR(draft[r], want.draft, 1e-9);
-          CHECK_NEAR(lm[r], want.lm, 1e-9);
+          CHECK(std::equal(want.tokens.begin(), want.tokens.end(), &got.tokens[r * h]));
+          CHECK_NEAR(got.score[r], want.score, 1e-9);
+          CHECK_NEAR(got.draft[r], want.draft, 1e-9);
+          CHECK_NEAR(got.lm[r], want.lm, 1e-9);
         }
       }
     }
@@ -473,18 +483,12 @@ void TestSearchTies(const Model &model) {
     const std::vector<Path> expected = BruteForce(model, lattice, model.StartState(true), 0.0);
     CHECK(static_cast<int>(expected.size()) == total);
     const int p = 1 + trial % total;
-    std::vector<int32_t> out_tokens(static_cast<size_t>(p) * h, -1);
-    std::vector<double> score(p), draft(p), lm(p);
-    PathsOut out;
-    out.tokens = out_tokens.data();
-    out.score = score.data();
-    out.draft_score = draft.data();
-    out.lm_score = lm.data();
-    const int n = PBestOne(model, lattice, nullptr, 0, true, p, 0.0, out);
+    PathBuffers got(p, h);
+    const int n = PBestOne(model, lattice, nullptr, 0, true, p, 0.0, got.out);
     CHECK(n == p);
     for (int r = 0; r < n; ++r) {
-      CHECK(std::equal(expected[r].tokens.begin(), expected[r].tokens.end(), &out_tokens[r * h]));
-      CHECK(score[r] == expected[r].score);
+      CHECK(std::equal(expected[r].tokens.begin(), expected[r].tokens.end(), &got.tokens[r * h]));
+      CHECK(got.score[r] == expected[r].score);
     }
   }
 }
