@@ -63,7 +63,16 @@ class LatticeKitError(Exception):
     """Base class of every error latticekit raises on purpose."""
 
 
-class ArpaFormatError(LatticeKitError, ValueError):
+class _InputLineError(LatticeKitError, ValueError):
+    """Bad input that a file and a line locate (``path``, ``line``: see the subclasses)."""
+
+    def __init__(self, message: str, path: str = "", line: int = 0) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+
+
+class ArpaFormatError(_InputLineError):
     """An ARPA file (or the n-gram tables given to ``NGramLM.from_ngrams``, path
     ``"<tables>"``) is malformed or holds values a model may not have. The message names the
     file and the line.
@@ -73,11 +82,6 @@ class ArpaFormatError(LatticeKitError, ValueError):
         line: 1-based line number of the offending line (0 when the whole file is at fault,
             e.g. it ends early).
     """
-
-    def __init__(self, message: str, path: str = "", line: int = 0) -> None:
-        super().__init__(message)
-        self.path = path
-        self.line = line
 
 
 class ModelFormatError(LatticeKitError, ValueError):
@@ -92,18 +96,13 @@ class VocabularyError(LatticeKitError, ValueError):
     """A vocabulary or token id does not fit the model."""
 
 
-class CorpusError(LatticeKitError, ValueError):
+class CorpusError(_InputLineError):
     """A corpus cannot be counted: it is empty, undecodable, or has ids out of range.
 
     Attributes:
         path: the file being read ("" for in-memory input).
         line: 1-based line number of the offending line (0 when the whole input is at fault).
     """
-
-    def __init__(self, message: str, path: str = "", line: int = 0) -> None:
-        super().__init__(message)
-        self.path = path
-        self.line = line
 
 
 class DecoderConfigError(LatticeKitError, ValueError):
