@@ -52,15 +52,6 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def chat_ids(tokenizer: Any, user: str) -> list[int]:
-    """The token ids of one user request through the model's chat template (generation prompt added)."""
-    ids = tokenizer.hf.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True,
-                                           tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
-
-
 def window_prompts(args: argparse.Namespace, tokenizer: Any, domain: str) -> list[dict[str, Any]]:
     """``args.num_prompts`` windows of ``args.prompt_tokens`` tokens of the domain's held-out files."""
     from latticekit.bpd.prompts import prompts_from_manifest
@@ -77,7 +68,7 @@ def instruction_prompts(args: argparse.Namespace, tokenizer: Any) -> list[dict[s
     rng = np.random.default_rng(args.seed)
     chosen = [data[i] for i in sorted(rng.choice(len(data), size=min(args.num_instruction, len(data)),
                                                  replace=False))]
-    return [{"source": f"{p['source']}:{p['task']}:{p['id']}", "ids": chat_ids(tokenizer, p["user"]),
+    return [{"source": f"{p['source']}:{p['task']}:{p['id']}", "ids": tokenizer.chat(p["user"]),
              "max_new_tokens": args.max_new_tokens_instruction, "eos": tokenizer.eos_token_id} for p in chosen]
 
 

@@ -70,7 +70,7 @@ def log(msg: str) -> None:
 
 def load_prompts(args: argparse.Namespace, tokenizer: Any, domain: str) -> tuple[list[dict[str, Any]], str]:
     """The domain's prompts (``source``, ``ids``, ``max_new_tokens``, ``eos``) and where they came from."""
-    from decode_speed import chat_ids, instruction_prompts, window_prompts
+    from decode_speed import instruction_prompts, window_prompts
     from headsfree_prompts import copy_requests
 
     if domain in ("code", "english"):
@@ -80,7 +80,7 @@ def load_prompts(args: argparse.Namespace, tokenizer: Any, domain: str) -> tuple
         prompts = instruction_prompts(args, tokenizer)
         return prompts, f"{args.instruction_prompts} (held-out, every other, {len(prompts)} seeded)"
     if domain == "copy":
-        return ([{"source": r["id"], "ids": chat_ids(tokenizer, r["user"]), "max_new_tokens": args.max_new_tokens_copy,
+        return ([{"source": r["id"], "ids": tokenizer.chat(r["user"]), "max_new_tokens": args.max_new_tokens_copy,
                   "eos": tokenizer.eos_token_id} for r in copy_requests(Path(args.manifest), args.num_copy)],
                 "built by benchmarks/headsfree_prompts.py from held-out files")
     raise SystemExit(f"unknown domain {domain!r}")

