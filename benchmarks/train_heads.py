@@ -20,6 +20,8 @@ measures them, full vocabulary, on the held-out shards.
 * Architecture: ``--layer mlp`` (latticekit's ``h + W2 silu(W1 h + b1) + b2``) or ``medusa``
   (``x + silu(W x + b)``, writable as Medusa checkpoints), ``--num-layers`` per head, the model's
   tied ``lm_head`` as every head's output projection.
+* ``--init FILE`` starts from a heads file of the same shape (a warm start: train a shipped
+  file longer, or on more data, with a fresh schedule); recorded in the recipe.
 * Evaluation: per-head top-1 / top-8 / top-16 against the model's greedy tokens, full
   vocabulary, on the first ``--eval-positions`` held-out positions of each domain; the same for
   any ``--compare`` heads file (e.g. the first shipped heads); and the drafting cost: the median
@@ -185,6 +187,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=200)
     parser.add_argument("--compare", type=Path, action="append", default=[], help="heads files to measure alongside")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init", type=Path, help="start from this heads file's blocks (a warm start: more steps on more data)")
     parser.add_argument("--out", type=Path, help="write the trained heads here (float16)")
     parser.add_argument("--cache-dir", type=Path, default=CACHE)
     parser.add_argument("--results-dir", type=Path, default=RESULTS / "runs")
@@ -206,6 +209,12 @@ def main() -> None:
                 if k not in ("threads", "eval_every", "eval_positions", "compare", "out", "cache_dir", "results_dir")}
     schedule = {k: str(v) if isinstance(v, Path) else v for k, v in schedule.items()}
     heads = BlockHeads.for_model(model, h, layer=args.layer, num_layers=args.num_layers)
+    if args.init is not None:
+        start = BlockHeads.load(args.init, model)
+        if (start.num_heads, start.layer, start.num_layers) != (h, args.layer, args.num_layers):
+            parser.error(f"--init {args.init}: {start.num_heads} heads of {start.num_layers} {start.layer} layer(s), "
+                         f"not {h} of {args.num_layers} {args.layer}")
+        heads.blocks.load_state_dict({k: v.float() for k, v in start.blocks.state_dict().items()})
     heads.metadata.update({"base_model": "SmolLM2-135M-Instruct", "base_model_file": description,
                            "recipe": schedule, "command": command})
     weight = model.lm_head.weight.detach()
