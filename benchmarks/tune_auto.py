@@ -74,12 +74,15 @@ def node_data(traces: list[Any], lm: Any, k: int, p: int, alpha: float, max_dept
     feats, labels = [], []
     for trace in traces:
         drafter = make_drafter(config, lms=lm, costs=_dummy_costs())
+        drafter.prepare_replay(trace)  # candidates from the trace's lattices (without it: heads-free ones)
         pending = PendingLabels()
         sequence = trace.prompt + trace.continuation
         for i in range(len(trace.continuation) - max_depth):
             root = len(trace.prompt) + i
             step = DraftInput(sequence[: root + 1], lambda i=i: trace.lattice(i, k))
             tree = drafter.candidates(step)
+            if np.isnan(tree.head_logprob).any():
+                raise SystemExit("auto's candidates did not come from the heads' lattice")
             pending.add(root, tree, node_features(tree, max_depth))
         x, y = pending.resolve(sequence)
         feats.append(x)
