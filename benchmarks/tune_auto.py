@@ -189,7 +189,7 @@ def main() -> int:
     fitted.save(args.prior_out, {"heads": args.heads, "heads_fingerprint": heads_fingerprint(heads),
                                  "lm": repr(lm), "nodes": int(sum(len(v) for v in y)),
                                  "fit_on": {d: len(t) for d, t in fit_half.items()},
-                                 "features": "depth one-hot (1..7), head logit / 4, n-gram logit / 4"})
+                                 "features": "depth one-hot (1..7), head, n-gram and cache logits / 4 (no cache model here)"})
     out = Path(args.out)
     (out / "tune_auto.json").write_text(json.dumps({"command": " ".join(sys.argv), "costs_ms": [
         round(s * 1e3, 2) for s in costs.seconds], "overhead_ms": args.overhead_ms, "fitted_weights":

@@ -310,7 +310,7 @@ def add_parser(sub: Any) -> None:
                        description="Runs the greedy baseline and a list of decoders over held-out prompts "
                                    "and reports block efficiency, repetition, head entropy, wins/ties/losses.")
     p.add_argument("--model", default="smollm2", help="smollm2 | tiny-llama | tiny-gpt2 | HF folder")
-    p.add_argument("--heads", default="default", help="default | untrained:H | a BlockHeads file")
+    p.add_argument("--heads", default="default", help="default (v2) | v1 | untrained:H | a BlockHeads file")
     p.add_argument("--lm", action="append", default=[], metavar="NAME=PATH",
                    help="n-gram model (ARPA or binary), repeatable; decoders name it with lm=NAME")
     p.add_argument("--decoders", nargs="+", metavar="SPEC",
