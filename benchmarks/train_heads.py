@@ -214,7 +214,7 @@ def main() -> None:
         if (start.num_heads, start.layer, start.num_layers) != (h, args.layer, args.num_layers):
             parser.error(f"--init {args.init}: {start.num_heads} heads of {start.num_layers} {start.layer} layer(s), "
                          f"not {h} of {args.num_layers} {args.layer}")
-        heads.blocks.load_state_dict({k: v.float() for k, v in start.blocks.state_dict().items()})
+        heads.blocks.load_state_dict(start.blocks.state_dict())  # copied into the float32 blocks
     heads.metadata.update({"base_model": "SmolLM2-135M-Instruct", "base_model_file": description,
                            "recipe": schedule, "command": command})
     weight = model.lm_head.weight.detach()
