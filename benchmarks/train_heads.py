@@ -20,8 +20,14 @@ measures them, full vocabulary, on the held-out shards.
 * Architecture: ``--layer mlp`` (latticekit's ``h + W2 silu(W1 h + b1) + b2``) or ``medusa``
   (``x + silu(W x + b)``, writable as Medusa checkpoints), ``--num-layers`` per head, the model's
   tied ``lm_head`` as every head's output projection.
+* ``--token-conditioned``: heads 2..h also read the model's greedy token at t + 1 (the cached
+  label of head 1; at decoding time the lattice's first token), through a d x d map per head
+  initialised to zero (``BlockHeads(token_conditioned=True)``; EAGLE feeds its drafter the same
+  token). The drafts stay a sausage lattice: that token is fixed when the lattice is drafted.
 * ``--init FILE`` starts from a heads file of the same shape (a warm start: train a shipped
-  file longer, or on more data, with a fresh schedule); recorded in the recipe.
+  file longer, or on more data, with a fresh schedule); recorded in the recipe. An
+  unconditioned file may start conditioned heads: its blocks are copied, the token maps start
+  at zero, so training starts from exactly that file's predictions.
 * Evaluation: per-head top-1 / top-8 / top-16 against the model's greedy tokens, full
   vocabulary, on the first ``--eval-positions`` held-out positions of each domain; the same for
   any ``--compare`` heads file (e.g. the first shipped heads); and the drafting cost: the median
@@ -113,12 +119,13 @@ def restricted_loss(states: torch.Tensor, labels: torch.Tensor, weight: torch.Te
 
 @torch.no_grad()
 def evaluate(heads: BlockHeads, data: DomainData, chunk: int = 256) -> dict[str, list[float]]:
-    """Full-vocabulary per-head top-k accuracy against the model's greedy tokens."""
+    """Full-vocabulary per-head top-k accuracy against the model's greedy tokens (token-conditioned
+    heads read the greedy token at t + 1, as they do when drafting)."""
     hits = torch.zeros(len(TOPK), heads.num_heads, dtype=torch.float64)
     count = torch.zeros(heads.num_heads, dtype=torch.float64)
     for s in range(0, len(data), chunk):
-        logits = heads(data.hidden[s:s + chunk].float())  # (n, h, V)
         labels = data.labels[s:s + chunk, : heads.num_heads]
+        logits = heads(data.hidden[s:s + chunk].float(), next_token=labels[:, 0])  # (n, h, V)
         top = logits.topk(max(TOPK), dim=-1).indices
         hit = top == labels.clamp(min=0)[..., None]
         valid = labels >= 0
@@ -129,15 +136,17 @@ def evaluate(heads: BlockHeads, data: DomainData, chunk: int = 256) -> dict[str,
 
 
 def drafting_ms(heads: BlockHeads, repeats: int = 200) -> float:
-    """Median milliseconds of one ``heads(hidden)`` call for one position (every head's logits)."""
+    """Median milliseconds of one ``heads(hidden, next_token)`` call for one position (every head's
+    logits; the next token is known when drafting)."""
     hidden = torch.randn(1, heads.hidden_size)
+    token = torch.zeros(1, dtype=torch.long)
     with torch.no_grad():
         for _ in range(20):
-            heads(hidden)
+            heads(hidden, next_token=token)
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            heads(hidden)
+            heads(hidden, next_token=token)
             times.append(time.perf_counter() - t0)
     return round(1e3 * statistics.median(times), 3)
 
@@ -176,6 +185,8 @@ def main() -> None:
     parser.add_argument("--layer", choices=("mlp", "medusa"), default="mlp")
     parser.add_argument("--num-layers", type=int, default=1)
     parser.add_argument("--label-smoothing", type=float, default=0.0)
+    parser.add_argument("--token-conditioned", action="store_true",
+                        help="heads 2..h also read the greedy token at t + 1")
     parser.add_argument("--coverage", type=float, default=0.97)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch-positions", type=int, default=3072)
@@ -208,27 +219,34 @@ def main() -> None:
     schedule = {k: v for k, v in vars(args).items()
                 if k not in ("threads", "eval_every", "eval_positions", "compare", "out", "cache_dir", "results_dir")}
     schedule = {k: str(v) if isinstance(v, Path) else v for k, v in schedule.items()}
-    heads = BlockHeads.for_model(model, h, layer=args.layer, num_layers=args.num_layers)
+    heads = BlockHeads.for_model(model, h, layer=args.layer, num_layers=args.num_layers,
+                                 token_conditioned=args.token_conditioned)
     if args.init is not None:
         start = BlockHeads.load(args.init, model)
-        if (start.num_heads, start.layer, start.num_layers) != (h, args.layer, args.num_layers):
-            parser.error(f"--init {args.init}: {start.num_heads} heads of {start.num_layers} {start.layer} layer(s), "
-                         f"not {h} of {args.num_layers} {args.layer}")
-        heads.blocks.load_state_dict(start.blocks.state_dict())  # copied into the float32 blocks
+        if (start.num_heads, start.layer, start.num_layers) != (h, args.layer, args.num_layers) \
+                or (start.token_conditioned and not args.token_conditioned):
+            parser.error(f"--init {args.init}: {start.num_heads} heads of {start.num_layers} {start.layer} layer(s)"
+                         f"{' (token-conditioned)' if start.token_conditioned else ''}, not {h} of "
+                         f"{args.num_layers} {args.layer}")
+        state = start.trainable_state()
+        if args.token_conditioned and not start.token_conditioned:  # the token maps stay at zero
+            state |= {k: v for k, v in heads.trainable_state().items() if k.startswith("token_inputs.")}
+        heads.load_weights(state)  # copied into the float32 weights
     heads.metadata.update({"base_model": "SmolLM2-135M-Instruct", "base_model_file": description,
                            "recipe": schedule, "command": command})
     weight = model.lm_head.weight.detach()
     candidates, coverage = candidate_vocab(torch.cat([t.labels[:, 1:] for t in train.values()]), args.coverage,
                                            heads.vocab_size)
     log(f"candidate vocabulary {len(candidates)} words, covering {coverage:.4f} of the training labels")
-    optimizer = torch.optim.AdamW(heads.blocks.parameters(), lr=args.lr, weight_decay=0.0)
+    params = [p for p in heads.parameters() if p.requires_grad]  # not the frozen lm_head
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     ckpt_path = args.cache_dir / "runs" / f"{args.name}.pt"
     ckpt_path.parent.mkdir(parents=True, exist_ok=True)
     step, train_s, curve = 0, 0.0, []
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=True)
         if json.loads(ckpt["schedule"]) == schedule:
-            heads.blocks.load_state_dict(ckpt["blocks"])
+            heads.load_weights(ckpt["blocks"])
             optimizer.load_state_dict(ckpt["optimizer"])
             step, train_s, curve = int(ckpt["step"]), float(ckpt["train_s"]), json.loads(ckpt["curve"])
             log(f"resumed {args.name} at step {step}")
@@ -242,14 +260,15 @@ def main() -> None:
         picks = [(d, torch.randint(len(t), (per_domain,), generator=gen)) for d, t in train.items()]
         hidden = torch.cat([train[d].hidden[i] for d, i in picks]).float()
         labels = torch.cat([train[d].labels[i, 1:] for d, i in picks])
+        next_token = torch.cat([train[d].labels[i, 0] for d, i in picks])  # head 1's: the greedy token
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            states = torch.stack([block(hidden) for block in heads.blocks], dim=1)  # (n, h - 1, d)
+            states = heads.head_states(hidden, next_token)[:, 1:]  # (n, h - 1, d)
             per_head = restricted_loss(states, labels, weight, candidates, args.label_smoothing)
         optimizer.zero_grad(set_to_none=True)
         per_head.sum().backward()
-        torch.nn.utils.clip_grad_norm_(heads.blocks.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         train_s += time.perf_counter() - t0
         window.append(per_head.detach())
@@ -265,7 +284,7 @@ def main() -> None:
                                                   for d, v in heldout.items()}})
             heads.train()
             log(f"step {step}: held-out head-2 top-1 " + json.dumps({d: c[1] for d, c in curve[-1]["top1"].items()}))
-            torch.save({"blocks": heads.blocks.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+            torch.save({"blocks": heads.trainable_state(), "optimizer": optimizer.state_dict(), "step": step,
                         "train_s": train_s, "curve": json.dumps(curve), "schedule": json.dumps(schedule)},
                        ckpt_path.with_suffix(".tmp"))
             os.replace(ckpt_path.with_suffix(".tmp"), ckpt_path)

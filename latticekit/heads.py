@@ -50,7 +50,7 @@ FIRST_HEADS_PATH = DEFAULT_HEADS_PATH.with_name("smollm2-135m-h8.safetensors")
 
 # Header fields added after the first format, with the values that files without them mean.
 _STRUCTURE_DEFAULTS = {"layer": "mlp", "num_layers": 1, "layer_bias": True, "projection_rows": None,
-                       "logit_scale": 1.0}
+                       "logit_scale": 1.0, "token_conditioned": False}
 
 # Fixed flat indices of the output projection's weight whose values identify a base model;
 # the same indices on every machine, so a file trained on one copy loads on another.
@@ -152,13 +152,20 @@ class BlockHeads(nn.Module):
         token_map: None, or the token ids `(V',)` that the rows of ``projections`` score;
             every other token then gets logit ``-inf`` from heads 2..h (vLLM's truncated vocabulary).
         logit_scale: heads 2..h's logits are multiplied by it (vLLM's ``logit_scale``).
+        token_inputs: None, or (``token_conditioned`` heads) ``num_heads - 1`` linear maps
+            `(hidden,) -> (hidden,)`: head i reads ``hidden + token_inputs[i - 2](e)``, where ``e``
+            is the row of the output projection's weight for the token at t + 1 (head 1's token:
+            the model's greedy token, or the sampled one). That token is always known when a
+            lattice is drafted (it is the lattice's first position), so the heads' drafts stay a
+            lattice; EAGLE (Li et al., 2024) feeds its draft model the same token.
         metadata: what :meth:`save` records besides the weights (base model name, recipe, ...).
     """
 
     def __init__(self, lm_head: nn.Module, num_heads: int = 8, intermediate_size: Optional[int] = None,
                  metadata: Optional[dict[str, Any]] = None, *, layer: str = "mlp", num_layers: int = 1,
                  layer_bias: bool = True, projection_rows: Optional[int] = None,
-                 token_map: Optional[Tensor] = None, logit_scale: float = 1.0) -> None:
+                 token_map: Optional[Tensor] = None, logit_scale: float = 1.0,
+                 token_conditioned: bool = False) -> None:
         """Fresh heads on an output projection.
 
         Args:
@@ -176,6 +183,8 @@ class BlockHeads(nn.Module):
             token_map: the token ids `(V',)` of the projections' rows (needs ``projection_rows``
                 = V').
             logit_scale: multiplies heads 2..h's logits.
+            token_conditioned: heads 2..h also read the token at t + 1 (``token_inputs``,
+                initialised to zero: fresh conditioned heads compute what unconditioned ones do).
 
         Raises:
             HeadsMismatchError: an argument is out of range or the projection has no 2-d weight.
@@ -215,10 +224,19 @@ class BlockHeads(nn.Module):
                 for projection in self.projections:
                     projection.weight.copy_(init)
         self.logit_scale = float(logit_scale)
+        self.token_conditioned = bool(token_conditioned)
+        self.token_inputs: Optional[nn.ModuleList] = None
+        if self.token_conditioned:
+            self.token_inputs = nn.ModuleList(nn.Linear(self.hidden_size, self.hidden_size, bias=False)
+                                              for _ in range(self.num_heads - 1)).to(weight.device, weight.dtype)
+            with torch.no_grad():
+                for token_input in self.token_inputs:
+                    token_input.weight.zero_()
         self.metadata: dict[str, Any] = dict(metadata or {})
 
     @classmethod
-    def for_model(cls, model: Any, num_heads: int = 8, *, layer: str = "mlp", num_layers: int = 1) -> "BlockHeads":
+    def for_model(cls, model: Any, num_heads: int = 8, *, layer: str = "mlp", num_layers: int = 1,
+                  token_conditioned: bool = False) -> "BlockHeads":
         """Fresh heads for an HF causal LM; its output projection is shared and frozen.
 
         Args:
@@ -226,6 +244,7 @@ class BlockHeads(nn.Module):
             num_heads: h, counting the model's own head.
             layer: ``"mlp"`` or ``"medusa"`` residual layers.
             num_layers: residual layers per head.
+            token_conditioned: heads 2..h also read the token at t + 1 (see ``token_inputs``).
 
         Returns:
             Heads on the model's device and dtype; head 1 is the model's own head and every
@@ -237,7 +256,8 @@ class BlockHeads(nn.Module):
         lm_head = _output_projection(model)
         lm_head.requires_grad_(False)
         metadata = {"base_model": _model_name(model), "lm_head_fingerprint": _fingerprint(lm_head.weight)}
-        return cls(lm_head, num_heads, metadata=metadata, layer=layer, num_layers=num_layers)
+        return cls(lm_head, num_heads, metadata=metadata, layer=layer, num_layers=num_layers,
+                   token_conditioned=token_conditioned)
 
     @classmethod
     def from_medusa(cls, path: Union[str, os.PathLike], model: Any) -> "BlockHeads":
@@ -314,43 +334,69 @@ class BlockHeads(nn.Module):
 
         write_medusa(folder, self, format, dtype)
 
-    def head_states(self, hidden: Tensor) -> Tensor:
+    def head_states(self, hidden: Tensor, next_token: Optional[Union[Tensor, int]] = None) -> Tensor:
         """The inputs of the output projection for every head.
 
         Args:
             hidden (`torch.Tensor` of shape `(..., hidden)`): the target's final hidden state.
+            next_token: for ``token_conditioned`` heads, the token at t + 1 (an int or a tensor of
+                token ids of shape `(...)`); default: head 1's arg-max. Other heads ignore it.
 
         Returns:
             `torch.Tensor` of shape `(..., num_heads, hidden)`; `[..., 0, :]` is ``hidden``.
 
         Raises:
-            HeadsMismatchError: the last dimension is not ``hidden_size``.
+            HeadsMismatchError: the last dimension is not ``hidden_size``, or ``next_token`` is
+                not a token id of the vocabulary of the hidden state's shape.
         """
         if hidden.shape[-1] != self.hidden_size:
             raise HeadsMismatchError(
                 f"hidden has last dimension {hidden.shape[-1]}, the heads expect {self.hidden_size}"
             )
-        return torch.stack([hidden] + [block(hidden) for block in self.blocks], dim=-2)
+        if self.token_inputs is None:
+            return torch.stack([hidden] + [block(hidden) for block in self.blocks], dim=-2)
+        if next_token is None:
+            next_token = self.lm_head(hidden).argmax(dim=-1)
+        embedded = self._token_vectors(next_token, hidden)
+        return torch.stack([hidden] + [block(hidden + token_input(embedded))
+                                       for block, token_input in zip(self.blocks, self.token_inputs)], dim=-2)
 
-    def forward(self, hidden: Tensor) -> Tensor:
+    def _token_vectors(self, next_token: Union[Tensor, int], hidden: Tensor) -> Tensor:
+        """The output projection's rows for ``next_token``, shaped like ``hidden``."""
+        token = torch.as_tensor(next_token, device=hidden.device)
+        if token.dtype.is_floating_point or token.dtype == torch.bool or tuple(token.shape) != tuple(hidden.shape[:-1]):
+            raise HeadsMismatchError(f"next_token must be integer token ids of shape {tuple(hidden.shape[:-1])}, "
+                                     f"got {token.dtype} {tuple(token.shape)}")
+        if token.numel() and (int(token.min()) < 0 or int(token.max()) >= self.vocab_size):
+            raise HeadsMismatchError(f"next_token must be token ids below {self.vocab_size}")
+        return nn.functional.embedding(token.long(), self.lm_head.weight).to(hidden.dtype)
+
+    def forward(self, hidden: Tensor, next_token: Optional[Union[Tensor, int]] = None) -> Tensor:
         """Logits of every head.
 
         Args:
             hidden (`torch.Tensor` of shape `(..., hidden)`): the target's final hidden state
                 (``latticekit.torch.verify``'s ``result.hidden_state``, ``tree_forward``'s
                 ``TreeOutputs.hidden_states``).
+            next_token: for ``token_conditioned`` heads, the token at t + 1 (`(...)` token ids,
+                or an int); default: head 1's arg-max, i.e. greedy decoding's next token.
 
         Returns:
             `torch.Tensor` of shape `(..., num_heads, vocab)`; `[..., 0, :]` equals the model's
             own logits and `[..., i - 1, :]` predicts token ``t + i``.
 
         Raises:
-            HeadsMismatchError: the last dimension is not ``hidden_size``.
+            HeadsMismatchError: the last dimension is not ``hidden_size`` or ``next_token`` is invalid.
         """
-        states = self.head_states(hidden)
-        if self.projections is None and self.logit_scale == 1.0:
+        own = None
+        if self.token_inputs is not None and next_token is None and hidden.shape[-1] == self.hidden_size:
+            own = self.lm_head(hidden.unsqueeze(-2))
+            next_token = own[..., 0, :].argmax(dim=-1)
+        states = self.head_states(hidden, next_token)
+        if own is None and self.projections is None and self.logit_scale == 1.0:
             return self.lm_head(states)
-        own = self.lm_head(states[..., :1, :])
+        if own is None:
+            own = self.lm_head(states[..., :1, :])
         if self.projections is None:
             return torch.cat([own, self.logit_scale * self.lm_head(states[..., 1:, :])], dim=-2)
         drafts = [self.logit_scale * projection(states[..., i + 1, :]) for i, projection in enumerate(self.projections)]
@@ -372,10 +418,8 @@ class BlockHeads(nn.Module):
         """
         from safetensors.torch import save as st_save
 
-        weights = dict(self.blocks.state_dict())
-        if self.projections is not None:
-            weights |= {f"projections.{name}": t for name, t in self.projections.state_dict().items()}
-        tensors = {name: t.detach().to("cpu", dtype or t.dtype).contiguous() for name, t in weights.items()}
+        tensors = {name: t.detach().to("cpu", dtype or t.dtype).contiguous()
+                   for name, t in self.trainable_state().items()}
         if self.token_map is not None:
             tensors["token_map"] = self.token_map.detach().to("cpu", torch.int64).contiguous()
         header = {  # the structural fields come last: metadata cannot contradict the tensors
@@ -396,7 +440,7 @@ class BlockHeads(nn.Module):
         """The header fields (beyond the first format's) that say how to rebuild the heads."""
         return {"layer": self.layer, "num_layers": self.num_layers, "layer_bias": self.layer_bias,
                 "projection_rows": None if self.projections is None else int(self.projections[0].weight.shape[0]),
-                "logit_scale": self.logit_scale}
+                "logit_scale": self.logit_scale, "token_conditioned": self.token_conditioned}
 
     @staticmethod
     def read_metadata(path: Union[str, os.PathLike]) -> dict[str, Any]:
@@ -454,19 +498,31 @@ class BlockHeads(nn.Module):
             raise HeadsFormatError(f"{path}: tensors do not match the header: {exc}") from exc
         return heads.eval()
 
+    def trainable_state(self) -> dict[str, Tensor]:
+        """Every weight of the heads' own (not the model's ``lm_head``), named as :meth:`save`
+        writes them: the blocks' ``{i}.…``, ``projections.{i}.weight``, ``token_inputs.{i}.weight``."""
+        state = dict(self.blocks.state_dict())
+        for prefix, modules in (("projections.", self.projections), ("token_inputs.", self.token_inputs)):
+            if modules is not None:
+                state |= {prefix + name: t for name, t in modules.state_dict().items()}
+        return state
+
     def load_weights(self, tensors: dict[str, Tensor]) -> None:
         """Set every trainable weight from tensors named as :meth:`save` names them.
 
         Raises:
             RuntimeError: a tensor is missing, unexpected or of the wrong shape.
         """
-        own = {name: t for name, t in tensors.items() if not name.startswith("projections.")}
-        self.blocks.load_state_dict(own)
-        if self.projections is not None:
-            self.projections.load_state_dict({name[len("projections."):]: t for name, t in tensors.items()
-                                              if name.startswith("projections.")})
-        elif len(own) != len(tensors):
-            raise RuntimeError("projection tensors for heads that use the model's lm_head")
+        groups: dict[str, dict[str, Tensor]] = {"": {}, "projections.": {}, "token_inputs.": {}}
+        for name, t in tensors.items():
+            prefix = next((p for p in ("projections.", "token_inputs.") if name.startswith(p)), "")
+            groups[prefix][name[len(prefix):]] = t
+        self.blocks.load_state_dict(groups[""])
+        for prefix, modules in (("projections.", self.projections), ("token_inputs.", self.token_inputs)):
+            if modules is not None:
+                modules.load_state_dict(groups[prefix])
+            elif groups[prefix]:
+                raise RuntimeError(f"{prefix[:-1]} tensors for heads that have none")
 
 
 def _read(path: Union[str, os.PathLike]) -> tuple[dict[str, Any], dict[str, Tensor]]:
@@ -495,7 +551,10 @@ def _read(path: Union[str, os.PathLike]) -> tuple[dict[str, Any], dict[str, Tens
                                **dict(structure, projection_rows=None)).blocks[0].state_dict()
     except (RuntimeError, ValueError, TypeError, OverflowError) as exc:  # sizes beyond any tensor, bad fields
         raise HeadsFormatError(f"{path}: the header describes no possible heads: {exc}") from exc
-    per_head = len(block) + (rows is not None)
+    conditioned = structure.get("token_conditioned", False)
+    if not isinstance(conditioned, bool):
+        raise HeadsFormatError(f"{path}: header field 'token_conditioned' is invalid: {conditioned!r}")
+    per_head = len(block) + (rows is not None) + conditioned
     expected = (header["num_heads"] - 1) * per_head + (rows is not None and "token_map" in tensors)
     if len(tensors) != expected:
         raise HeadsFormatError(f"{path}: {len(tensors)} tensors, the header's {header['num_heads']} heads need {expected}")
@@ -504,6 +563,9 @@ def _read(path: Union[str, os.PathLike]) -> tuple[dict[str, Any], dict[str, Tens
         shapes |= {f"projections.{i}.weight": (rows, header["hidden_size"]) for i in range(header["num_heads"] - 1)}
         if "token_map" in tensors:
             shapes["token_map"] = (rows,)
+    if conditioned:  # each draft head's map of the next token's vector, (hidden, hidden)
+        d = header["hidden_size"]
+        shapes |= {f"token_inputs.{i}.weight": (d, d) for i in range(header["num_heads"] - 1)}
     check_weights(path, tensors, shapes, HeadsFormatError, integer=("token_map",))
     return header, tensors
 

@@ -211,11 +211,15 @@ def checkpoint_of(heads: "BlockHeads") -> MedusaCheckpoint:
     """The Medusa weights of ``medusa``-layer heads (the model's own head 1 is not part of them).
 
     Raises:
-        HeadsMismatchError: the heads use latticekit's ``mlp`` layers, which Medusa cannot express.
+        HeadsMismatchError: the heads use latticekit's ``mlp`` layers or read the next token
+            (``token_conditioned``), which Medusa cannot express.
     """
     if heads.layer != "medusa":
         raise HeadsMismatchError("only heads with layer='medusa' (x + silu(W x + b)) can be written as Medusa "
                                  f"heads; these use {heads.layer!r} layers")
+    if getattr(heads, "token_conditioned", False):
+        raise HeadsMismatchError("Medusa heads read only the hidden state; these heads also read the next "
+                                 "token (token_conditioned=True)")
     layers = []
     for block in heads.blocks:
         stack = list(block) if isinstance(block, torch.nn.Sequential) else [block]

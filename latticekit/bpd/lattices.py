@@ -36,13 +36,17 @@ from latticekit.ngram import NGramLM
 __all__ = ["FullLattice", "CandidateLattice", "entropy_of_logprobs", "head_logits", "lm_candidates", "united"]
 
 
-def head_logits(heads: Any, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``heads(hidden)``, checked: `(h >= 2, vocab)`.
+def head_logits(heads: Any, hidden: torch.Tensor, vocab_size: int, next_token: Optional[int] = None) -> torch.Tensor:
+    """``heads(hidden)``, checked: `(h >= 2, vocab)`. Heads that read the token at t + 1
+    (``token_conditioned``, :class:`latticekit.heads.BlockHeads`) get ``next_token``.
 
     Raises:
         HeadsMismatchError: the heads returned something else (a :class:`HeadsError`).
     """
-    logits = heads(hidden)
+    if next_token is not None and getattr(heads, "token_conditioned", False):
+        logits = heads(hidden, next_token=next_token)
+    else:
+        logits = heads(hidden)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != vocab_size \
             or logits.shape[0] < 2:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
@@ -110,7 +114,7 @@ class FullLattice:
         self.columns = columns
 
     def __call__(self, hidden: torch.Tensor, ids: Sequence[int]) -> tuple[SausageLattice, Optional[np.ndarray]]:
-        logits = head_logits(self.heads, hidden, self.vocab_size)
+        logits = head_logits(self.heads, hidden, self.vocab_size, int(ids[-1]))
         lattice = SausageLattice.from_logits(logits, self.k, fix_first=True)
         lattice.tokens[0, 0] = ids[-1]  # head 1's arg-max, or the sampled token when sampling
         logprobs = torch.log_softmax(logits.float(), dim=-1)
@@ -226,7 +230,10 @@ class CandidateLattice:
 
     def __call__(self, hidden: torch.Tensor, ids: Sequence[int]) -> tuple[SausageLattice, None]:
         self._add_context(ids)
-        states = self.heads.head_states(hidden)[1:]
+        if getattr(self.heads, "token_conditioned", False):
+            states = self.heads.head_states(hidden, int(ids[-1]))[1:]
+        else:
+            states = self.heads.head_states(hidden)[1:]
         logits = self._project(states).float()
         k = min(self.k, logits.shape[1])
         values, index = torch.topk(logits, k, dim=-1)

@@ -237,7 +237,10 @@ def _lattices(heads: Any, hidden: Any, prompt: list[int], continuation: list[int
     gaps = []
     with torch.no_grad():
         for s in range(0, hidden.shape[0], chunk):
-            logits = heads(hidden[s:s + chunk]).float()  # (n, h, V)
+            if getattr(heads, "token_conditioned", False):  # they read the decoded token, as in decode()
+                logits = heads(hidden[s:s + chunk], next_token=roots[s:s + chunk].to(hidden.device)).float()
+            else:
+                logits = heads(hidden[s:s + chunk]).float()  # (n, h, V)
             logp = torch.log_softmax(logits, dim=-1)
             entropies.append(entropy_of_logprobs(logp))
             parts.append(SausageLattice.from_logits(logits, k, fix_first=True))

@@ -113,3 +113,38 @@ def test_heads_ngram_without_heads_drafts_like_headsfree(setup: Any) -> None:
             for spec in ("heads+ngram:p=32", "headsfree")]
     assert runs[0].tokens == runs[1].tokens == reference[len(PROMPT): len(PROMPT) + 50]
     assert [s.drafts for s in runs[0].steps] == [s.drafts for s in runs[1].steps]
+
+
+def _conditioned_heads(model: Any) -> BlockHeads:
+    heads = BlockHeads.for_model(model, num_heads=4, token_conditioned=True)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in heads.parameters():
+            if p.requires_grad:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    return heads
+
+
+@pytest.mark.parametrize("kind", ["full", "candidates"])
+def test_lattice_sources_give_conditioned_heads_the_emitted_token(kind: str) -> None:
+    """The lattice's first token (greedy's, or a sampled one) is what token-conditioned heads read."""
+    model = tiny_llama()
+    heads = _conditioned_heads(model)
+    hidden = hidden_states(model, PROMPT)[-1]
+    source: Any = FullLattice(heads, 64, 64) if kind == "full" else CandidateLattice(heads, np.arange(64), 64)
+    for emitted in (5, 33):  # neither need be head 1's arg-max
+        with torch.no_grad():
+            lattice, _ = source(hidden, PROMPT + [emitted])
+            want = torch.log_softmax(heads(hidden, next_token=emitted).float(), dim=-1).numpy()
+        assert lattice.tokens[0, 0] == emitted
+        for row in range(1, 4):
+            tokens = lattice.tokens[row, :lattice.widths[row]]
+            np.testing.assert_allclose(lattice.scores[row, :len(tokens)], want[row, tokens], atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["vanilla:k=4", "ngram:k=4,p=8", "heads+ngram", "auto"])
+def test_conditioned_heads_decode_exactly_the_greedy_tokens(setup: Any, spec: str) -> None:
+    model, reference = setup
+    out = decode(model, _conditioned_heads(model), PROMPT, DecoderConfig.parse(spec), max_new_tokens=50,
+                 lms=lk.NGramLM.from_arpa(ARPA), costs=COSTS)
+    assert out.tokens == reference[len(PROMPT): len(PROMPT) + 50]

@@ -192,3 +192,25 @@ def test_lattices_take_the_greedy_token_on_a_tie() -> None:
     assert (trace.lattice_tokens[:, 0, 0] == 3).all()
     with pytest.raises(DecoderConfigError, match="heads for this model"):
         _lattices(TiedHeads(wrong=True), hidden, [1], [3, 3, 3, 3], k=2)
+
+
+@pytest.mark.parametrize("spec", ["vanilla", "ngram:k=4,p=8,alpha=0.5"])
+def test_replay_equals_decode_with_token_conditioned_heads(spec: str, lm: lk.NGramLM) -> None:
+    """Heads that read the token at t + 1 see the decoded token in a replay, as in decode()."""
+    from latticekit.heads import BlockHeads
+
+    model = tiny_llama()
+    heads = BlockHeads.for_model(model, num_heads=H, token_conditioned=True)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in heads.parameters():
+            if p.requires_grad:
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+    config = DecoderConfig.parse(spec)
+    for prompt, trace in zip(PROMPTS, trace_prompts(model, heads, PROMPTS, NEW_TOKENS + H - 1, k=8, batch_size=2)):
+        real = decode(model, heads, prompt, config, max_new_tokens=NEW_TOKENS, lms=lm)
+        again = replay(trace, config, NEW_TOKENS, lms=lm)
+        assert again.tokens == real.tokens
+        assert [s.drafts for s in again.steps] == [s.drafts for s in real.steps]
+        for a, b in zip(again.steps[1:], real.steps[1:]):
+            np.testing.assert_array_equal(a.lattice_tokens[1:], b.lattice_tokens[1:])
