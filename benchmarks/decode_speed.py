@@ -23,10 +23,15 @@ all prompts), milliseconds per step in heads / search /
 target, and for ``auto`` the tree sizes it chose (a plot). Writes
 ``benchmarks/results/decode_speed/<name>.{json,md,png}``.
 
+A decoder named ``SPEC@LABEL`` drafts with the heads given as ``--more-heads LABEL=PATH``
+(prepared like the main ones), so two heads files are compared in one interleaved run against
+the same greedy baseline.
+
 Usage::
 
     PYTHONPATH=. python benchmarks/decode_speed.py --threads 2 [--heads default|untrained:8] \\
-        [--domains code english demo instruction] [--num-prompts 10] [--repeats 3]
+        [--domains code english demo instruction] [--num-prompts 10] [--repeats 3] \\
+        [--more-heads new=heads.safetensors --decoders greedy auto auto@new]
 """
 
 from __future__ import annotations
@@ -92,9 +97,11 @@ def load_prompts(args: argparse.Namespace, tokenizer: Any, heads_num: int) -> di
 
 
 def run_one(name: str, model: Any, heads: Any, lm: Any, costs: Any, prompt: dict[str, Any]) -> dict[str, Any]:
-    """One decode: tokens, wall seconds, steps."""
+    """One decode: tokens, wall seconds, steps. ``heads``: label -> heads ("" the main ones)."""
     from latticekit.bpd import DecoderConfig, decode
 
+    name, _, label = name.partition("@")
+    heads = heads[label]
     ids, new, eos = prompt["ids"], prompt["max_new_tokens"], prompt["eos"]
     if name == "hf-generate":
         t0 = time.perf_counter()
@@ -207,6 +214,8 @@ def plot(report: dict[str, Any], path: Path) -> bool:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--heads", default="default")
+    p.add_argument("--more-heads", action="append", default=[], metavar="LABEL=PATH",
+                   help="more heads, for decoders named SPEC@LABEL")
     p.add_argument("--decoders", nargs="+", default=list(DEFAULT_DECODERS))
     p.add_argument("--domains", nargs="+", default=["code", "english", "demo", "instruction"])
     p.add_argument("--manifest", default=str(ROOT / "results" / "heads" / "split.json"))
@@ -230,14 +239,21 @@ def main() -> int:
     from latticekit.demo import embedded_token_lm
     from latticekit.bpd.loading import load_heads, load_target
     from latticekit.bpd.report import machine
-    from latticekit.torch import prepare_target
+    from latticekit.torch import prepare_heads, prepare_target
 
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
     model, tokenizer, description = load_target("smollm2")
     heads = load_heads(args.heads, model)
+    more = dict(item.split("=", 1) for item in args.more_heads)
+    heads_by_label = {"": heads} | {label: load_heads(path, model) for label, path in more.items()}
+    unknown = {n.partition("@")[2] for n in args.decoders} - set(heads_by_label)
+    if unknown:
+        raise SystemExit(f"decoders name heads {sorted(unknown)} that no --more-heads gives")
     if not args.no_prepare:
         prepare_target(model, heads=heads)
+        for extra in list(heads_by_label.values())[1:]:
+            prepare_heads(extra, model)
     lm = embedded_token_lm()
     t0 = time.perf_counter()
     costs = step_costs(model)
@@ -246,7 +262,7 @@ def main() -> int:
     prompts = load_prompts(args, tokenizer, int(heads.num_heads))
     report: dict[str, Any] = {
         "command": "PYTHONPATH=. python benchmarks/decode_speed.py " + " ".join(sys.argv[1:]),
-        "meta": {"model": description, "heads": args.heads, "ngram": repr(lm),
+        "meta": {"model": description, "heads": args.heads, "more_heads": more, "ngram": repr(lm),
                  "prepared": getattr(model, "latticekit_preparation", None) and model.latticekit_preparation.describe(),
                  "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "machine": machine(),
                  "repeats": args.repeats, "decoders interleaved": "per prompt, order rotating",
@@ -262,14 +278,14 @@ def main() -> int:
         # warm-up: every decoder once on the first prompt (oneDNN kernels, caches)
         first = next(iter(prompts.values()))[0]
         for name in names:
-            run_one(name, model, heads, lm, costs, dict(first, max_new_tokens=16))
+            run_one(name, model, heads_by_label, lm, costs, dict(first, max_new_tokens=16))
         for domain, plist in prompts.items():
             runs: dict[str, list[list[dict[str, Any]]]] = {n: [[] for _ in range(args.repeats)] for n in names}
             for r in range(args.repeats):
                 for i, prompt in enumerate(plist):
                     shift = (i + r) % len(names)
                     order = names[shift:] + names[:shift]
-                    results = {name: run_one(name, model, heads, lm, costs, prompt) for name in order}
+                    results = {name: run_one(name, model, heads_by_label, lm, costs, prompt) for name in order}
                     want = results["greedy"]["tokens"]
                     for name, res in results.items():
                         if res["tokens"] != want:
