@@ -152,8 +152,10 @@ class BlockHeads(nn.Module):
         token_map: None, or the token ids `(V',)` that the rows of ``projections`` score;
             every other token then gets logit ``-inf`` from heads 2..h (vLLM's truncated vocabulary).
         logit_scale: heads 2..h's logits are multiplied by it (vLLM's ``logit_scale``).
-        token_inputs: None, or (``token_conditioned`` heads) ``num_heads - 1`` linear maps
-            `(hidden,) -> (hidden,)`: head i reads ``hidden + token_inputs[i - 2](e)``, where ``e``
+        token_input: None, or (``token_conditioned`` heads) one linear map `(hidden,) ->
+            ((num_heads - 1) * hidden,)` of d x d maps ``C_i`` stacked (one product for all heads;
+            files hold them apart as ``token_inputs.{i - 2}.weight``): head i reads
+            ``hidden + C_i · e``, where ``e``
             is the row of the output projection's weight for the token at t + 1 (head 1's token:
             the model's greedy token, or the sampled one). That token is always known when a
             lattice is drafted (it is the lattice's first position), so the heads' drafts stay a
@@ -183,7 +185,7 @@ class BlockHeads(nn.Module):
             token_map: the token ids `(V',)` of the projections' rows (needs ``projection_rows``
                 = V').
             logit_scale: multiplies heads 2..h's logits.
-            token_conditioned: heads 2..h also read the token at t + 1 (``token_inputs``,
+            token_conditioned: heads 2..h also read the token at t + 1 (``token_input``,
                 initialised to zero: fresh conditioned heads compute what unconditioned ones do).
 
         Raises:
@@ -225,13 +227,11 @@ class BlockHeads(nn.Module):
                     projection.weight.copy_(init)
         self.logit_scale = float(logit_scale)
         self.token_conditioned = bool(token_conditioned)
-        self.token_inputs: Optional[nn.ModuleList] = None
+        self.token_input: Optional[nn.Linear] = None
         if self.token_conditioned:
-            self.token_inputs = nn.ModuleList(nn.Linear(self.hidden_size, self.hidden_size, bias=False)
-                                              for _ in range(self.num_heads - 1)).to(weight.device, weight.dtype)
-            with torch.no_grad():
-                for token_input in self.token_inputs:
-                    token_input.weight.zero_()
+            self.token_input = nn.Linear(self.hidden_size, (self.num_heads - 1) * self.hidden_size, bias=False,
+                                         device=weight.device, dtype=weight.dtype)
+            nn.init.zeros_(self.token_input.weight)
         self.metadata: dict[str, Any] = dict(metadata or {})
 
     @classmethod
@@ -244,7 +244,7 @@ class BlockHeads(nn.Module):
             num_heads: h, counting the model's own head.
             layer: ``"mlp"`` or ``"medusa"`` residual layers.
             num_layers: residual layers per head.
-            token_conditioned: heads 2..h also read the token at t + 1 (see ``token_inputs``).
+            token_conditioned: heads 2..h also read the token at t + 1 (see ``token_input``).
 
         Returns:
             Heads on the model's device and dtype; head 1 is the model's own head and every
@@ -353,13 +353,14 @@ class BlockHeads(nn.Module):
             raise HeadsMismatchError(
                 f"hidden has last dimension {hidden.shape[-1]}, the heads expect {self.hidden_size}"
             )
-        if self.token_inputs is None:
+        if self.token_input is None:
             return torch.stack([hidden] + [block(hidden) for block in self.blocks], dim=-2)
         if next_token is None:
             next_token = self.lm_head(hidden).argmax(dim=-1)
-        embedded = self._token_vectors(next_token, hidden)
-        return torch.stack([hidden] + [block(hidden + token_input(embedded))
-                                       for block, token_input in zip(self.blocks, self.token_inputs)], dim=-2)
+        mapped = self.token_input(self._token_vectors(next_token, hidden))
+        mapped = mapped.reshape(*hidden.shape[:-1], self.num_heads - 1, self.hidden_size)
+        return torch.stack([hidden] + [block(hidden + mapped[..., i, :]) for i, block in enumerate(self.blocks)],
+                           dim=-2)
 
     def _token_vectors(self, next_token: Union[Tensor, int], hidden: Tensor) -> Tensor:
         """The output projection's rows for ``next_token``, shaped like ``hidden``."""
@@ -389,7 +390,7 @@ class BlockHeads(nn.Module):
             HeadsMismatchError: the last dimension is not ``hidden_size`` or ``next_token`` is invalid.
         """
         own = None
-        if self.token_inputs is not None and next_token is None and hidden.shape[-1] == self.hidden_size:
+        if self.token_input is not None and next_token is None and hidden.shape[-1] == self.hidden_size:
             own = self.lm_head(hidden.unsqueeze(-2))
             next_token = own[..., 0, :].argmax(dim=-1)
         states = self.head_states(hidden, next_token)
@@ -502,9 +503,11 @@ class BlockHeads(nn.Module):
         """Every weight of the heads' own (not the model's ``lm_head``), named as :meth:`save`
         writes them: the blocks' ``{i}.…``, ``projections.{i}.weight``, ``token_inputs.{i}.weight``."""
         state = dict(self.blocks.state_dict())
-        for prefix, modules in (("projections.", self.projections), ("token_inputs.", self.token_inputs)):
-            if modules is not None:
-                state |= {prefix + name: t for name, t in modules.state_dict().items()}
+        if self.projections is not None:
+            state |= {"projections." + name: t for name, t in self.projections.state_dict().items()}
+        if self.token_input is not None:
+            maps = self.token_input.weight.reshape(self.num_heads - 1, self.hidden_size, self.hidden_size)
+            state |= {f"token_inputs.{i}.weight": maps[i] for i in range(self.num_heads - 1)}
         return state
 
     def load_weights(self, tensors: dict[str, Tensor]) -> None:
@@ -518,11 +521,20 @@ class BlockHeads(nn.Module):
             prefix = next((p for p in ("projections.", "token_inputs.") if name.startswith(p)), "")
             groups[prefix][name[len(prefix):]] = t
         self.blocks.load_state_dict(groups[""])
-        for prefix, modules in (("projections.", self.projections), ("token_inputs.", self.token_inputs)):
-            if modules is not None:
-                modules.load_state_dict(groups[prefix])
-            elif groups[prefix]:
-                raise RuntimeError(f"{prefix[:-1]} tensors for heads that have none")
+        if self.projections is not None:
+            self.projections.load_state_dict(groups["projections."])
+        elif groups["projections."]:
+            raise RuntimeError("projection tensors for heads that use the model's lm_head")
+        maps = groups["token_inputs."]
+        if self.token_input is None:
+            if maps:
+                raise RuntimeError("token_inputs tensors for heads that do not read the next token")
+            return
+        names = [f"{i}.weight" for i in range(self.num_heads - 1)]
+        if sorted(maps) != sorted(names):
+            raise RuntimeError(f"token_inputs tensors {sorted(maps)}, expected {names}")
+        with torch.no_grad():
+            self.token_input.weight.copy_(torch.cat([maps[name] for name in names]))
 
 
 def _read(path: Union[str, os.PathLike]) -> tuple[dict[str, Any], dict[str, Tensor]]:
