@@ -245,6 +245,9 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     model, tokenizer, description = load_target("smollm2")
     heads = load_heads(args.heads, model)
+    bad = [item for item in args.more_heads if "=" not in item or item.startswith("=")]
+    if bad:
+        raise SystemExit(f"--more-heads takes LABEL=PATH, got {bad}")
     more = dict(item.split("=", 1) for item in args.more_heads)
     heads_by_label = {"": heads} | {label: load_heads(path, model) for label, path in more.items()}
     unknown = {n.partition("@")[2] for n in args.decoders} - set(heads_by_label)
