@@ -211,10 +211,18 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     return True
 
 
+def label_and_path(text: str) -> tuple[str, str]:
+    """``--more-heads`` values: ``LABEL=PATH`` with a non-empty label and path."""
+    label, sep, path = text.partition("=")
+    if not (sep and label and path):
+        raise argparse.ArgumentTypeError(f"expected LABEL=PATH, got {text!r}")
+    return label, path
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--heads", default="default")
-    p.add_argument("--more-heads", action="append", default=[], metavar="LABEL=PATH",
+    p.add_argument("--more-heads", action="append", default=[], metavar="LABEL=PATH", type=label_and_path,
                    help="more heads, for decoders named SPEC@LABEL")
     p.add_argument("--decoders", nargs="+", default=list(DEFAULT_DECODERS))
     p.add_argument("--domains", nargs="+", default=["code", "english", "demo", "instruction"])
@@ -232,6 +240,10 @@ def main() -> int:
     p.add_argument("--name", default=None, help="results file stem (default: from the heads)")
     p.add_argument("--out", default=str(ROOT / "results" / "decode_speed"))
     args = p.parse_args()
+    more = dict(args.more_heads)
+    unknown = {n.partition("@")[2] for n in args.decoders} - {""} - set(more)
+    if unknown:
+        p.error(f"decoders name heads {sorted(unknown)} that no --more-heads gives")
 
     import transformers
 
@@ -245,14 +257,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     model, tokenizer, description = load_target("smollm2")
     heads = load_heads(args.heads, model)
-    bad = [item for item in args.more_heads if "=" not in item or item.startswith("=")]
-    if bad:
-        raise SystemExit(f"--more-heads takes LABEL=PATH, got {bad}")
-    more = dict(item.split("=", 1) for item in args.more_heads)
     heads_by_label = {"": heads} | {label: load_heads(path, model) for label, path in more.items()}
-    unknown = {n.partition("@")[2] for n in args.decoders} - set(heads_by_label)
-    if unknown:
-        raise SystemExit(f"decoders name heads {sorted(unknown)} that no --more-heads gives")
     if not args.no_prepare:
         prepare_target(model, heads=heads)
         for extra in list(heads_by_label.values())[1:]:
