@@ -11,8 +11,10 @@ The data half of the heads recipe (``train_heads.py`` is the training half). Thr
 Whole files (and the prompts made from them) are held out, by the rule of ``heads_corpora.py``.
 
 For code and English, files are taken in hash order, each contributing at most its first
-``--max-file-tokens`` tokens, joined with EOS and cut into sequences of ``--seq-len`` tokens;
-every position's final hidden state (after the final norm) and the model's greedy next token are
+``--max-file-tokens`` tokens, joined with EOS and cut into sequences of ``--seq-len`` tokens
+(``--file-passes P`` adds training passes 1..P-1 that read each file's next windows of that many
+tokens: more training data from the same files, the held-out positions unchanged; the passes'
+shards are cached in turn, pass p's as ``p<p>-<index>.npz``); every position's final hidden state (after the final norm) and the model's greedy next token are
 cached. For instruction answers, prompts are answered greedily in batches of ``--gen-batch``
 (left padding, a KV cache, at most ``--max-new-tokens`` tokens), and the final hidden state of
 every answer position is cached: the prompt's last position (which predicts the first answer
@@ -106,10 +108,12 @@ class Shard:
     index: int
     sequences: Optional[np.ndarray] = None  # int32 (n, seq_len), corpus shards
     prompts: list[dict[str, Any]] = field(default_factory=list)  # instruction shards
+    file_pass: int = 0  # corpus shards: which --max-file-tokens window of every file
 
     @property
     def path(self) -> Path:
-        return Path(self.split) / self.domain / f"{self.index:05d}.npz"
+        name = f"{self.index:05d}.npz" if self.file_pass == 0 else f"p{self.file_pass}-{self.index:05d}.npz"
+        return Path(self.split) / self.domain / name
 
     def key(self, recipe: dict[str, Any]) -> str:
         h = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
@@ -120,24 +124,40 @@ class Shard:
         return h.hexdigest()[:24]
 
 
-def corpus_sequences(domain: str, split: str, budget: int, tokenizer: Any, args: argparse.Namespace
+def corpus_sequences(domain: str, split: str, budget: int, tokenizer: Any, args: argparse.Namespace,
+                     file_pass: int = 0, memo: Optional[dict[tuple[str, str], list[int]]] = None
                      ) -> tuple[np.ndarray, list[tuple[str, str]]]:
-    """Token sequences `(n, seq_len)` of a corpus domain's split and the (source, file) pairs used."""
+    """Token sequences `(n, seq_len)` of a corpus domain's split and the (source, file) pairs used.
+
+    Pass p reads tokens ``[p * M, (p + 1) * M)`` of every file (M = ``--max-file-tokens``), so
+    pass 0 is every file's beginning and later passes go deeper into the same files. ``memo``
+    keeps every file's tokens between calls.
+    """
     files = [(source, rel) for name in DOMAINS[domain] for source in [SOURCES[name]] for rel in list_files(source)]
     files.sort(key=lambda f: (split_hash(f[0].key(f[1])), f[0].key(f[1])))
     pool = [(s, rel) for s, rel in files if is_heldout(s.key(rel)) == (split == "heldout")]
     ids: list[int] = []
     used = []
+    memo = {} if memo is None else memo
+    window = slice(file_pass * args.max_file_tokens, (file_pass + 1) * args.max_file_tokens)
     for source, rel in pool:
         if len(ids) >= budget:
             break
-        tokens = tokenizer(read_text(source, rel), add_special_tokens=False)["input_ids"][: args.max_file_tokens]
+        if (source.name, rel) not in memo:
+            memo[source.name, rel] = tokenizer(read_text(source, rel), add_special_tokens=False)["input_ids"]
+        tokens = memo[source.name, rel][window]
         if len(tokens) < 16:
             continue
         ids.extend(tokens + [tokenizer.eos_token_id])
         used.append((source.name, rel))
     n_seq = min(len(ids), budget) // args.seq_len
     return np.asarray(ids[: n_seq * args.seq_len], dtype=np.int32).reshape(n_seq, args.seq_len), used
+
+
+def in_turn(queues: list[list[Shard]]) -> list[Shard]:
+    """The first shard of every queue, then the second of every queue, ...: the file passes'
+    shards in turn, so a run stopped at any point has data from every depth of the files."""
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
 def plan(tokenizer: Any, args: argparse.Namespace) -> tuple[list[Shard], dict[str, list[Shard]], dict[str, Any]]:
@@ -162,17 +182,22 @@ def plan(tokenizer: Any, args: argparse.Namespace) -> tuple[list[Shard], dict[st
     heldout: list[Shard] = []
     train: dict[str, list[Shard]] = {}
     for domain in ("code", "english"):
-        for split, budget in (("heldout", args.heldout_tokens), ("train", args.train_tokens)):
-            seqs, used = corpus_sequences(domain, split, budget, tokenizer, args)
-            for name in DOMAINS[domain]:
-                manifest["domains"][name][f"{split}_files_cached"] = [rel for src, rel in used if src == name]
-            shards = [Shard(split, domain, i, sequences=seqs[i * SHARD_SEQS:(i + 1) * SHARD_SEQS])
-                      for i in range(math.ceil(len(seqs) / SHARD_SEQS))]
-            if split == "heldout":
-                heldout += shards
-            else:
-                train[domain] = shards
-            log(f"{domain}/{split}: {len(used)} files, {len(seqs)} sequences x {args.seq_len} tokens")
+        seqs, used = corpus_sequences(domain, "heldout", args.heldout_tokens, tokenizer, args)
+        for name in DOMAINS[domain]:
+            manifest["domains"][name]["heldout_files_cached"] = [rel for src, rel in used if src == name]
+        heldout += [Shard("heldout", domain, i, sequences=seqs[i * SHARD_SEQS:(i + 1) * SHARD_SEQS])
+                    for i in range(math.ceil(len(seqs) / SHARD_SEQS))]
+        log(f"{domain}/heldout: {len(used)} files, {len(seqs)} sequences x {args.seq_len} tokens")
+        passes, memo = [], {}
+        for file_pass in range(args.file_passes):  # each pass may fill the whole budget; interleave() stops at it
+            seqs, used = corpus_sequences(domain, "train", args.train_tokens, tokenizer, args, file_pass, memo)
+            if file_pass == 0:
+                for name in DOMAINS[domain]:
+                    manifest["domains"][name]["train_files_cached"] = [rel for src, rel in used if src == name]
+            passes.append([Shard("train", domain, i, sequences=seqs[i * SHARD_SEQS:(i + 1) * SHARD_SEQS],
+                                 file_pass=file_pass) for i in range(math.ceil(len(seqs) / SHARD_SEQS))])
+            log(f"{domain}/train pass {file_pass}: {len(used)} files, {len(seqs)} sequences x {args.seq_len} tokens")
+        train[domain] = in_turn(passes)
     prompts = {split: instruction_prompts(split) for split in ("heldout", "train")}
     held = prompts["heldout"][: args.heldout_prompts]
     heldout += [Shard("heldout", "instruction", i, prompts=held[i * args.gen_batch:(i + 1) * args.gen_batch])
@@ -327,7 +352,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--max-file-tokens", type=int, default=1024)
-    parser.add_argument("--train-tokens", type=int, default=1_000_000, help="per domain")
+    parser.add_argument("--file-passes", type=int, default=1,
+                        help="training sequences of code and English read this many --max-file-tokens windows of "
+                             "every file (pass p: tokens [p M, (p + 1) M)); held-out ones read the first")
+    parser.add_argument("--train-tokens", type=int, default=1_000_000,
+                        help="per domain (with --file-passes: all the passes together, cached in turn)")
     parser.add_argument("--heldout-tokens", type=int, default=16_384, help="per corpus domain")
     parser.add_argument("--heldout-prompts", type=int, default=64, help="held-out prompts answered and cached")
     parser.add_argument("--gen-batch", type=int, default=64, help="prompts answered together")
@@ -337,6 +366,8 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=CACHE)
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--plan-only", action="store_true", help="write split.json and the prompt sets, cache nothing")
+    parser.add_argument("--domains", nargs="+", choices=tuple(DOMAINS), default=list(DOMAINS),
+                        help="cache training shards of these domains only (every held-out shard is cached)")
     args = parser.parse_args()
 
     import torch
@@ -348,7 +379,8 @@ def main() -> None:
     model, tok, description = load_target("smollm2")
     tokenizer = tok.hf
     heldout, train, manifest = plan(tokenizer, args)
-    recipe = {k: v for k, v in vars(args).items() if k not in ("threads", "cache_dir", "results_dir", "plan_only")}
+    recipe = {k: v for k, v in vars(args).items()
+              if k not in ("threads", "cache_dir", "results_dir", "plan_only", "domains")}
     manifest["recipe"] = {"command": "PYTHONPATH=. python benchmarks/heads_data.py " + " ".join(sys.argv[1:]),
                           "model": description, "version": RECIPE_VERSION, **recipe}
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -378,12 +410,15 @@ def main() -> None:
                                    "compute_cpu_s": round(sum(d["cpu_s"] for v in done.values() for d in v.values()), 1),
                                    "this_run_elapsed_s": round(time.perf_counter() - t_start, 1)})
 
-    def run(shard: Shard) -> None:
+    def run(shard: Shard, compute: bool = True) -> None:
+        """Count the shard if it is cached, else compute it (where ``compute``)."""
         path = args.cache_dir / shard.path
         key = shard.key(shard_recipe | {"dtype": "float32" if shard.split == "heldout" else args.train_dtype,
                                         "seq_len": args.seq_len})
         if shard_key_on_disk(path) == key:
             account(shard.split, shard.domain, read_shard(path))
+            return
+        if not compute:
             return
         runner = runners[shard.split]
         t0, c0 = time.perf_counter(), time.process_time()
@@ -404,7 +439,11 @@ def main() -> None:
 
     for shard in heldout:
         run(shard)
-    for shard in interleave(train, done["train"], args.train_tokens, TIME_WEIGHTS):
+    for domain in set(DOMAINS) - set(args.domains):  # counted, not computed
+        for shard in train[domain]:
+            run(shard, compute=False)
+    chosen = {d: shards for d, shards in train.items() if d in args.domains}
+    for shard in interleave(chosen, done["train"], args.train_tokens, TIME_WEIGHTS):
         run(shard)
     report("done")
     log(f"done: {json.dumps({s: {d: v['tokens'] for d, v in x.items()} for s, x in done.items()})}")

@@ -9,7 +9,8 @@ measures them, full vocabulary, on the held-out shards.
   t + i - 1 (the token greedy BPD verification accepts), when that position is in the same
   segment (corpus sequence or answer); other positions are ignored for that head.
 * Batches: ``--batch-positions`` positions, a third from each domain (drawn uniformly within a
-  domain, seeded), so every domain counts the same whatever its cached size.
+  domain, seeded), so every domain counts the same whatever its cached size; or shares by
+  ``--domain-weights code=2 english=2 instruction=1`` (a domain left out gets none).
 * Loss: the sum over heads 2..h of the mean cross-entropy, with ``--label-smoothing``. The
   softmax runs over a candidate vocabulary (the most frequent training labels covering
   ``--coverage`` of them, plus every label of the batch); the full 49k-word projection for 7 heads
@@ -24,6 +25,11 @@ measures them, full vocabulary, on the held-out shards.
   label of head 1; at decoding time the lattice's first token), through a d x d map per head
   initialised to zero (``BlockHeads(token_conditioned=True)``; EAGLE feeds its drafter the same
   token). The drafts stay a sausage lattice: that token is fixed when the lattice is drafted.
+* ``--intermediate-size`` widens the mlp layers (default: the hidden size); a narrower
+  ``--init`` file is embedded exactly (``widen``: new hidden units start with zero output
+  weights, so training starts from that file's predictions). ``--train-heads 2 3`` trains only
+  those heads (the others keep ``--init``'s weights and cost nothing): every head has its own
+  block and its own loss term, so a step on one head costs about a seventh of a step on all.
 * ``--init FILE`` starts from a heads file of the same shape (a warm start: train a shipped
   file longer, or on more data, with a fresh schedule); recorded in the recipe. An
   unconditioned file may start conditioned heads: its blocks are copied, the token maps start
@@ -171,6 +177,67 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def widen(state: dict[str, torch.Tensor], template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (trainable tensors of mlp heads) embedded in ``template``'s (those of wider ones).
+
+    Net2Net-style and exact: the old hidden units keep their weights; the new units keep the
+    template's fresh input weights and get zero output weights, so the wider heads compute
+    exactly what the narrower ones did and training starts from their predictions. Tensors of
+    equal shapes are taken as they are.
+    """
+    out = {}
+    for name, fresh in template.items():
+        old = state[name]
+        if old.shape == fresh.shape:
+            out[name] = old
+            continue
+        new = fresh.detach().clone()
+        if old.dim() != new.dim() or any(a > b for a, b in zip(old.shape, new.shape)):
+            raise ValueError(f"cannot widen {name}: {tuple(old.shape)} -> {tuple(fresh.shape)}")
+        if name.endswith(("up.weight", "up.bias")):
+            new[: old.shape[0]] = old
+        elif name.endswith("down.weight"):
+            new.zero_()
+            new[:, : old.shape[1]] = old
+        else:
+            raise ValueError(f"cannot widen {name}: {tuple(old.shape)} -> {tuple(fresh.shape)}")
+        out[name] = new
+    return out
+
+
+def trained_states(heads: BlockHeads, hidden: torch.Tensor, next_token: torch.Tensor,
+                   trained: list[int]) -> torch.Tensor:
+    """The output projection's inputs `(n, len(trained), d)` of the heads being trained, only theirs
+    computed where the heads do not read the token (the stacked token map serves every head)."""
+    if heads.token_input is None:
+        return torch.stack([heads.blocks[i - 2](hidden) for i in trained], dim=1)
+    return heads.head_states(hidden, next_token)[:, [i - 1 for i in trained]]
+
+
+def domain_weight(text: str) -> tuple[str, float]:
+    """``--domain-weights`` values: ``DOMAIN=W`` with a known domain and a weight >= 0."""
+    name, sep, value = text.partition("=")
+    try:
+        weight = float(value)
+    except ValueError:
+        weight = -1.0
+    if not sep or name not in DOMAINS or not weight >= 0 or math.isinf(weight):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected DOMAIN=WEIGHT, DOMAIN one of {', '.join(DOMAINS)}, "
+                                         "WEIGHT a number >= 0")
+    return name, weight
+
+
+def batch_shares(batch: int, weights: dict[str, float]) -> dict[str, int]:
+    """Positions per domain in a batch of ``batch``: proportional to ``weights`` (largest
+    remainders), summing to ``batch`` exactly."""
+    total = sum(weights.values())
+    exact = {d: batch * w / total for d, w in weights.items()}
+    shares = {d: int(v) for d, v in exact.items()}
+    for d in sorted(exact, key=lambda d: (shares[d] - exact[d], d))[: batch - sum(shares.values())]:
+        shares[d] += 1
+    return shares
+
+
 def lr_at(step: int, args: argparse.Namespace) -> float:
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
@@ -184,12 +251,19 @@ def main() -> None:
     parser.add_argument("--num-heads", type=int, default=8)
     parser.add_argument("--layer", choices=("mlp", "medusa"), default="mlp")
     parser.add_argument("--num-layers", type=int, default=1)
+    parser.add_argument("--intermediate-size", type=int,
+                        help="width of each mlp layer's hidden layer (default: the hidden size); a narrower --init "
+                             "file is widened exactly (see widen())")
+    parser.add_argument("--train-heads", type=int, nargs="+", metavar="I",
+                        help="train only these heads (2..h); the others keep --init's weights and cost nothing")
     parser.add_argument("--label-smoothing", type=float, default=0.0)
     parser.add_argument("--token-conditioned", action="store_true",
                         help="heads 2..h also read the greedy token at t + 1")
     parser.add_argument("--coverage", type=float, default=0.97)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch-positions", type=int, default=3072)
+    parser.add_argument("--domain-weights", type=domain_weight, nargs="+", metavar="DOMAIN=W",
+                        help=f"each batch's share per domain (default: equal shares of {', '.join(DOMAINS)})")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
@@ -211,6 +285,17 @@ def main() -> None:
 
     model, _, description = load_target("smollm2")
     h = args.num_heads
+    weights = {d: 1.0 for d in DOMAINS} if args.domain_weights is None else \
+        {d: dict(args.domain_weights).get(d, 0.0) for d in DOMAINS}
+    if sum(weights.values()) <= 0:
+        parser.error("--domain-weights: every weight is zero")
+    trained = sorted(set(args.train_heads or range(2, h + 1)))
+    if trained[0] < 2 or trained[-1] > h:
+        parser.error(f"--train-heads: heads are numbered 2..{h} (head 1 is the model's own)")
+    if len(trained) < h - 1 and args.init is None:
+        parser.error("--train-heads without --init would ship the other heads untrained")
+    if args.intermediate_size is not None and (args.layer != "mlp" or args.intermediate_size < 1):
+        parser.error("--intermediate-size needs --layer mlp and a positive width")
     train = {d: DomainData(load_domain("train", d, args.cache_dir), h, args.max_train_positions) for d in DOMAINS}
     heldout = {d: DomainData(load_domain("heldout", d, args.cache_dir), h, args.eval_positions) for d in DOMAINS}
     log("training positions " + json.dumps({d: len(v) for d, v in train.items()})
@@ -219,16 +304,19 @@ def main() -> None:
     schedule = {k: v for k, v in vars(args).items()
                 if k not in ("threads", "eval_every", "eval_positions", "compare", "out", "cache_dir", "results_dir")}
     schedule = {k: str(v) if isinstance(v, Path) else v for k, v in schedule.items()}
+    schedule["domain_weights"] = args.domain_weights and dict(args.domain_weights)  # JSON round-trips it
     heads = BlockHeads.for_model(model, h, layer=args.layer, num_layers=args.num_layers,
-                                 token_conditioned=args.token_conditioned)
+                                 token_conditioned=args.token_conditioned, intermediate_size=args.intermediate_size)
     if args.init is not None:
         start = BlockHeads.load(args.init, model)
         if (start.num_heads, start.layer, start.num_layers) != (h, args.layer, args.num_layers) \
-                or (start.token_conditioned and not args.token_conditioned):
+                or (start.token_conditioned and not args.token_conditioned) \
+                or start.intermediate_size > heads.intermediate_size:
             parser.error(f"--init {args.init}: {start.num_heads} heads of {start.num_layers} {start.layer} layer(s)"
+                         f" of width {start.intermediate_size}"
                          f"{' (token-conditioned)' if start.token_conditioned else ''}, not {h} of "
-                         f"{args.num_layers} {args.layer}")
-        state = start.trainable_state()
+                         f"{args.num_layers} {args.layer} of width {heads.intermediate_size} or less")
+        state = widen(start.trainable_state(), heads.trainable_state())
         if args.token_conditioned and not start.token_conditioned:  # the token maps stay at zero
             state |= {k: v for k, v in heads.trainable_state().items() if k.startswith("token_inputs.")}
         heads.load_weights(state)  # copied into the float32 weights
@@ -238,7 +326,15 @@ def main() -> None:
     candidates, coverage = candidate_vocab(torch.cat([t.labels[:, 1:] for t in train.values()]), args.coverage,
                                            heads.vocab_size)
     log(f"candidate vocabulary {len(candidates)} words, covering {coverage:.4f} of the training labels")
-    params = [p for p in heads.parameters() if p.requires_grad]  # not the frozen lm_head
+    heads.requires_grad_(False)  # the frozen lm_head, and the heads not in --train-heads
+    for i in trained:
+        heads.blocks[i - 2].requires_grad_(True)
+        if heads.projections is not None:
+            heads.projections[i - 2].requires_grad_(True)
+    if heads.token_input is not None:  # one stacked map: the rows of untrained heads get no gradient
+        heads.token_input.requires_grad_(True)
+    params = [p for p in heads.parameters() if p.requires_grad]
+    columns = [i - 2 for i in trained]  # of the labels of heads 2..h
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     ckpt_path = args.cache_dir / "runs" / f"{args.name}.pt"
     ckpt_path.parent.mkdir(parents=True, exist_ok=True)
@@ -252,19 +348,20 @@ def main() -> None:
             log(f"resumed {args.name} at step {step}")
 
     gen = torch.Generator().manual_seed(args.seed + step)
-    per_domain = args.batch_positions // len(DOMAINS)
+    shares = batch_shares(args.batch_positions if args.domain_weights else
+                          args.batch_positions // len(DOMAINS) * len(DOMAINS), weights)  # the first recipe's thirds
     window: list[torch.Tensor] = []
     heads.train()
     while step < args.steps:
         t0 = time.perf_counter()
-        picks = [(d, torch.randint(len(t), (per_domain,), generator=gen)) for d, t in train.items()]
+        picks = [(d, torch.randint(len(t), (shares[d],), generator=gen)) for d, t in train.items() if shares[d]]
         hidden = torch.cat([train[d].hidden[i] for d, i in picks]).float()
-        labels = torch.cat([train[d].labels[i, 1:] for d, i in picks])
+        labels = torch.cat([train[d].labels[i, 1:] for d, i in picks])[:, columns]
         next_token = torch.cat([train[d].labels[i, 0] for d, i in picks])  # head 1's: the greedy token
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            states = heads.head_states(hidden, next_token)[:, 1:]  # (n, h - 1, d)
+            states = trained_states(heads, hidden, next_token, trained)  # (n, len(trained), d)
             per_head = restricted_loss(states, labels, weight, candidates, args.label_smoothing)
         optimizer.zero_grad(set_to_none=True)
         per_head.sum().backward()

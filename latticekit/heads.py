@@ -236,7 +236,7 @@ class BlockHeads(nn.Module):
 
     @classmethod
     def for_model(cls, model: Any, num_heads: int = 8, *, layer: str = "mlp", num_layers: int = 1,
-                  token_conditioned: bool = False) -> "BlockHeads":
+                  token_conditioned: bool = False, intermediate_size: Optional[int] = None) -> "BlockHeads":
         """Fresh heads for an HF causal LM; its output projection is shared and frozen.
 
         Args:
@@ -245,6 +245,8 @@ class BlockHeads(nn.Module):
             layer: ``"mlp"`` or ``"medusa"`` residual layers.
             num_layers: residual layers per head.
             token_conditioned: heads 2..h also read the token at t + 1 (see ``token_input``).
+            intermediate_size: the width of each ``mlp`` layer's hidden layer (default: the
+                hidden size).
 
         Returns:
             Heads on the model's device and dtype; head 1 is the model's own head and every
@@ -256,7 +258,7 @@ class BlockHeads(nn.Module):
         lm_head = _output_projection(model)
         lm_head.requires_grad_(False)
         metadata = {"base_model": _model_name(model), "lm_head_fingerprint": _fingerprint(lm_head.weight)}
-        return cls(lm_head, num_heads, metadata=metadata, layer=layer, num_layers=num_layers,
+        return cls(lm_head, num_heads, intermediate_size, metadata=metadata, layer=layer, num_layers=num_layers,
                    token_conditioned=token_conditioned)
 
     @classmethod
