@@ -124,21 +124,41 @@ def restricted_loss(states: torch.Tensor, labels: torch.Tensor, weight: torch.Te
 
 
 @torch.no_grad()
-def evaluate(heads: BlockHeads, data: DomainData, chunk: int = 256) -> dict[str, list[float]]:
+def evaluate(heads: BlockHeads, data: DomainData, chunk: int = 256,
+             only: Optional[list[int]] = None) -> dict[str, list[Optional[float]]]:
     """Full-vocabulary per-head top-k accuracy against the model's greedy tokens (token-conditioned
-    heads read the greedy token at t + 1, as they do when drafting)."""
-    hits = torch.zeros(len(TOPK), heads.num_heads, dtype=torch.float64)
-    count = torch.zeros(heads.num_heads, dtype=torch.float64)
+    heads read the greedy token at t + 1, as they do when drafting).
+
+    ``only``: the heads (1-based) to measure, None for every head; the others' entries are None
+    (a run that trains some heads follows just those: the vocabulary projection is the cost).
+    """
+    chosen = list(range(1, heads.num_heads + 1)) if only is None else sorted(only)
+    columns = torch.tensor([i - 1 for i in chosen])
+    weight = heads.lm_head.weight
+    tied = only is not None and heads.projections is None and heads.token_map is None and heads.logit_scale == 1.0
+    hits = torch.zeros(len(TOPK), len(chosen), dtype=torch.float64)
+    count = torch.zeros(len(chosen), dtype=torch.float64)
     for s in range(0, len(data), chunk):
         labels = data.labels[s:s + chunk, : heads.num_heads]
-        logits = heads(data.hidden[s:s + chunk].float(), next_token=labels[:, 0])  # (n, h, V)
+        hidden = data.hidden[s:s + chunk].float()
+        if tied:  # the chosen heads' logits only
+            logits = heads.head_states(hidden, labels[:, 0])[:, columns] @ weight.T
+        else:
+            logits = heads(hidden, next_token=labels[:, 0])[:, columns]  # (n, len(chosen), V)
+        labels = labels[:, columns]
         top = logits.topk(max(TOPK), dim=-1).indices
         hit = top == labels.clamp(min=0)[..., None]
         valid = labels >= 0
         for j, k in enumerate(TOPK):
             hits[j] += (hit[..., :k].any(-1) & valid).sum(0).double()
         count += valid.sum(0).double()
-    return {f"top{k}": [round(float(v), 4) for v in hits[j] / count.clamp(min=1)] for j, k in enumerate(TOPK)}
+    out: dict[str, list[Optional[float]]] = {}
+    for j, k in enumerate(TOPK):
+        values: list[Optional[float]] = [None] * heads.num_heads
+        for c, i in enumerate(chosen):
+            values[i - 1] = round(float(hits[j, c] / count[c].clamp(min=1)), 4)
+        out[f"top{k}"] = values
+    return out
 
 
 def drafting_ms(heads: BlockHeads, repeats: int = 200) -> float:
@@ -296,7 +316,8 @@ def main() -> None:
         parser.error("--train-heads without --init would ship the other heads untrained")
     if args.intermediate_size is not None and (args.layer != "mlp" or args.intermediate_size < 1):
         parser.error("--intermediate-size needs --layer mlp and a positive width")
-    train = {d: DomainData(load_domain("train", d, args.cache_dir), h, args.max_train_positions) for d in DOMAINS}
+    train = {d: DomainData(load_domain("train", d, args.cache_dir), h, args.max_train_positions)
+             for d in DOMAINS if weights[d] > 0}  # a domain of weight 0 needs no training shards
     heldout = {d: DomainData(load_domain("heldout", d, args.cache_dir), h, args.eval_positions) for d in DOMAINS}
     log("training positions " + json.dumps({d: len(v) for d, v in train.items()})
         + ", held-out " + json.dumps({d: len(v) for d, v in heldout.items()}))
@@ -377,10 +398,11 @@ def main() -> None:
                 f"{train_s / step:.2f} s/step")
         if step % args.eval_every == 0 or step == args.steps:
             heads.eval()
-            curve.append({"step": step, "top1": {d: evaluate(heads, v)["top1"]
-                                                  for d, v in heldout.items()}})
+            curve.append({"step": step, "top1": {d: evaluate(heads, v, only=None if len(trained) == h - 1 else trained)
+                                                  ["top1"] for d, v in heldout.items()}})
             heads.train()
-            log(f"step {step}: held-out head-2 top-1 " + json.dumps({d: c[1] for d, c in curve[-1]["top1"].items()}))
+            log(f"step {step}: held-out top-1 of heads {trained} "
+                + json.dumps({d: [c[i - 1] for i in trained] for d, c in curve[-1]["top1"].items()}))
             torch.save({"blocks": heads.trainable_state(), "optimizer": optimizer.state_dict(), "step": step,
                         "train_s": train_s, "curve": json.dumps(curve), "schedule": json.dumps(schedule)},
                        ckpt_path.with_suffix(".tmp"))

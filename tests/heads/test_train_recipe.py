@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from heads_helpers import HIDDEN, VOCAB, final_hidden, tiny_llama  # noqa: E402
 from latticekit.heads import BlockHeads  # noqa: E402
-from train_heads import batch_shares, domain_weight, trained_states, widen  # noqa: E402
+from train_heads import DomainData, batch_shares, domain_weight, evaluate, trained_states, widen  # noqa: E402
 
 
 def randomize(heads: BlockHeads, seed: int) -> None:
@@ -91,6 +92,23 @@ def test_trained_states_are_those_heads_states(model, hidden, conditioned, train
         every = heads.head_states(flat, token)
         torch.testing.assert_close(trained_states(heads, flat, token, trained),
                                    torch.stack([every[:, i - 1] for i in trained], dim=1))
+
+
+@pytest.mark.parametrize("conditioned", [False, True])
+@pytest.mark.parametrize("only", [[2], [3, 5], [1, 2, 3, 4, 5]])
+def test_evaluate_some_heads_measures_them_as_evaluate_all(model, hidden, conditioned, only):
+    heads = BlockHeads.for_model(model, 5, token_conditioned=conditioned)
+    randomize(heads, seed=6)
+    flat = hidden.reshape(-1, HIDDEN)
+    with torch.no_grad():
+        greedy = model.lm_head(flat).argmax(-1).int().numpy()
+    greedy[::3] = (greedy[::3] + 1) % VOCAB  # some labels the heads miss
+    data = DomainData({"hidden": flat.half().numpy(), "greedy": greedy,
+                       "segment": np.repeat(np.arange(2, dtype=np.int32), len(flat) // 2)}, 5)
+    every, some = evaluate(heads, data, chunk=5), evaluate(heads, data, chunk=7, only=only)
+    for k in every:
+        assert some[k] == [v if i + 1 in only else None for i, v in enumerate(every[k])]
+    assert 0 < sum(every["top1"][1:]) < 4  # neither all hits nor all misses
 
 
 @settings(max_examples=200, deadline=None)
