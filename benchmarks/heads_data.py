@@ -14,8 +14,8 @@ For code and English, files are taken in hash order, each contributing at most i
 ``--max-file-tokens`` tokens, joined with EOS and cut into sequences of ``--seq-len`` tokens
 (``--file-passes P`` adds training passes 1..P-1 that read each file's next windows of that many
 tokens: more training data from the same files, the held-out positions unchanged; the passes'
-shards are cached in turn, pass p's as ``p<p>-<index>.npz``); every position's final hidden state (after the final norm) and the model's greedy next token are
-cached. For instruction answers, prompts are answered greedily in batches of ``--gen-batch``
+shards are cached in turn, pass p's as ``p<p>-<index>.npz``); every position's final hidden
+state (after the final norm) and the model's greedy next token are cached. For instruction answers, prompts are answered greedily in batches of ``--gen-batch``
 (left padding, a KV cache, at most ``--max-new-tokens`` tokens), and the final hidden state of
 every answer position is cached: the prompt's last position (which predicts the first answer
 token) and each answer token but the last; a position's greedy token is then exactly the next
