@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ import numpy as np
 import torch
 
 from heads_data import CACHE, RESULTS, load_domain, log, write_json
-from train_heads import DomainData, candidate_vocab, restricted_loss
+from train_heads import DomainData, candidate_vocab, label_index, lr_at, restricted_loss
 from latticekit.heads import DEFAULT_HEADS_PATH, BlockHeads
 
 VARIANTS = ("none", "prev", "tok", "proj")
@@ -51,16 +50,14 @@ class Head2Data(DomainData):
     whether the corpus token at t + 1 is the model's greedy token at t."""
 
     def __init__(self, arrays: dict[str, np.ndarray]) -> None:
-        super().__init__(arrays, 8)
+        super().__init__(arrays, 8)  # every head's labels: the candidate vocabulary counts heads 2..8's
         seg, ids, greedy = arrays["segment"], arrays["ids"], arrays["greedy"]
         prev = np.arange(len(seg)) - 1
         ok = prev >= 0
         ok[ok] &= seg[prev[ok]] == seg[ok]
         self.prev = torch.from_numpy(np.where(ok, prev, -1))
-        nxt = np.arange(len(seg)) + 1
-        inside = nxt < len(seg)
-        inside[inside] &= seg[nxt[inside]] == seg[inside]
-        self.on_policy = torch.from_numpy(inside & (ids[np.minimum(nxt, len(seg) - 1)] == greedy))
+        nxt = label_index(seg, 2)[:, 1]  # t + 1 in the same segment, -1 where there is none
+        self.on_policy = torch.from_numpy((nxt >= 0) & (ids[nxt.clip(min=0)] == greedy))
 
 
 def main() -> None:
@@ -131,10 +128,8 @@ def main() -> None:
     log(f"{v} step 0: {json.dumps(curve[-1]['heldout'])}")
     t0 = time.perf_counter()
     for step in range(args.steps):
-        lr = args.lr * (step + 1) / args.warmup if step < args.warmup else \
-            args.lr * 0.5 * (1 + math.cos(math.pi * (step - args.warmup) / (args.steps - args.warmup)))
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr_at(step, args)  # train_heads.py's schedule
         hs, labels = [], []
         for data in train.values():
             i = torch.randint(len(data), (args.batch_positions // 2,), generator=gen)

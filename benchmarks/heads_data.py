@@ -439,9 +439,8 @@ def main() -> None:
 
     for shard in heldout:
         run(shard)
-    for domain in set(DOMAINS) - set(args.domains):  # counted, not computed
-        for shard in train[domain]:
-            run(shard, compute=False)
+    for shard in (s for d in DOMAINS if d not in args.domains for s in train[d]):  # counted, not computed
+        run(shard, compute=False)
     chosen = {d: shards for d, shards in train.items() if d in args.domains}
     for shard in interleave(chosen, done["train"], args.train_tokens, TIME_WEIGHTS):
         run(shard)

@@ -135,7 +135,7 @@ def evaluate(heads: BlockHeads, data: DomainData, chunk: int = 256,
     chosen = list(range(1, heads.num_heads + 1)) if only is None else sorted(only)
     columns = torch.tensor([i - 1 for i in chosen])
     weight = heads.lm_head.weight
-    tied = only is not None and heads.projections is None and heads.token_map is None and heads.logit_scale == 1.0
+    tied = only is not None and heads.projections is None and heads.logit_scale == 1.0  # as forward() tests it
     hits = torch.zeros(len(TOPK), len(chosen), dtype=torch.float64)
     count = torch.zeros(len(chosen), dtype=torch.float64)
     for s in range(0, len(data), chunk):
