@@ -59,7 +59,7 @@ def log(msg: str) -> None:
 
 def window_prompts(args: argparse.Namespace, tokenizer: Any, domain: str) -> list[dict[str, Any]]:
     """``args.num_prompts`` windows of ``args.prompt_tokens`` tokens of the domain's held-out files."""
-    from latticekit.bpd.prompts import prompts_from_manifest
+    from latticekit.eval.prompts import prompts_from_manifest
 
     prompts = prompts_from_manifest(args.manifest, tokenizer, args.prompt_tokens, args.num_prompts, 0, args.seed,
                                     [domain])
@@ -98,7 +98,7 @@ def load_prompts(args: argparse.Namespace, tokenizer: Any, heads_num: int) -> di
 
 def run_one(name: str, model: Any, heads: Any, lm: Any, costs: Any, prompt: dict[str, Any]) -> dict[str, Any]:
     """One decode: tokens, wall seconds, steps. ``heads``: label -> heads ("" the main ones)."""
-    from latticekit.bpd import DecoderConfig, decode
+    from latticekit.decoding import DecoderConfig, decode
 
     name, _, label = name.partition("@")
     heads = heads[label]
@@ -247,10 +247,10 @@ def main() -> int:
 
     import transformers
 
-    from latticekit.bpd.costs import step_costs
+    from latticekit.decoding.costs import step_costs
     from latticekit.demo import embedded_token_lm
-    from latticekit.bpd.loading import load_heads, load_target
-    from latticekit.bpd.report import machine
+    from latticekit.eval.loading import load_heads, load_target
+    from latticekit.eval.report import machine
     from latticekit.torch import prepare_heads, prepare_target
 
     transformers.logging.set_verbosity_error()

@@ -24,7 +24,7 @@ answer token.
 Labels are self-distilled: head i at position t learns the greedy token at position t + i - 1
 (the token greedy BPD verification accepts) within the same segment (sequence or answer).
 
-Precision. Held-out shards run the model in float32, as ``latticekit.bpd.loading.load_target``
+Precision. Held-out shards run the model in float32, as ``latticekit.eval.loading.load_target``
 loads it for decoding, so every held-out figure is exact. Training shards run the transformer in
 bfloat16 (``--train-dtype``) with the float32 output projection: on this machine's CPU that is
 5-10x faster, and measured on 2,048 code positions its greedy token agrees with float32's at
@@ -41,7 +41,7 @@ so a run stopped early has data from every domain. CPU time, not wall time: a sh
 paused or shared the machine would otherwise count as expensive and starve its domain.
 
 Outputs besides the cache: ``benchmarks/results/heads/split_v2.json`` (the rule, every held-out
-file per source in the manifest schema ``latticekit.bpd.prompts`` reads, the files cached) and ``instruction_prompts.json`` (the held-out
+file per source in the manifest schema ``latticekit.eval.prompts`` reads, the files cached) and ``instruction_prompts.json`` (the held-out
 instruction prompts as text, the training prompts by id), and ``cache_heads.json`` (tokens and
 compute time per domain, written after every shard).
 
@@ -164,7 +164,7 @@ def plan(tokenizer: Any, args: argparse.Namespace) -> tuple[list[Shard], dict[st
     """Held-out shards, training shards per domain (in order), and the split manifest.
 
     The manifest has one entry per source under ``domains`` in the schema that
-    ``latticekit.bpd.prompts.prompts_from_manifest`` reads (``root``, ``pattern``, ``heldout_files``
+    ``latticekit.eval.prompts.prompts_from_manifest`` reads (``root``, ``pattern``, ``heldout_files``
     relative to the root), so held-out prompts can be drawn from it directly; ``training_domains``
     says which sources make up each training domain.
     """
@@ -372,7 +372,7 @@ def main() -> None:
 
     import torch
 
-    from latticekit.bpd.loading import load_target
+    from latticekit.eval.loading import load_target
 
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()

@@ -10,7 +10,7 @@ tokens are checked equal to latticekit's greedy decoding on that prompt:
   its target calls are counted with a forward hook (the prompt's forward, which also yields the
   first token, counts as a call, as latticekit's first step does);
 * ``headsfree``: latticekit with no heads (the decoded text's n-gram cache and the shipped Katz
-  4-gram, ``latticekit.bpd.drafters.headsfree``);
+  4-gram, ``latticekit.drafting.drafters.headsfree``);
 * ``heads+ngram``: the shipped heads' lattice united with those n-gram continuations;
 * ``auto``: the shipped heads and 4-gram as ``latticekit.generate`` uses them today.
 
@@ -102,7 +102,7 @@ class CallCounter:
 def run_one(name: str, model: Any, heads: Any, lm: Any, costs: Any, counter: CallCounter,
             prompt: dict[str, Any]) -> dict[str, Any]:
     """One decode: tokens, wall seconds, target calls, per-step figures (latticekit's)."""
-    from latticekit.bpd import DecoderConfig, decode
+    from latticekit.decoding import DecoderConfig, decode
 
     ids, new, eos = prompt["ids"], prompt["max_new_tokens"], prompt["eos"]
     if name.startswith("pld:"):
@@ -130,10 +130,10 @@ def run_one(name: str, model: Any, heads: Any, lm: Any, costs: Any, counter: Cal
 def run_chunk(args: argparse.Namespace) -> int:
     import transformers
 
-    from latticekit.bpd.costs import StepCosts
+    from latticekit.decoding.costs import StepCosts
     from latticekit.demo import embedded_token_lm
-    from latticekit.bpd.loading import load_heads, load_target
-    from latticekit.bpd.report import machine
+    from latticekit.eval.loading import load_heads, load_target
+    from latticekit.eval.report import machine
     from latticekit.torch import prepare_target
 
     transformers.logging.set_verbosity_error()
@@ -146,7 +146,7 @@ def run_chunk(args: argparse.Namespace) -> int:
     out = Path(args.out)
     costs_file = out / "step_costs.json"
     if args.measure_costs:
-        from latticekit.bpd.costs import measure_step_costs
+        from latticekit.decoding.costs import measure_step_costs
 
         with torch.inference_mode():
             costs = measure_step_costs(model)

@@ -1,4 +1,4 @@
-"""Train the neural rescorer of local rescoring (``latticekit.bpd.rescorer.NeuralRescorer``).
+"""Train the neural rescorer of local rescoring (``latticekit.eval.rescorer.NeuralRescorer``).
 
 The fixed recipe (every number is a command-line default, recorded in the results):
 
@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from latticekit.bpd.rescorer import NeuralRescorer
+from latticekit.eval.rescorer import NeuralRescorer
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "rescorer"

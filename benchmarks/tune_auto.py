@@ -1,9 +1,9 @@
 """Fit ``auto``'s acceptance prior and choose its knobs by replay, on prompts apart from the
 benchmark's.
 
-The replay engine (``latticekit.bpd.replay``) walks every greedy-mode decoder's steps from one
+The replay engine (``latticekit.eval.replay``) walks every greedy-mode decoder's steps from one
 greedy trace per prompt; with the target's measured step costs
-(``latticekit.bpd.costs.step_costs``) and a drafting overhead, a replayed decode also has a
+(``latticekit.decoding.costs.step_costs``) and a drafting overhead, a replayed decode also has a
 *simulated* wall time: per step the target call for its tree size plus, when the lattice was
 read, the overhead. That makes ``auto``'s knobs (k, p, alpha, the acceptance model's prior and
 learning rate) cheap to compare without timing noise; the real speed is what
@@ -47,7 +47,7 @@ def log(msg: str) -> None:
 
 
 def tuning_prompts(args: argparse.Namespace, tokenizer: Any) -> dict[str, list[list[int]]]:
-    from latticekit.bpd.prompts import prompts_from_files
+    from latticekit.eval.prompts import prompts_from_files
 
     manifest = json.loads(Path(args.manifest).read_text())
     out: dict[str, list[list[int]]] = {}
@@ -66,15 +66,15 @@ def tuning_prompts(args: argparse.Namespace, tokenizer: Any) -> dict[str, list[l
 def node_data(traces: list[Any], lm: Any, k: int, p: int, alpha: float, max_depth: int) -> tuple[np.ndarray, np.ndarray]:
     """Every trace position's candidate nodes (the p best paths of its k-wide lattice), with the
     features ``auto`` computes and their labels from the greedy continuation."""
-    from latticekit.bpd.calibration import PendingLabels, node_features
-    from latticekit.bpd.drafters import DraftInput, make_drafter
-    from latticekit.bpd.records import DecoderConfig
+    from latticekit.drafting.calibration import PendingLabels, node_features
+    from latticekit.drafting import DraftInput, make_drafter
+    from latticekit.drafting import DecoderConfig
 
     config = DecoderConfig("auto", k=k, p=p, alpha=alpha)
     feats, labels = [], []
     for trace in traces:
-        drafter = make_drafter(config, lms=lm, costs=_dummy_costs())
-        drafter.prepare_replay(trace)  # candidates from the trace's lattices (without it: heads-free ones)
+        # candidates from the trace's lattices (without has_heads: heads-free ones)
+        drafter = make_drafter(config, lms=lm, costs=_dummy_costs(), has_heads=True)
         pending = PendingLabels()
         sequence = trace.prompt + trace.continuation
         for i in range(len(trace.continuation) - max_depth):
@@ -91,7 +91,7 @@ def node_data(traces: list[Any], lm: Any, k: int, p: int, alpha: float, max_dept
 
 
 def _dummy_costs() -> Any:
-    from latticekit.bpd.costs import StepCosts
+    from latticekit.decoding.costs import StepCosts
 
     return StepCosts([0, 1], [1.0, 1.0], 1, draft_s=0.0)
 
@@ -99,7 +99,7 @@ def _dummy_costs() -> Any:
 def simulate(traces: list[Any], config: Any, lm: Any, costs: Any, acceptance: Any, max_new_tokens: int,
              eos: Any) -> dict[str, float]:
     """Replays ``config`` over the traces; tokens per call and simulated speed against greedy."""
-    from latticekit.bpd.replay import replay
+    from latticekit.eval.replay import replay
 
     tokens = calls = 0
     seconds = greedy_seconds = 0.0
@@ -140,12 +140,13 @@ def main() -> int:
 
     import transformers
 
-    from latticekit.bpd.calibration import AcceptanceModel
-    from latticekit.bpd.costs import step_costs
+    from latticekit.drafting.calibration import AcceptanceModel
+    from latticekit.decoding.costs import step_costs
     from latticekit.demo import embedded_token_lm
-    from latticekit.bpd.loading import load_heads, load_target
-    from latticekit.bpd.records import DecoderConfig
-    from latticekit.bpd.replay import heads_fingerprint, trace_prompts
+    from latticekit.eval.loading import load_heads, load_target
+    from latticekit.drafting import DecoderConfig
+    from latticekit.eval.replay import trace_prompts
+    from latticekit.heads import heads_fingerprint
     from latticekit.torch import prepare_target
 
     transformers.logging.set_verbosity_error()

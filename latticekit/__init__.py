@@ -4,7 +4,8 @@ Take the top-k tokens of each draft head (a :class:`SausageLattice`), rescore ev
 with a Katz back-off :class:`NGramLM` conditioned on the decoded prefix, and keep the p best
 drafts (:func:`pbest`, :func:`pbest_batch`). ``latticekit.torch`` verifies them in one
 masked forward pass of the target model; :func:`generate` (torch, loaded on first use) decodes
-with all of it, faster than greedy decoding and with the same tokens.
+with all of it, faster than greedy decoding and with the same tokens; :func:`decode` runs any
+:class:`DecoderConfig` (``latticekit.drafting`` holds the drafters, torch-free).
 """
 
 from typing import Any
@@ -17,6 +18,7 @@ from latticekit.errors import (
     ModelFormatError,
     VocabularyError,
 )
+from latticekit.drafting.config import DecoderConfig
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 from latticekit.search import Path, PBestResult, pbest, pbest_batch
@@ -24,6 +26,9 @@ from latticekit.search import Path, PBestResult, pbest, pbest_batch
 __all__ = [
     "__version__",
     "generate",
+    "decode",
+    "greedy_decode",
+    "DecoderConfig",
     "NGramLM",
     "SausageLattice",
     "Path",
@@ -40,7 +45,11 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "generate":  # needs torch: imported on first use
-        from latticekit.generation import generate
+        from latticekit.decoding.generation import generate
 
         return generate
+    if name in ("decode", "greedy_decode"):
+        from latticekit.decoding import loop
+
+        return getattr(loop, name)
     raise AttributeError(f"module 'latticekit' has no attribute {name!r}")

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_subparsers(lm)
 
-    from latticekit.bpd.evaluate import add_parser as add_eval_parser
+    from latticekit.eval.evaluate import add_parser as add_eval_parser
 
     add_eval_parser(sub)
     return parser

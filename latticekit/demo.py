@@ -33,8 +33,9 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from latticekit.bpd.analysis import accepted_length
-from latticekit.bpd.records import DecoderConfig, Decoding
+from latticekit.eval.analysis import accepted_length
+from latticekit.decoding.records import Decoding
+from latticekit.drafting.config import DecoderConfig
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 from latticekit.search import pbest
@@ -134,7 +135,7 @@ def demo_prompts() -> list[dict[str, str]]:
 
 
 def _summary(runs: list[Decoding]) -> dict[str, Any]:
-    from latticekit.bpd.analysis import block_efficiency, drafted_steps
+    from latticekit.eval.analysis import block_efficiency, drafted_steps
 
     steps = [s for run in runs for s in run.steps]
     drafted = drafted_steps(steps)
@@ -170,9 +171,9 @@ def run_bpd_demo(max_new_tokens: int = 64, threads: Optional[int] = None, as_jso
     """
     import torch
 
-    from latticekit.bpd.costs import step_costs
-    from latticekit.bpd.decoders import decode
-    from latticekit.bpd.loading import load_heads, load_target
+    from latticekit.decoding.costs import step_costs
+    from latticekit.decoding.loop import decode
+    from latticekit.eval.loading import load_heads, load_target
     from latticekit.torch import prepare_target
 
     if threads:

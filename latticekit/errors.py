@@ -19,7 +19,7 @@ translates each ``ErrorInfo::Kind`` into one class below, in one place (``raise_
     ├── LatticeError           (ValueError)   lattices, search arguments, arrays
     ├── VocabularyError        (ValueError)   token ids and vocabularies
     ├── CorpusError            (ValueError)   corpora to count (latticekit.lm)
-    ├── DecoderConfigError     (ValueError)   decoders, prompts, decoding arguments (latticekit.bpd)
+    ├── DecoderConfigError     (ValueError)   decoders, prompts, decoding arguments (latticekit.decoding)
     ├── HeadsError             (ValueError)   draft heads
     │   ├── HeadsFormatError                  a heads file (latticekit.heads, Medusa checkpoints)
     │   └── HeadsMismatchError                heads that do not fit the model or tensors

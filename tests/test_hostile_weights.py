@@ -86,7 +86,7 @@ def test_heads_header_sizes_are_checked_before_allocating(heads_file, field, val
 
 @pytest.fixture
 def rescorer_file(tmp_path):
-    from latticekit.bpd.rescorer import NeuralRescorer
+    from latticekit.eval.rescorer import NeuralRescorer
 
     vocab_map = torch.arange(20) % 6
     path = tmp_path / "r.safetensors"
@@ -97,7 +97,7 @@ def rescorer_file(tmp_path):
 @pytest.mark.parametrize("name", ["embed.weight", "layers.1.ff1.weight"])
 @pytest.mark.parametrize("damage", sorted(TENSOR_DAMAGE))
 def test_rescorer_with_bad_tensors_is_refused(rescorer_file, damage, name):
-    from latticekit.bpd.rescorer import NeuralRescorer, RescorerFormatError
+    from latticekit.eval.rescorer import NeuralRescorer, RescorerFormatError
 
     assert NeuralRescorer.load(rescorer_file).config["num_layers"] == 2
     _rewrite(rescorer_file, tensor_edit=lambda ts: ts.update({name: TENSOR_DAMAGE[damage](ts[name])}))
@@ -109,7 +109,7 @@ def test_rescorer_with_bad_tensors_is_refused(rescorer_file, damage, name):
     lambda m: m.update(num_layers=10**5), lambda m: m.update(d_model=10**9, num_heads=1),
     lambda m: m.update(max_len=10**10), lambda m: m.update(d_ff=False), lambda m: m.update(num_heads=3)])
 def test_rescorer_header_sizes_are_checked_before_allocating(rescorer_file, edit):
-    from latticekit.bpd.rescorer import NeuralRescorer, RescorerFormatError
+    from latticekit.eval.rescorer import NeuralRescorer, RescorerFormatError
 
     _rewrite(rescorer_file, header_edit=edit)
     start = time.perf_counter()
@@ -119,7 +119,7 @@ def test_rescorer_header_sizes_are_checked_before_allocating(rescorer_file, edit
 
 
 def test_rescorer_vocab_map_must_be_integers(rescorer_file):
-    from latticekit.bpd.rescorer import NeuralRescorer, RescorerFormatError
+    from latticekit.eval.rescorer import NeuralRescorer, RescorerFormatError
 
     _rewrite(rescorer_file, tensor_edit=lambda ts: ts.update(vocab_map=ts["vocab_map"].float()))
     with pytest.raises(RescorerFormatError, match="vocab_map"):

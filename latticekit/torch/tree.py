@@ -223,6 +223,35 @@ class DraftTree:
         return cls._build_walk(array, lens)
 
     @classmethod
+    def from_trie(cls, tokens: np.ndarray, parents: np.ndarray) -> "DraftTree":
+        """The tree of a prefix-closed trie as a drafter returns it
+        (:class:`latticekit.drafting.Draft`): node i holds ``tokens[i]`` below ``parents[i]``
+        (-1: the root), parents first; one draft per leaf, node order kept.
+
+        Raises:
+            DraftError: an empty trie, or arrays that are not one (see the constructor).
+        """
+        tokens = np.asarray(tokens, dtype=np.int64)
+        parents = np.asarray(parents, dtype=np.int64)
+        n = tokens.shape[0]
+        if n == 0 or parents.shape != (n,) or np.any(parents >= np.arange(n)) or np.any(parents < ROOT):
+            raise DraftError("a draft trie needs one parent per node, each before its child (or ROOT)")
+        depths = np.zeros(n, dtype=np.int64)
+        for i, parent in enumerate(parents.tolist()):
+            depths[i] = 0 if parent == ROOT else depths[parent] + 1
+        has_child = np.zeros(n, dtype=bool)
+        has_child[parents[parents >= 0]] = True
+        leaves = np.flatnonzero(~has_child)
+        lengths = depths[leaves] + 1
+        draft_nodes = np.full((len(leaves), int(lengths.max())), -1, dtype=np.int64)
+        for d, leaf in enumerate(leaves.tolist()):
+            node = leaf
+            for j in range(int(lengths[d]) - 1, -1, -1):
+                draft_nodes[d, j] = node
+                node = int(parents[node])
+        return cls(tokens, parents, draft_nodes, lengths)
+
+    @classmethod
     def _build_vectorised(cls, array: np.ndarray, lens: np.ndarray) -> "DraftTree":
         """Trie of a padded `(p, h)` array by comparing all pairs of drafts' prefixes at once.
 

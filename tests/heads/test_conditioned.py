@@ -14,6 +14,7 @@ torch.set_num_threads(1)
 
 from heads_helpers import HIDDEN, VOCAB, final_hidden, tiny_llama  # noqa: E402
 from latticekit.heads import BlockHeads, HeadsFormatError, HeadsMismatchError  # noqa: E402
+from latticekit.heads.medusa import load_medusa, write_medusa  # noqa: E402
 
 
 def randomize(heads: BlockHeads, seed: int = 1) -> None:
@@ -142,7 +143,7 @@ def test_medusa_formats_refuse_conditioned_heads(model, tmp_path):
     heads = BlockHeads.for_model(model, num_heads=3, layer="medusa", token_conditioned=True)
     for fmt in ("vllm", "medusa"):
         with pytest.raises(HeadsMismatchError, match="next token"):
-            heads.save_medusa(tmp_path / fmt, format=fmt)
+            write_medusa(tmp_path / fmt, heads, format=fmt)
 
 
 def test_the_next_token_is_learnt_where_the_hidden_state_cannot_say_it(model):

@@ -15,6 +15,7 @@ torch.set_num_threads(1)
 from safetensors.torch import save_file  # noqa: E402
 
 from latticekit.heads import BlockHeads, HeadsFormatError, HeadsMismatchError  # noqa: E402
+from latticekit.heads.medusa import load_medusa, write_medusa  # noqa: E402
 from heads_helpers import HIDDEN, VOCAB, final_hidden, tiny_llama  # noqa: E402
 
 K, L = 3, 2  # Medusa heads, layers per head
@@ -106,7 +107,7 @@ def test_fasterdecoding_checkpoint_matches_medusa_math(model, hidden, tmp_path, 
     layers, projections = random_weights(shared=True)
     write_fasterdecoding(tmp_path / "ck", layers, projections, pt=variant == "pt",
                          only_first_layer=variant == "shared-names-once")
-    heads = BlockHeads.from_medusa(tmp_path / "ck", model)
+    heads = load_medusa(tmp_path / "ck", model)
     assert heads.metadata["medusa_format"] == "medusa"
     check_against_reference(heads, model, hidden, layers, projections)
 
@@ -115,7 +116,7 @@ def test_fasterdecoding_checkpoint_matches_medusa_math(model, hidden, tmp_path, 
 def test_vllm_checkpoint_matches_medusa_math(model, hidden, tmp_path, bias):
     layers, projections = random_weights(seed=1, bias=bias)
     write_vllm(tmp_path / "ck", layers, projections, {"medusa_fc_bias": bias, "logit_scale": 0.5})
-    heads = BlockHeads.from_medusa(tmp_path / "ck" / "model.safetensors", model)  # the weights file works too
+    heads = load_medusa(tmp_path / "ck" / "model.safetensors", model)  # the weights file works too
     check_against_reference(heads, model, hidden, layers, projections, scale=0.5)
 
 
@@ -124,7 +125,7 @@ def test_vllm_truncated_vocabulary(model, hidden, tmp_path, rows):
     token_map = torch.tensor([3, 7, 8, 20, 41, 63])
     layers, projections = random_weights(seed=2, rows=VOCAB if rows == "full" else len(token_map))
     write_vllm(tmp_path / "ck", layers, projections, {"truncated_vocab_size": len(token_map)}, token_map)
-    heads = BlockHeads.from_medusa(tmp_path / "ck", model)
+    heads = load_medusa(tmp_path / "ck", model)
     used = projections if rows == "truncated" else [p[token_map] for p in projections]
     check_against_reference(heads, model, hidden, layers, used, token_map=token_map)
 
@@ -133,7 +134,7 @@ def test_vllm_original_lm_head_ties_to_the_model(model, hidden, tmp_path):
     layers, _ = random_weights(seed=3, bias=False)
     own = model.lm_head.weight.detach()
     write_vllm(tmp_path / "ck", layers, [own] * K, {"original_lm_head": True})
-    heads = BlockHeads.from_medusa(tmp_path / "ck", model)
+    heads = load_medusa(tmp_path / "ck", model)
     assert heads.projections is None  # the model's lm_head, shared rather than copied
     check_against_reference(heads, model, hidden, layers, [own] * K)
 
@@ -154,8 +155,8 @@ def medusa_heads(model, seed=0, projections=True, token_map=None):
 @pytest.mark.parametrize("projections", [True, False])
 def test_round_trip_vllm_identical_logits(model, hidden, tmp_path, projections):
     heads = medusa_heads(model, projections=projections)
-    heads.save_medusa(tmp_path / "out", format="vllm")
-    again = BlockHeads.from_medusa(tmp_path / "out", model)
+    write_medusa(tmp_path / "out", heads, format="vllm")
+    again = load_medusa(tmp_path / "out", model)
     assert (again.projections is None) == (not projections)
     with torch.no_grad():
         torch.testing.assert_close(again(hidden), heads(hidden), rtol=0, atol=0)
@@ -163,8 +164,8 @@ def test_round_trip_vllm_identical_logits(model, hidden, tmp_path, projections):
 
 def test_round_trip_vllm_truncated_vocabulary(model, hidden, tmp_path):
     heads = medusa_heads(model, token_map=torch.tensor([1, 2, 5, 60]))
-    heads.save_medusa(tmp_path / "out")
-    again = BlockHeads.from_medusa(tmp_path / "out", model)
+    write_medusa(tmp_path / "out", heads)
+    again = load_medusa(tmp_path / "out", model)
     with torch.no_grad():
         torch.testing.assert_close(again(hidden), heads(hidden), rtol=0, atol=0)
 
@@ -174,9 +175,9 @@ def test_round_trip_fasterdecoding_identical_logits(model, hidden, tmp_path):
     with torch.no_grad():  # this format shares one layer across a head's layers
         for block in heads.blocks:
             block[1].load_state_dict(block[0].state_dict())
-    heads.save_medusa(tmp_path / "out", format="medusa")
+    write_medusa(tmp_path / "out", heads, format="medusa")
     assert json.loads((tmp_path / "out" / "config.json").read_text())["medusa_num_heads"] == K
-    again = BlockHeads.from_medusa(tmp_path / "out", model)
+    again = load_medusa(tmp_path / "out", model)
     with torch.no_grad():
         torch.testing.assert_close(again(hidden), heads(hidden), rtol=0, atol=0)
 
@@ -192,11 +193,11 @@ def test_latticekit_file_round_trip_of_medusa_heads(model, hidden, tmp_path):
 
 def test_what_medusa_cannot_hold_is_a_typed_error(model, tmp_path):
     with pytest.raises(HeadsMismatchError, match="mlp"):
-        BlockHeads.for_model(model, num_heads=3).save_medusa(tmp_path / "a")
+        write_medusa(tmp_path / "a", BlockHeads.for_model(model, num_heads=3))
     with pytest.raises(HeadsMismatchError, match="differ"):
-        medusa_heads(model).save_medusa(tmp_path / "b", format="medusa")
+        write_medusa(tmp_path / "b", medusa_heads(model), format="medusa")
     with pytest.raises(ValueError):
-        medusa_heads(model).save_medusa(tmp_path / "c", format="onnx")
+        write_medusa(tmp_path / "c", medusa_heads(model), format="onnx")
 
 
 class NotATensor:
@@ -226,11 +227,11 @@ def test_bad_checkpoints_raise_format_error(model, tmp_path, damage):
     elif damage == "token-map-missing":
         write_vllm(folder, layers, projections, {"truncated_vocab_size": 10})
     with pytest.raises(HeadsFormatError):
-        BlockHeads.from_medusa(folder, model)
+        load_medusa(folder, model)
 
 
 def test_heads_for_another_model_raise_mismatch(tmp_path):
     layers, projections = random_weights(shared=True)
     write_fasterdecoding(tmp_path / "ck", layers, projections)
     with pytest.raises(HeadsMismatchError):
-        BlockHeads.from_medusa(tmp_path / "ck", tiny_llama(hidden=16))
+        load_medusa(tmp_path / "ck", tiny_llama(hidden=16))

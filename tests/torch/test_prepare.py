@@ -146,7 +146,7 @@ def test_heads_share_the_prepared_output_projection() -> None:
 
 
 def test_prepared_decoders_reproduce_the_prepared_greedy_decode() -> None:
-    from latticekit.bpd import DecoderConfig, decode, greedy_decode
+    from latticekit.decoding import DecoderConfig, decode, greedy_decode
 
     model = prepare_target(tiny_llama())
     heads = _Heads(model)

@@ -1,0 +1,206 @@
+"""What a decoding step costs on this device: the target call as a function of the draft tree.
+
+A cost-aware drafter needs, before it drafts, the seconds a target call takes to verify n tree
+nodes (n = 0: a plain one-token step). :func:`measure_step_costs` times real passes of the
+(prepared) target over a synthetic prefix: a plain step and verification passes of synthetic
+trees of increasing size, each several times in shuffled order, medians kept and made
+non-decreasing in the size; and the extra
+cost of a longer prefix (attention reads every cached key). :func:`step_costs` caches the result
+per model, device and thread count in a small JSON file, so the measurement (about 4 s for
+SmolLM2-135M on a 2-core CPU) runs once.
+
+The figures are the target's alone; a drafter measures its own lattice and search seconds as it
+runs (they are latticekit's code, the same on every call).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import random
+import statistics
+import time
+from collections.abc import Sequence
+
+from pathlib import Path
+from typing import Any, Optional
+
+from latticekit._files import atomic_write
+from latticekit.drafting.costs import COSTS_VERSION, StepCosts, monotone
+from latticekit.errors import DecoderConfigError
+
+__all__ = ["StepCosts", "measure_step_costs", "step_costs", "default_cache_dir", "monotone", "COSTS_VERSION"]
+
+DEFAULT_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def _synthetic_tree(n: int, depth: int, vocab: int, rng: random.Random) -> list[list[int]]:
+    """Drafts making a tree of exactly ``n`` nodes: chains of up to ``depth`` tokens hanging from
+    the root with distinct first tokens (random drafts, so verification accepts little)."""
+    drafts, left = [], n
+    firsts = rng.sample(range(vocab), min(vocab, n))
+    while left > 0:
+        length = min(depth, left)
+        drafts.append([firsts[len(drafts)]] + [rng.randrange(vocab) for _ in range(length - 1)])
+        left -= length
+    return drafts
+
+
+def _time_calls(model: Any, sizes: Sequence[int], prefix_tokens: int, repeats: int, depth: int,
+                seed: int) -> tuple[list[float], float]:
+    """Median seconds per size over ``repeats`` shuffled rounds (after one warm-up round), and
+    the mean cached length during the timed calls."""
+    import torch
+
+    from latticekit.torch import DraftTree, prefill, verify
+    from latticekit.torch.target import Target
+
+    target = Target(model)
+    rng = random.Random(seed)
+    vocab = target.vocab_size
+    ids = [rng.randrange(vocab) for _ in range(prefix_tokens + 1)]
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    lengths = []
+    with torch.no_grad():
+        cache = prefill(model, ids)
+        for round_ in range(repeats + 1):
+            order = list(sizes)
+            rng.shuffle(order)
+            for n in order:
+                drafts = _synthetic_tree(n, depth, vocab, rng) if n else None
+                tree = DraftTree.from_drafts(drafts) if drafts else None
+                sync()
+                t0 = time.perf_counter()
+                if tree is None:
+                    logits, _ = target.step(cache, ids[-1], len(ids) - 1)
+                    emitted = [int(logits.argmax())]
+                else:
+                    emitted = verify(model, cache, ids, tree).emitted_tokens.tolist()
+                sync()
+                if round_:
+                    times[n].append(time.perf_counter() - t0)
+                    lengths.append(len(ids))
+                ids += emitted
+    return [statistics.median(times[n]) for n in sizes], statistics.fmean(lengths)
+
+
+def measure_step_costs(model: Any, sizes: Sequence[int] = DEFAULT_SIZES, prefix_tokens: int = 128,
+                       repeats: int = 5, depth: int = 7, long_prefix: Optional[int] = 512,
+                       seed: int = 0) -> StepCosts:
+    """Times the target's calls (see the module docstring).
+
+    Args:
+        model: the target, prepared as it will decode (``latticekit.torch.prepare_target``).
+        sizes: tree sizes to time, increasing from 0.
+        prefix_tokens: cached tokens of the synthetic prefix.
+        repeats: timed rounds (after a warm-up round); the medians are kept, made
+            non-decreasing in the tree size (:func:`monotone`) and never below the plain step.
+        depth: the deepest chain of the synthetic trees (the heads' h - 1).
+        long_prefix: a second prefix length for the attention term (timing a plain step and the
+            largest tree); None skips it.
+        seed: seeds the synthetic tokens.
+
+    Raises:
+        DecoderConfigError: sizes not increasing from 0, or ``long_prefix <= prefix_tokens``.
+    """
+    sizes = [int(n) for n in sizes]
+    if not sizes or sizes[0] != 0 or any(b <= a for a, b in zip(sizes, sizes[1:])) or len(sizes) < 2:
+        raise DecoderConfigError(f"sizes must increase from 0, got {sizes}")
+    t0 = time.perf_counter()
+    seconds, cached = _time_calls(model, sizes, prefix_tokens, repeats, depth, seed)
+    row_token_s = 0.0
+    if long_prefix is not None:
+        if long_prefix <= prefix_tokens:
+            raise DecoderConfigError(f"long_prefix ({long_prefix}) must exceed prefix_tokens ({prefix_tokens})")
+        far = [0, sizes[-1]]
+        long_seconds, long_cached = _time_calls(model, far, long_prefix, repeats, depth, seed + 1)
+        slopes = [(long_seconds[i] - seconds[sizes.index(n)]) / ((n + 1) * (long_cached - cached))
+                  for i, n in enumerate(far)]
+        row_token_s = max(0.0, min(slopes))
+    seconds = [seconds[0]] + [max(seconds[0], t) for t in monotone(seconds[1:])]
+    return StepCosts(sizes, seconds, int(round(cached)), row_token_s, None,
+                     dict(describe(model), measured_s=round(time.perf_counter() - t0, 2),
+                          measured_at=time.strftime("%Y-%m-%d %H:%M:%S")))
+
+
+def describe(model: Any) -> dict[str, Any]:
+    """What the step costs depend on: the model's shape and dtype, its preparation, the device,
+    torch's version and threads, the machine."""
+    import torch
+
+    param = next(model.parameters())
+    config = getattr(model, "config", None)
+    shape = {}
+    if config is not None:
+        for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "vocab_size"):
+            if hasattr(config, key):
+                shape[key] = getattr(config, key)
+    prep = getattr(model, "latticekit_preparation", None)
+    device = param.device
+    return {
+        "model": type(model).__name__,
+        "shape": shape,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "dtype": str(param.dtype),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu: {_cpu_name()}",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "prepared": prep.describe() if prep is not None else "no",
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cpus"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus"
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/latticekit`` (``~/.cache/latticekit`` when unset)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "latticekit"
+
+
+def step_costs(model: Any, cache_dir: Optional[Any] = None, refresh: bool = False, **measure: Any) -> StepCosts:
+    """The model's :class:`StepCosts`, measured once and cached per model, device and threads.
+
+    Args:
+        model: the (prepared) target.
+        cache_dir: where the JSON files live (default :func:`default_cache_dir`); ``False``
+            measures without caching.
+        refresh: measure again even when a cached file exists.
+        measure: arguments of :func:`measure_step_costs` (part of the cache key).
+
+    Returns:
+        The costs; ``description["cache_file"]`` names the file they came from or went to.
+    """
+    key_data = {"version": COSTS_VERSION, **describe(model), **{k: measure[k] for k in sorted(measure)}}
+    key = hashlib.sha256(json.dumps(key_data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    if cache_dir is False:
+        return measure_step_costs(model, **measure)
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = folder / f"step-costs-{key}.json"
+    if path.exists() and not refresh:
+        try:
+            costs = StepCosts.from_json(json.loads(path.read_text()))
+            costs.description["cache_file"] = str(path)
+            return costs
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # a damaged or older file is measured again and replaced
+    costs = measure_step_costs(model, **measure)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_write(path) as f:
+            f.write((json.dumps(costs.to_json(), indent=1) + "\n").encode())
+        costs.description["cache_file"] = str(path)
+    except OSError as exc:  # a read-only home: the measurement still serves this process
+        costs.description["cache_file"] = f"not written: {exc}"
+    return costs

@@ -1,0 +1,301 @@
+"""Acceptance estimates: the probability that a draft-tree node is accepted, learnt online.
+
+A node v (a token at depth j of a candidate path) is accepted when its parent is and v's token
+is the target's next token there. :class:`AcceptanceModel` estimates that conditional
+probability with a logistic model of the node's features (:func:`node_features`):
+
+* the head's own log-probability of the token (the lattice arc's score), as a logit;
+* the n-gram model's conditional log-probability of the token after the decoded text and the
+  path before it, as a logit (0 without a model);
+* the cache model's conditional log-probability (the decoded text's own n-grams interpolated
+  with the n-gram model, :class:`~latticekit.drafting.cache_model.CacheModel`), as a logit (0 where
+  no cache model drafted: ``auto`` with heads alone);
+* the depth (one intercept per depth: heads further out know less).
+
+A feature a tree lacks (no heads: the heads-free drafter) is 0, so it adds nothing.
+
+A node's acceptance probability is the product of the conditionals along its path. The model
+starts from weights fitted offline for the heads at hand where latticekit ships them
+(:func:`shipped_acceptance`, fitted by ``benchmarks/tune_auto.py`` with :meth:`AcceptanceModel.fit`),
+else from a prior that takes the drafter at its word (``AcceptanceModel.prior``: P = q, q the
+head's or the cache model's probability), and takes one gradient step per labelled node as the
+decode goes: every candidate node, verified or not, is labelled as soon as the decoded text
+reaches its depth (:class:`PendingLabels`), so heads that do not know a domain are noticed
+within a few steps, even while nothing is verified.
+
+Plain numpy; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from latticekit._files import atomic_write
+from latticekit.errors import DecoderConfigError
+
+__all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "FEATURES", "node_features", "logit",
+           "shipped_acceptance"]
+
+_CLIP = 8.0  # logits are clipped to [-8, 8] (probabilities 3e-4 .. 0.9997)
+_SCALE = 4.0  # features enter the model divided by this, so one learning rate suits them all
+
+
+def logit(logprob: np.ndarray) -> np.ndarray:
+    """``log(q / (1 - q))`` of log-probabilities, clipped to [-8, 8]."""
+    lp = np.minimum(np.asarray(logprob, dtype=np.float64), -1e-12)
+    return np.clip(lp - np.log(-np.expm1(lp)), -_CLIP, _CLIP)
+
+
+@dataclass
+class CandidateTree:
+    """A trie of candidate draft tokens below a root, with each node's features.
+
+    Attributes:
+        tokens (`(n,)` int64): token per node.
+        parents (`(n,)` int64): parent node, -1 under the root; ``parents[i] < i``.
+        depths (`(n,)` int64): 1 for the root's children.
+        head_logprob (`(n,)` float64): the head's log-probability of the node's token.
+        ngram_logprob (`(n,)` float64): the n-gram model's conditional log-probability, or NaN
+            without a model.
+        cache_logprob (`(n,)` float64): the cache model's conditional log-probability, or NaN
+            (None: NaN everywhere).
+    """
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    depths: np.ndarray
+    head_logprob: np.ndarray
+    ngram_logprob: np.ndarray
+    cache_logprob: Optional[np.ndarray] = None
+
+    def __post_init__(self) -> None:
+        if self.cache_logprob is None:
+            self.cache_logprob = np.full(self.tokens.shape[0], np.nan)
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @classmethod
+    def from_paths(cls, paths: Sequence[Sequence[int]], head_logprobs: Sequence[Sequence[float]],
+                   ngram_logprobs: Optional[Sequence[Sequence[float]]] = None,
+                   cache_logprobs: Optional[Sequence[Sequence[float]]] = None) -> "CandidateTree":
+        """Merges candidate paths (token sequences after the root, best first) into a trie;
+        each path's per-token features come along (equal prefixes have equal features)."""
+        index: dict[tuple[int, int], int] = {}
+        tokens, parents, depths, head, ngram, cache = [], [], [], [], [], []
+        for p, path in enumerate(paths):
+            parent = -1
+            for j, token in enumerate(path):
+                key = (parent, int(token))
+                node = index.get(key)
+                if node is None:
+                    node = index[key] = len(tokens)
+                    tokens.append(int(token))
+                    parents.append(parent)
+                    depths.append(j + 1)
+                    head.append(float(head_logprobs[p][j]))
+                    ngram.append(float(ngram_logprobs[p][j]) if ngram_logprobs is not None else np.nan)
+                    cache.append(float(cache_logprobs[p][j]) if cache_logprobs is not None else np.nan)
+                parent = node
+        return cls(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
+                   np.asarray(depths, dtype=np.int64), np.asarray(head, dtype=np.float64),
+                   np.asarray(ngram, dtype=np.float64), np.asarray(cache, dtype=np.float64))
+
+    def path_probability(self, conditional: np.ndarray) -> np.ndarray:
+        """P(node accepted): the product of the conditionals from the root down to it."""
+        out = np.empty(self.size)
+        for i in range(self.size):
+            parent = self.parents[i]
+            out[i] = conditional[i] * (out[parent] if parent >= 0 else 1.0)
+        return out
+
+    def paths_to(self, nodes: Sequence[int]) -> list[tuple[int, ...]]:
+        """The token paths from the root to each of ``nodes``."""
+        out = []
+        for node in nodes:
+            path = []
+            while node >= 0:
+                path.append(int(self.tokens[node]))
+                node = int(self.parents[node])
+            out.append(tuple(reversed(path)))
+        return out
+
+
+#: The log-probability features after the depth one-hot, in this order.
+FEATURES = ("head", "ngram", "cache")
+
+
+def node_features(tree: CandidateTree, max_depth: int) -> np.ndarray:
+    """The logistic model's inputs, `(n, max_depth + 3)`: a one-hot depth (depths beyond
+    ``max_depth`` share the last), the head, n-gram and cache logits (0 where NaN), scaled."""
+    n = tree.size
+    x = np.zeros((n, max_depth + len(FEATURES)))
+    x[np.arange(n), np.minimum(tree.depths, max_depth) - 1] = 1.0
+    for j, values in enumerate((tree.head_logprob, tree.ngram_logprob, tree.cache_logprob)):
+        x[:, max_depth + j] = np.where(np.isnan(values), 0.0, logit(np.nan_to_num(values, nan=-1.0))) / _SCALE
+    return x
+
+
+class AcceptanceModel:
+    """P(node accepted | parent accepted) = sigmoid(w . features), updated online by SGD.
+
+    Args:
+        weights: `(max_depth + 3,)`: depth intercepts, the head, n-gram and cache logits'
+            weights (on features scaled by 1/4).
+        learning_rate: step size of the online updates (0 freezes the model).
+    """
+
+    def __init__(self, weights: np.ndarray, learning_rate: float = 0.15) -> None:
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.ndim != 1 or weights.shape[0] < 1 + len(FEATURES) or not np.all(np.isfinite(weights)):
+            raise DecoderConfigError(f"acceptance weights must be a finite vector of >= {1 + len(FEATURES)} "
+                                     f"values, got {weights!r}")
+        if not np.isfinite(learning_rate) or learning_rate < 0:
+            raise DecoderConfigError(f"learning_rate must be finite and >= 0, got {learning_rate!r}")
+        self.weights = weights.copy()
+        self.learning_rate = float(learning_rate)
+        self.updates = 0
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.weights.shape[0]) - len(FEATURES)
+
+    @classmethod
+    def prior(cls, max_depth: int = 7, learning_rate: float = 0.15, trust: str = "head") -> "AcceptanceModel":
+        """One source taken at its word (P = its probability), the others ignored, until the
+        decode's own outcomes say otherwise: ``trust`` is ``"head"`` (the heads), ``"cache"``
+        (the cache model: heads-free drafting) or ``"head+cache"`` (the mean of their logits)."""
+        names = trust.split("+")
+        if not names or any(name not in FEATURES for name in names):
+            raise DecoderConfigError(f"trust must name features of {FEATURES} joined by '+', got {trust!r}")
+        weights = np.zeros(max_depth + len(FEATURES))
+        for name in names:
+            weights[max_depth + FEATURES.index(name)] = _SCALE / len(names)
+        return cls(weights, learning_rate)
+
+    def conditional(self, features: np.ndarray) -> np.ndarray:
+        """P(accepted | parent accepted) per row of :func:`node_features`."""
+        return 1.0 / (1.0 + np.exp(-(features @ self.weights)))
+
+    def update(self, features: np.ndarray, labels: np.ndarray) -> None:
+        """One SGD step of the logistic loss per labelled node (in order)."""
+        rate = self.learning_rate
+        if rate == 0 or len(labels) == 0:
+            return
+        for x, y in zip(features, labels):
+            p = 1.0 / (1.0 + np.exp(-float(x @ self.weights)))
+            self.weights += rate * (float(y) - p) * x
+        self.updates += len(labels)
+
+    @classmethod
+    def fit(cls, features: np.ndarray, labels: np.ndarray, max_depth: int, l2: float = 1e-3,
+            iterations: int = 200) -> "AcceptanceModel":
+        """Weights fitted offline (Newton's method on the L2-regularised logistic loss), e.g. on
+        the nodes of replayed decodes of tuning prompts."""
+        x = np.asarray(features, dtype=np.float64)
+        y = np.asarray(labels, dtype=np.float64)
+        w = cls.prior(max_depth).weights
+        for _ in range(iterations):
+            p = 1.0 / (1.0 + np.exp(-(x @ w)))
+            grad = x.T @ (p - y) / len(y) + l2 * w
+            hess = (x * (p * (1 - p))[:, None]).T @ x / len(y) + l2 * np.eye(len(w))
+            step = np.linalg.solve(hess, grad)
+            w -= step
+            if np.abs(step).max() < 1e-8:
+                break
+        return cls(w)
+
+    def save(self, path: Any, description: Optional[dict[str, Any]] = None) -> None:
+        """Writes the weights as JSON (atomically)."""
+        data = {"format": "latticekit-acceptance", "version": 2, "weights": self.weights.tolist(),
+                "learning_rate": self.learning_rate, "description": description or {}}
+        with atomic_write(path) as f:
+            f.write((json.dumps(data, indent=1) + "\n").encode())
+
+    @classmethod
+    def load(cls, path: Any) -> "AcceptanceModel":
+        """Reads :meth:`save`'s file.
+
+        Raises:
+            DecoderConfigError: the file is missing, damaged or not an acceptance model.
+        """
+        try:
+            data = json.loads(Path(path).read_text())
+            if data.get("format") != "latticekit-acceptance" or data.get("version") not in (1, 2):
+                raise ValueError("not a latticekit acceptance model (format/version)")
+            weights = np.asarray(data["weights"], dtype=np.float64)
+            if data["version"] == 1:  # before the cache feature: it weighs nothing
+                weights = np.append(weights, 0.0)
+            return cls(weights, float(data["learning_rate"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DecoderConfigError(f"{path} is not a readable acceptance model: {exc}") from exc
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "data" / "acceptance"
+
+
+def shipped_acceptance(heads_fingerprint: str) -> Optional[AcceptanceModel]:
+    """The acceptance model fitted for the heads of this fingerprint
+    (:func:`latticekit.heads.heads_fingerprint`) that ships with latticekit
+    (``latticekit/data/acceptance/*.json``), or None.
+
+    ``benchmarks/tune_auto.py`` fits them on replayed decodes of tuning prompts.
+    """
+    fingerprint = heads_fingerprint
+    for path in sorted(SHIPPED.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("description", {}).get("heads_fingerprint") == fingerprint:
+            return AcceptanceModel.load(path)
+    return None
+
+
+class PendingLabels:
+    """Candidate trees waiting for the decoded text to reach their nodes.
+
+    A node at depth j below a root at position r is labelled once the text holds position
+    r + j and its ancestors match the text: 1 if its token is the token there, 0 if not.
+    Nodes below a mismatch carry no information about their own conditional and are dropped.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[int, CandidateTree, np.ndarray, np.ndarray]] = []
+
+    def add(self, root_index: int, tree: CandidateTree, features: np.ndarray) -> None:
+        if tree.size:
+            self._pending.append((root_index, tree, features, np.zeros(tree.size, dtype=bool)))
+
+    def resolve(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Labels every node the text ``ids`` (prompt included) now decides; returns their
+        features and labels, and forgets trees with nothing left to learn."""
+        feats, labels, keep = [], [], []
+        for root_index, tree, features, done in self._pending:
+            known = len(ids) - 1 - root_index  # text positions after the root
+            possible = np.zeros(tree.size, dtype=bool)  # ancestors on the text, or not known yet
+            matched = np.zeros(tree.size, dtype=bool)
+            for i in range(tree.size):
+                parent, depth = tree.parents[i], tree.depths[i]
+                possible[i] = parent < 0 or (possible[parent] and (tree.depths[parent] > known or matched[parent]))
+                if not possible[i] or depth > known:
+                    continue
+                matched[i] = tree.tokens[i] == ids[root_index + depth]
+                reachable = parent < 0 or matched[parent]
+                if reachable and not done[i]:
+                    done[i] = True
+                    feats.append(features[i])
+                    labels.append(float(matched[i]))
+            if (possible & ~done).any():
+                keep.append((root_index, tree, features, done))
+        self._pending = keep
+        if not labels:
+            return np.zeros((0, 0)), np.zeros(0)
+        return np.asarray(feats), np.asarray(labels)

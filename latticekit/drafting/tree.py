@@ -1,0 +1,112 @@
+"""What a drafter returns: a token trie below the root, to verify in one pass.
+
+Plain numpy. The torch adapter verifies it as it is
+(:meth:`latticekit.torch.DraftTree.from_trie`); no loop flattens it into paths and merges
+them again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from latticekit.errors import DraftError
+
+__all__ = ["Draft"]
+
+
+class Draft:
+    """A prefix-closed token trie below the root (the last decoded token).
+
+    Attributes:
+        tokens (`(n,)` int64): token per node.
+        parents (`(n,)` int64): parent per node, -1 under the root; ``parents[i] < i``, and no
+            two children of one parent hold the same token.
+
+    An empty draft (``n == 0``, :meth:`none`) asks for a plain one-token step.
+    """
+
+    __slots__ = ("tokens", "parents")
+
+    def __init__(self, tokens: Sequence[int] | np.ndarray, parents: Sequence[int] | np.ndarray) -> None:
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        parents = np.asarray(parents, dtype=np.int64).reshape(-1)
+        n = tokens.shape[0]
+        if parents.shape != (n,):
+            raise DraftError(f"a draft needs one parent per token, got {n} tokens and {parents.shape[0]} parents")
+        if n and (np.any(parents >= np.arange(n)) or np.any(parents < -1)):
+            raise DraftError("every draft node's parent must precede it (or be -1, the root)")
+        if n and tokens.min() < 0:
+            raise DraftError(f"a draft holds a negative token id {int(tokens.min())}")
+        if len(set(zip(parents.tolist(), tokens.tolist()))) != n:
+            raise DraftError("two draft nodes under one parent hold the same token")
+        self.tokens = tokens
+        self.parents = parents
+
+    @classmethod
+    def none(cls) -> "Draft":
+        """No draft: a plain one-token step."""
+        return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+    @classmethod
+    def from_paths(cls, paths: Iterable[Sequence[int]]) -> "Draft":
+        """The trie of token sequences continuing the root (shared prefixes merged, empty ones
+        ignored); nodes in order of first appearance, so the first path is nodes ``0 .. len - 1``."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        child: dict[tuple[int, int], int] = {}
+        for path in paths:
+            node = -1
+            for token in path:
+                key = (node, int(token))
+                found = child.get(key)
+                if found is None:
+                    found = child[key] = len(tokens)
+                    tokens.append(int(token))
+                    parents.append(node)
+                node = found
+        return cls(tokens, parents)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def __len__(self) -> int:
+        """The number of drafts: root-to-leaf paths."""
+        return int(self.leaves().shape[0])
+
+    def __bool__(self) -> bool:
+        return self.num_nodes > 0
+
+    def leaves(self) -> np.ndarray:
+        """The nodes without children, in node order."""
+        has_child = np.zeros(self.num_nodes, dtype=bool)
+        has_child[self.parents[self.parents >= 0]] = True
+        return np.flatnonzero(~has_child)
+
+    def paths(self) -> list[tuple[int, ...]]:
+        """The token sequence from the root to every leaf, leaves in node order."""
+        parents, tokens = self.parents.tolist(), self.tokens.tolist()
+        out = []
+        for leaf in self.leaves().tolist():
+            path = []
+            node = leaf
+            while node >= 0:
+                path.append(tokens[node])
+                node = parents[node]
+            out.append(tuple(reversed(path)))
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a draft with the same nodes, or to the list of its :meth:`paths`."""
+        if isinstance(other, Draft):
+            return np.array_equal(self.tokens, other.tokens) and np.array_equal(self.parents, other.parents)
+        if isinstance(other, (list, tuple)):
+            return self.paths() == [tuple(path) for path in other]
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  (mutable arrays)
+
+    def __repr__(self) -> str:
+        return f"Draft({self.paths()!r})"

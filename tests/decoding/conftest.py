@@ -1,0 +1,5 @@
+"""The decoder tests need torch and transformers; without them the directory is skipped."""
+
+from torch_skip import torch_or_skip
+
+torch_or_skip(globals(), "tests/decoding")

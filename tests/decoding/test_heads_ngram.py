@@ -1,0 +1,149 @@
+"""``heads+ngram``: lattice columns united with the n-gram continuations (scored by the heads like
+their own arcs), and decodes that equal greedy decoding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import latticekit as lk
+from decoding_helpers import ARPA, PeekingHeads, RandomHeads, hidden_states, tiny_llama
+from latticekit.decoding import DecoderConfig, decode, greedy_decode
+from latticekit.decoding.costs import StepCosts
+from latticekit.decoding.lattices import CandidateLattice, FullLattice, united
+from latticekit.heads import BlockHeads
+
+PROMPT = [3, 17, 42, 8, 25, 60, 11]
+COSTS = StepCosts([0, 1, 2, 4, 8, 16, 32, 64], [0.010] + [0.010 + 0.001 * n for n in (1, 2, 4, 8, 16, 32, 64)],
+                  100, draft_s=0.001)
+
+
+def test_united_adds_each_columns_missing_tokens_with_their_scores() -> None:
+    lattice = lk.SausageLattice(np.array([[9, 0], [4, 5], [7, 0]]), np.log([[1.0, 1.0], [0.6, 0.3], [0.5, 1.0]]),
+                                np.array([1, 2, 1]))
+    table = np.log(np.full((3, 12), 0.01))
+
+    def logprobs(row: int, tokens: np.ndarray) -> np.ndarray:
+        out = table[row, tokens].copy()
+        out[tokens == 11] = np.nan  # a token the heads cannot score is left out
+        return out
+
+    out = united(lattice, [[5, 6, 6, 11], [1, 7]], logprobs)
+    assert out.tokens[0, :out.widths[0]].tolist() == [9]
+    assert out.tokens[1, :out.widths[1]].tolist() == [4, 5, 6]
+    assert out.tokens[2, :out.widths[2]].tolist() == [7, 1]
+    np.testing.assert_allclose(out.scores[1, :3], np.log([0.6, 0.3, 0.01]), rtol=1e-6)
+    np.testing.assert_allclose(out.scores[2, :2], np.log([0.5, 0.01]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["full", "candidates"])
+def test_lattice_sources_score_united_tokens_as_their_own_arcs(kind: str) -> None:
+    model = tiny_llama()
+    heads = BlockHeads.for_model(model, num_heads=4)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in heads.blocks.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    ids = PROMPT + [30, 31]
+    hidden = hidden_states(model, ids)[-1]
+    if kind == "full":
+        source: Any = FullLattice(heads, 2, 64)
+        with torch.no_grad():
+            logprobs = torch.log_softmax(heads(hidden).float(), dim=-1).numpy()
+        scorable = set(range(64))
+    else:
+        static = np.arange(0, 64, 2)  # the even ids, and the text's
+        source = CandidateLattice(heads, static, 2)
+        scorable = set(static.tolist()) | set(ids)
+        with torch.no_grad():
+            candidates = np.array(sorted(scorable))
+            logits = heads(hidden).float()[:, candidates]
+            logprobs = np.full((4, 64), np.nan)
+            logprobs[:, candidates] = torch.log_softmax(logits, dim=-1).numpy()
+    columns = [[1, 3, 60], [5, 30], [7]]
+    with torch.no_grad():
+        lattice, _ = source(hidden, ids, columns)
+    for row in range(1, 4):
+        tokens = lattice.tokens[row, :lattice.widths[row]].tolist()
+        for token in columns[row - 1]:
+            assert (token in tokens) == (token in scorable)
+        for j, token in enumerate(tokens):
+            assert lattice.scores[row, j] == pytest.approx(logprobs[row, token], abs=1e-5)
+    with torch.no_grad():
+        again, _ = source(hidden, ids)  # the union holds for one lattice only
+    assert again.k == 2
+
+
+@pytest.fixture(scope="module")
+def setup() -> tuple[Any, list[int]]:
+    model = tiny_llama()
+    return model, PROMPT + greedy_decode(model, PROMPT, 70).tokens
+
+
+@pytest.mark.parametrize("spec", ["heads+ngram", "heads+ngram:k=4,p=8,alpha=0.5", "heads+ngram:alpha=0"])
+def test_heads_ngram_decodes_exactly_the_greedy_tokens(setup: Any, spec: str) -> None:
+    model, reference = setup
+    lm = lk.NGramLM.from_arpa(ARPA)
+    for heads in (PeekingHeads(model, reference, num_heads=5), RandomHeads(model, num_heads=5)):
+        out = decode(model, heads, PROMPT, DecoderConfig.parse(spec), max_new_tokens=60, lms=lm, costs=COSTS)
+        assert out.tokens == reference[len(PROMPT): len(PROMPT) + 60]
+
+
+def test_heads_ngram_drafts_what_the_heads_miss(setup: Any) -> None:
+    model, reference = setup
+    lm = lk.NGramLM.from_arpa(ARPA)
+    prompt = reference[: len(PROMPT) + 30]  # the continuation repeats what the text already holds
+    heads = RandomHeads(model, num_heads=5)  # heads that know nothing
+    runs = {spec: decode(model, heads, prompt, DecoderConfig.parse(spec), max_new_tokens=30, lms=lm, costs=COSTS)
+            for spec in ("auto", "heads+ngram")}
+    assert runs["heads+ngram"].tokens == runs["auto"].tokens == reference[len(prompt): len(prompt) + 30]
+    assert runs["heads+ngram"].block_efficiency > runs["auto"].block_efficiency
+    united_steps = [s for s in runs["heads+ngram"].steps if s.lattice_tokens is not None]
+    assert united_steps and max(s.lattice_tokens.shape[1] for s in united_steps) > 8  # columns grew past k
+
+
+def test_heads_ngram_without_heads_drafts_like_headsfree(setup: Any) -> None:
+    model, reference = setup
+    lm = lk.NGramLM.from_arpa(ARPA)
+    runs = [decode(model, None, PROMPT, DecoderConfig.parse(spec), max_new_tokens=50, lms=lm, costs=COSTS)
+            for spec in ("heads+ngram:p=32", "headsfree")]
+    assert runs[0].tokens == runs[1].tokens == reference[len(PROMPT): len(PROMPT) + 50]
+    assert [s.drafts for s in runs[0].steps] == [s.drafts for s in runs[1].steps]
+
+
+def _conditioned_heads(model: Any) -> BlockHeads:
+    heads = BlockHeads.for_model(model, num_heads=4, token_conditioned=True)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in heads.parameters():
+            if p.requires_grad:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    return heads
+
+
+@pytest.mark.parametrize("kind", ["full", "candidates"])
+def test_lattice_sources_give_conditioned_heads_the_emitted_token(kind: str) -> None:
+    """The lattice's first token (greedy's, or a sampled one) is what token-conditioned heads read."""
+    model = tiny_llama()
+    heads = _conditioned_heads(model)
+    hidden = hidden_states(model, PROMPT)[-1]
+    source: Any = FullLattice(heads, 64, 64) if kind == "full" else CandidateLattice(heads, np.arange(64), 64)
+    for emitted in (5, 33):  # neither need be head 1's arg-max
+        with torch.no_grad():
+            lattice, _ = source(hidden, PROMPT + [emitted])
+            want = torch.log_softmax(heads(hidden, next_token=emitted).float(), dim=-1).numpy()
+        assert lattice.tokens[0, 0] == emitted
+        for row in range(1, 4):
+            tokens = lattice.tokens[row, :lattice.widths[row]]
+            np.testing.assert_allclose(lattice.scores[row, :len(tokens)], want[row, tokens], atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["vanilla:k=4", "ngram:k=4,p=8", "heads+ngram", "auto"])
+def test_conditioned_heads_decode_exactly_the_greedy_tokens(setup: Any, spec: str) -> None:
+    model, reference = setup
+    out = decode(model, _conditioned_heads(model), PROMPT, DecoderConfig.parse(spec), max_new_tokens=50,
+                 lms=lk.NGramLM.from_arpa(ARPA), costs=COSTS)
+    assert out.tokens == reference[len(PROMPT): len(PROMPT) + 50]

@@ -1,0 +1,162 @@
+"""The package's shape: no import circle (imports inside functions included), a drafting core
+that imports neither torch nor a decoding loop, and no source file over 600 lines."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "latticekit"
+MAX_LINES = 600
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    found = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    found.update({module_name(p): p for p in PACKAGE.rglob("*.pyx")})  # the binding: a leaf (cimports only)
+    return found
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def imported(tree: ast.AST, known: set[str], here: str, is_package: bool) -> set[str]:
+    """Every module ``tree`` imports, at any depth (functions included), except under
+    ``if TYPE_CHECKING:`` (never run); names resolved to the module that defines them."""
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking_only(node):
+            for child in getattr(node, "orelse", []):
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = here if is_package else here.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    package = package.rpartition(".")[0]
+                base = f"{package}.{base}".rstrip(".")
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                out.add(full if full in known else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    graph = {}
+    for name, path in mods.items():
+        if path.suffix == ".pyx":
+            graph[name] = set()
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        targets = imported(tree, known, name, path.stem == "__init__")
+        graph[name] = {t for t in targets if t in known and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        v = todo.pop()
+        for w in graph.get(v, ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
+def test_the_graph_reader_sees_imports_inside_functions_and_skips_type_checking_blocks() -> None:
+    source = ("from typing import TYPE_CHECKING\nimport latticekit.a\nif TYPE_CHECKING:\n    import latticekit.b\n"
+              "def f():\n    from latticekit.c import thing\n    from . import d\n")
+    known = {"latticekit.a", "latticekit.b", "latticekit.c", "latticekit.pkg.d", "latticekit.pkg"}
+    got = imported(ast.parse(source), known, "latticekit.pkg.mod", False)
+    assert {"latticekit.a", "latticekit.c", "latticekit.pkg.d"} <= got and "latticekit.b" not in got
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circle() -> None:
+    assert cycles(import_graph()) == []
+
+
+@pytest.mark.parametrize("core", ["latticekit.drafting", "latticekit.decoding.steps", "latticekit.decoding.records"])
+def test_the_drafting_core_imports_neither_torch_nor_a_loop(core: str) -> None:
+    """No module of the core imports torch, even lazily, nor reaches the torch side of the
+    package (the shared core it uses, ``lattice`` and ``_files``, accepts torch tensors where
+    a caller hands them in); and importing it loads no torch."""
+    graph = import_graph()
+    mods = modules()
+    members = [m for m in graph if m == core or m.startswith(core + ".")]
+    for m in members:
+        tree = ast.parse(mods[m].read_text())
+        third_party = {name.partition(".")[0] for name in imported(tree, set(mods), m, mods[m].stem == "__init__")}
+        assert not third_party & {"torch", "transformers"}, m
+    reached = set(members).union(*(reachable(graph, m) for m in members))
+    assert not {m for m in reached if m.startswith(("latticekit.decoding.loop", "latticekit.eval", "latticekit.heads",
+                                                    "latticekit.torch", "latticekit.decoding.lattices"))}
+    code = f"import sys, {core}; print('torch' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "False", run.stdout + run.stderr
+
+
+def test_no_source_file_over_600_lines() -> None:
+    sources = [p for p in PACKAGE.rglob("*") if p.suffix in (".py", ".pyx", ".pxd")]
+    sources += [p for p in (ROOT / "csrc").rglob("*") if p.suffix in (".cc", ".h")]
+    long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
