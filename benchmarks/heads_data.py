@@ -57,17 +57,17 @@ import copy
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
 from heads_corpora import HELDOUT_MOD, SOURCES, is_heldout, list_files, read_text, split_hash
 from heads_prompts import instruction_prompts
+from latticekit._files import atomic_write
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "heads"
@@ -83,19 +83,14 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write through a temporary file in the same folder and rename it into place."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=1) + "\n"))
+    with atomic_write(path) as f:
+        f.write((json.dumps(obj, indent=1) + "\n").encode())
 
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    with open(path, "wb") as f:  # a file object: np.savez would append ".npz" to a path
+    """Writes the arrays atomically (a file object: np.savez would append ".npz" to a path)."""
+    with atomic_write(path) as f:
         np.savez(f, **arrays)
 
 
@@ -430,7 +425,7 @@ def main() -> None:
         arrays |= {"key": np.asarray(key), "wall_s": np.asarray(time.perf_counter() - t0),
                    "cpu_s": np.asarray(time.process_time() - c0)}
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda p: save_npz(p, arrays))
+        save_npz(path, arrays)
         account(shard.split, shard.domain, arrays)
         log(f"{shard.path}: {len(arrays['ids'])} tokens in {float(arrays['wall_s']):.0f} s "
             f"({len(arrays['ids']) / float(arrays['wall_s']):.0f} tokens/s); "

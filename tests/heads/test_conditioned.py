@@ -14,7 +14,7 @@ torch.set_num_threads(1)
 
 from heads_helpers import HIDDEN, VOCAB, final_hidden, tiny_llama  # noqa: E402
 from latticekit.heads import BlockHeads, HeadsFormatError, HeadsMismatchError  # noqa: E402
-from latticekit.heads.medusa import load_medusa, write_medusa  # noqa: E402
+from latticekit.heads.medusa import write_medusa  # noqa: E402
 
 
 def randomize(heads: BlockHeads, seed: int = 1) -> None:

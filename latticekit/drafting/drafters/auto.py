@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 

@@ -23,7 +23,6 @@ and :func:`latticekit.generate` without heads draft this way.
 
 from __future__ import annotations
 
-from typing import Any
 
 from latticekit.drafting.calibration import CandidateTree
 from latticekit.drafting.drafters.auto import AutoDrafter
