@@ -103,18 +103,26 @@ def measure_step_costs(model: Any, sizes: Sequence[int] = DEFAULT_SIZES, prefix_
             largest tree); None skips it.
         seed: seeds the synthetic tokens.
 
+    A model with a known context (:func:`model_context`) too short for the probe gets a smaller
+    one (:func:`fit_probe`); ``description["context"]`` then records the context fitted to.
+
     Raises:
-        DecoderConfigError: sizes not increasing from 0, or ``long_prefix <= prefix_tokens``.
+        DecoderConfigError: sizes not increasing from 0, ``long_prefix <= prefix_tokens``, or a
+            context too short for even the smallest probe.
     """
     sizes = [int(n) for n in sizes]
     if not sizes or sizes[0] != 0 or any(b <= a for a, b in zip(sizes, sizes[1:])) or len(sizes) < 2:
         raise DecoderConfigError(f"sizes must increase from 0, got {sizes}")
+    if long_prefix is not None and long_prefix <= prefix_tokens:
+        raise DecoderConfigError(f"long_prefix ({long_prefix}) must exceed prefix_tokens ({prefix_tokens})")
+    context = model_context(model)
+    fitted = fit_probe(context, sizes, prefix_tokens, long_prefix, repeats, depth)
+    fitted_to = {"context": context} if fitted != (sizes, prefix_tokens, long_prefix) else {}
+    sizes, prefix_tokens, long_prefix = fitted
     t0 = time.perf_counter()
     seconds, cached = _time_calls(model, sizes, prefix_tokens, repeats, depth, seed)
     row_token_s = 0.0
     if long_prefix is not None:
-        if long_prefix <= prefix_tokens:
-            raise DecoderConfigError(f"long_prefix ({long_prefix}) must exceed prefix_tokens ({prefix_tokens})")
         far = [0, sizes[-1]]
         long_seconds, long_cached = _time_calls(model, far, long_prefix, repeats, depth, seed + 1)
         slopes = [(long_seconds[i] - seconds[sizes.index(n)]) / ((n + 1) * (long_cached - cached))
@@ -123,7 +131,62 @@ def measure_step_costs(model: Any, sizes: Sequence[int] = DEFAULT_SIZES, prefix_
     seconds = [seconds[0]] + [max(seconds[0], t) for t in monotone(seconds[1:])]
     return StepCosts(sizes, seconds, int(round(cached)), row_token_s, None,
                      dict(describe(model), measured_s=round(time.perf_counter() - t0, 2),
-                          measured_at=time.strftime("%Y-%m-%d %H:%M:%S")))
+                          measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), **fitted_to))
+
+
+def model_context(model: Any) -> Optional[int]:
+    """The positions the model takes: ``max_position_embeddings`` (or GPT-2's ``n_positions``)
+    of the module itself or of its (text) config; None when it names none."""
+    config = getattr(model, "config", None)
+    owners = [model, config]
+    if config is not None and callable(getattr(config, "get_text_config", None)):
+        owners.append(config.get_text_config(decoder=True))
+    for owner in owners:
+        for key in ("max_position_embeddings", "n_positions"):
+            value = getattr(owner, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def fit_probe(context: Optional[int], sizes: Sequence[int], prefix_tokens: int, long_prefix: Optional[int],
+              repeats: int, depth: int) -> tuple[list[int], int, Optional[int]]:
+    """The probe's ``(sizes, prefix_tokens, long_prefix)`` cut to fit ``context`` positions.
+
+    Each timed call verifies a tree of ``n`` nodes (at most ``min(depth, n)`` deep) past the
+    sequence and appends what it accepts, at most ``min(depth, n) + 1`` tokens; a probe over
+    ``p`` cached tokens fits when ``p`` plus ``repeats + 1`` rounds of that growth is at most
+    ``context``. Unchanged when it fits (or the context is unknown); else the prefix is cut to
+    at most half the context and the largest sizes are dropped (two kept) until the trees fit,
+    then the prefix to what they leave; the long prefix is cut to what its two sizes leave and
+    dropped (no attention term) where it would no longer exceed the prefix.
+
+    Raises:
+        DecoderConfigError: even a 1-token prefix with the two smallest sizes does not fit.
+    """
+    sizes = list(sizes)
+    if context is None:
+        return sizes, prefix_tokens, long_prefix
+
+    def growth(ns: Sequence[int]) -> int:
+        return (repeats + 1) * sum(min(depth, n) + 1 for n in ns)
+
+    if prefix_tokens + growth(sizes) > context:
+        least = 1 + growth(sizes[:2])
+        if least > context:
+            raise DecoderConfigError(
+                f"the model's context of {context} positions is too short for the step-cost probe: even a "
+                f"1-token prefix and trees of {sizes[0]} and {sizes[1]} nodes over {repeats + 1} rounds need "
+                f"{least}; pass measured costs (latticekit.bpd.costs.StepCosts) instead")
+        prefix_tokens = min(prefix_tokens, context // 2)
+        while len(sizes) > 2 and prefix_tokens + growth(sizes) > context:
+            sizes.pop()
+        prefix_tokens = min(prefix_tokens, context - growth(sizes))
+    if long_prefix is not None:
+        long_prefix = min(long_prefix, context - growth([0, sizes[-1]]))
+        if long_prefix <= prefix_tokens:
+            long_prefix = None
+    return sizes, prefix_tokens, long_prefix
 
 
 def describe(model: Any) -> dict[str, Any]:

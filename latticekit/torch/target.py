@@ -28,6 +28,11 @@ MASKABLE_ATTENTION = ("eager", "sdpa", "latticekit_sdpa")
 
 #: HF causal LM classes -> whether their forward takes ``logits_to_keep`` (signature read once).
 KEEPS_LOGITS: dict[type, bool] = {}
+#: HF causal LM classes -> the keyword their forward takes the KV cache by (signature read once):
+#: ``cache`` from transformers 5.24, which deprecates ``past_key_values`` (a FutureWarning on
+#: every call, removal announced for 5.40); ``past_key_values`` before, where ``cache`` would
+#: silently fall into ``**kwargs`` and leave the cache unused.
+CACHE_KEYWORDS: dict[type, str] = {}
 #: HF models -> whether their logits are exactly ``output_embeddings(body's last hidden state)``
 #: (checked on the first tree pass; absent until then). Only then may rows be projected apart.
 HEAD_IS_LAST_STEP: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
@@ -66,6 +71,7 @@ class Target:
             self.vocab_size = int(model.config.vocab_size)
             body = model.base_model
             self.body = body if body is not model and keeps_logits(type(model)) else None
+            self.cache_keyword = cache_keyword(type(model))
         elif isinstance(model, torch.nn.Module) and isinstance(getattr(model, "vocab_size", None), int):
             self.vocab_size = int(model.vocab_size)
             self.body = None
@@ -125,7 +131,7 @@ class Target:
         captured: list[torch.Tensor] = []
         hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
         logits, hidden = self._hf_forward(
-            hook, captured, input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache
+            hook, captured, cache, input_ids=input_ids, position_ids=position_ids, attention_mask=mask
         )
         return logits[0], hidden[0]
 
@@ -149,13 +155,16 @@ class Target:
         captured: list[torch.Tensor] = []
         hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0][:, -1]))
         keep = {"logits_to_keep": 1} if keeps_logits(type(self.model)) else {}
-        logits, hidden = self._hf_forward(hook, captured, input_ids=input_ids, past_key_values=cache, **keep)
+        logits, hidden = self._hf_forward(hook, captured, cache, input_ids=input_ids, **keep)
         return logits[:, -1], hidden
 
-    def _hf_forward(self, hook: Any, captured: list[torch.Tensor], **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Calls the HF model on ``inputs`` (with its cache in use) with ``hook`` (which appends
-        the hidden states to ``captured``) registered; removes the hook and returns the logits and
-        the last captured hidden states, batch dimension kept."""
+    def _hf_forward(
+        self, hook: Any, captured: list[torch.Tensor], cache: Any, **inputs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Calls the HF model on ``inputs`` and ``cache`` (passed by :attr:`cache_keyword`, in use)
+        with ``hook`` (which appends the hidden states to ``captured``) registered; removes the
+        hook and returns the logits and the last captured hidden states, batch dimension kept."""
+        inputs[self.cache_keyword] = cache
         try:
             out = self.model(use_cache=True, **inputs)
         finally:
@@ -216,10 +225,10 @@ class Target:
         logits, hidden = self._hf_forward(
             hook,
             captured,
+            cache,
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=mask,
-            past_key_values=cache,
             logits_to_keep=keep,
         )
         return logits[0], hidden[0]
@@ -251,3 +260,13 @@ def keeps_logits(model_class: type) -> bool:
     return keeps
 
 
+
+
+def cache_keyword(model_class: type) -> str:
+    """The keyword an HF model class's forward takes its KV cache by: ``cache`` where its
+    signature names it (transformers >= 5.24), else ``past_key_values``."""
+    keyword = CACHE_KEYWORDS.get(model_class)
+    if keyword is None:
+        params = inspect.signature(model_class.forward).parameters
+        keyword = CACHE_KEYWORDS[model_class] = "cache" if "cache" in params else "past_key_values"
+    return keyword

@@ -23,6 +23,7 @@ from transformers import (
 )
 
 from latticekit.torch import KVCache
+from latticekit.torch.target import cache_keyword
 
 VOCAB = 64
 #: Spread of the random weights: wide enough that top-2 logit gaps are rarely below 1e-3.
@@ -145,8 +146,8 @@ class PlainDecoder:
             mask[:, self.length:] = torch.tril(torch.ones(n, n, dtype=torch.bool))
             logits, _ = self.model(ids, positions, mask[None, None], self.cache)
         else:
-            logits = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
-                                use_cache=True).logits
+            cache = {cache_keyword(type(self.model)): self.cache}
+            logits = self.model(input_ids=ids, position_ids=positions, use_cache=True, **cache).logits
         self.length += n
         return logits[0]
 

@@ -23,6 +23,7 @@ from transformers import DynamicCache, LlamaConfig
 
 import latticekit.torch.slab as slab_module
 from latticekit.torch import CacheError, DraftTree, KVCache, SlabCache, commit_accepted, new_cache, prefill
+from latticekit.torch.target import cache_keyword
 from latticekit.torch.verify import tree_pass_inputs
 from lk_torch_helpers import VOCAB, PlainDecoder, tiny_gpt2, tiny_llama
 
@@ -139,8 +140,9 @@ def test_new_cache_is_a_slab_cache_with_dynamic_cache_logits(arch: str) -> None:
     prefill(model, ids[:5], past_key_values=plain)
     for cache in (slab, plain):
         cache.crop(-1)  # back to 3 positions, then one more pass of 6 tokens
-    out_slab = model(input_ids=ids[None, 3:], past_key_values=slab, use_cache=True).logits
-    out_plain = model(input_ids=ids[None, 3:], past_key_values=plain, use_cache=True).logits
+    keyword = cache_keyword(type(model))
+    out_slab = model(input_ids=ids[None, 3:], use_cache=True, **{keyword: slab}).logits
+    out_plain = model(input_ids=ids[None, 3:], use_cache=True, **{keyword: plain}).logits
     torch.testing.assert_close(out_slab, out_plain, rtol=0, atol=1e-6)
     assert slab.get_seq_length() == plain.get_seq_length() == len(ids)
     for mine, ref in zip(slab.layers, plain.layers):
@@ -207,6 +209,7 @@ def test_hf_generate_with_a_slab_cache_equals_plain_generate(arch: str) -> None:
     model = tiny_llama() if arch == "llama" else tiny_gpt2()
     ids = torch.tensor([[3, 17, 42, 8, 25]])
     for kwargs in ({"max_new_tokens": 12}, {"max_new_tokens": 6, "num_beams": 3}):
-        mine = model.generate(ids, do_sample=False, past_key_values=SlabCache(model.config), pad_token_id=0, **kwargs)
+        slab = {cache_keyword(type(model)): SlabCache(model.config)}
+        mine = model.generate(ids, do_sample=False, pad_token_id=0, **slab, **kwargs)
         plain = model.generate(ids, do_sample=False, pad_token_id=0, **kwargs)
         assert mine.tolist() == plain.tolist()

@@ -1,0 +1,55 @@
+"""The step-cost probe fits the model's context: a 512-token prefix and 64-node trees would
+index a short model's position embeddings out of range, so the probe shrinks (long prefix,
+prefix, largest tree sizes) or, where even its smallest form cannot fit, says so."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import latticekit as lk
+from decoding_helpers import INIT_RANGE, VOCAB, RandomHeads
+from latticekit.decoding import DecoderConfigError, greedy_decode
+from latticekit.decoding.costs import DEFAULT_SIZES, measure_step_costs, step_costs
+
+PROMPT = [3, 17, 42, 8, 25, 60, 11]
+
+
+def short_gpt2(n_positions: int) -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=n_positions,
+                     initializer_range=INIT_RANGE, bos_token_id=0, eos_token_id=1, attn_implementation="sdpa")
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def test_generate_measures_a_probe_that_fits_a_64_position_model(tmp_path: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached costs: generate measures them
+    model = short_gpt2(64)
+    reference = greedy_decode(model, PROMPT, 20).tokens
+    out = lk.generate(model, PROMPT, heads=RandomHeads(model, num_heads=4), max_new_tokens=20, eos_token_id=[])
+    assert out.tokens == reference
+    costs = step_costs(model)  # what generate measured, read back from the cache
+    assert "step-costs-" in costs.description["cache_file"] and str(tmp_path) in costs.description["cache_file"]
+    assert costs.description["context"] == 64
+    assert costs.nodes[:2] == [0, 1] and set(costs.nodes) <= set(DEFAULT_SIZES) and costs.prefix_tokens < 64
+    assert costs.row_token_s >= 0
+
+
+def test_a_probe_that_fits_is_left_alone() -> None:
+    model = short_gpt2(256)
+    costs = measure_step_costs(model, sizes=(0, 1, 4), prefix_tokens=8, long_prefix=16, repeats=1)
+    assert costs.nodes == [0, 1, 4] and "context" not in costs.description
+    # 8 tokens + 2 rounds of trees growing the sequence by up to (1 + 2 + 5 + 8) need 40 > 36
+    small = measure_step_costs(short_gpt2(36), sizes=(0, 1, 4, 8), prefix_tokens=8, long_prefix=30, repeats=1)
+    assert small.nodes == [0, 1, 4] and small.prefix_tokens >= 8 and small.description["context"] == 36
+
+
+def test_a_context_too_short_for_any_probe_is_a_config_error(tmp_path: Any) -> None:
+    model = short_gpt2(16)  # a 1-token prefix and trees of 0 and 1 node over 6 rounds need 19
+    with pytest.raises(DecoderConfigError, match="context of 16 positions .* too short for the step-cost probe"):
+        step_costs(model, cache_dir=tmp_path)
+    with pytest.raises(DecoderConfigError, match="too short"):
+        lk.generate(model, PROMPT[:3], heads=RandomHeads(model, num_heads=4), max_new_tokens=3, eos_token_id=[])
