@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from heads_data import CACHE, RESULTS, load_domain, log, write_json
+from latticekit.heads.data import CACHE, RESULTS, load_domain, log, write_json
 
 ROOT = Path(__file__).resolve().parent
 SHIPPED = ROOT.parent / "latticekit" / "data" / "smollm2-katz4-400k.arpa.gz"

@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from heads_data import CACHE, RESULTS, load_domain, log, write_json
-from train_heads import DomainData, candidate_vocab, label_index, lr_at, restricted_loss
+from latticekit.heads.data import CACHE, RESULTS, load_domain, log, write_json
+from latticekit.heads.recipe import DomainData, candidate_vocab, label_index, lr_at, restricted_loss
 from latticekit.heads import DEFAULT_HEADS_PATH, BlockHeads
 
 VARIANTS = ("none", "prev", "tok", "proj")

@@ -28,12 +28,17 @@ ALLOWED = {
     "eval": {"decoding", "drafting", "torch", "heads"},
     "demo": {"decoding", "drafting", "eval", "torch", "heads"},
     "cli": {"demo", "eval", "lm"},
+    "recipe": {"heads", "eval", "torch"},  # the recipe that trains heads loads the model as eval does
 }
+# the modules of the heads' training recipe: above the heads and the harness
+RECIPE = {"latticekit.heads.data", "latticekit.heads.recipe", "latticekit.heads.prompts", "latticekit.heads.corpora"}
 # latticekit/__init__.py exports DecoderConfig and, loaded on first use, generate / decode
 TOP_LEVEL = {"drafting", "decoding"}
 
 
 def part(module: str) -> str:
+    if module in RECIPE:
+        return "recipe"
     head = module.split(".")[1] if "." in module else ""
     return "core" if head in CORE or head in ("", "__init__") else head
 

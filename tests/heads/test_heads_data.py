@@ -1,4 +1,4 @@
-"""The data half of the heads recipe (``benchmarks/heads_data.py``): which tokens of which files
+"""The data half of the heads recipe (:mod:`latticekit.heads.data`, run by ``benchmarks/heads_data.py``): which tokens of which files
 become training and held-out sequences (``--file-passes`` reads deeper windows of the same
 training files, never held-out ones), where each pass's shards are cached, and how the caching
 order shares a domain's budget between the passes."""
@@ -6,17 +6,15 @@ order shares a domain's budget between the passes."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import heads_data  # noqa: E402
-from heads_corpora import Source, is_heldout, split_hash  # noqa: E402
-from heads_data import Shard, corpus_sequences, in_turn, interleave  # noqa: E402
+from latticekit.heads import data as heads_data  # noqa: E402
+from latticekit.heads.corpora import Source, is_heldout, split_hash  # noqa: E402
+from latticekit.heads.data import Shard, corpus_sequences, in_turn, interleave  # noqa: E402
 
 EOS = 0
 M = 40  # --max-file-tokens

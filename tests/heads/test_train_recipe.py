@@ -1,4 +1,4 @@
-"""The head-training recipe's exact steps (``benchmarks/train_heads.py``): widening a heads file
+"""The head-training recipe's exact steps (:mod:`latticekit.heads.recipe`, run by ``benchmarks/train_heads.py``): widening a heads file
 (``--intermediate-size`` with a narrower ``--init``) keeps every head's logits, training a subset
 of heads (``--train-heads``) computes exactly those heads' states, and ``--domain-weights``
 batches hold the shares asked for."""
@@ -6,8 +6,6 @@ batches hold the shares asked for."""
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,11 +16,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 torch.set_num_threads(1)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from heads_helpers import HIDDEN, VOCAB, final_hidden, tiny_llama  # noqa: E402
 from latticekit.heads import BlockHeads  # noqa: E402
-from train_heads import DomainData, batch_shares, domain_weight, evaluate, trained_states, widen  # noqa: E402
+from latticekit.heads.recipe import DomainData, batch_shares, domain_weight, evaluate, trained_states, widen  # noqa: E402
 
 
 def randomize(heads: BlockHeads, seed: int) -> None:

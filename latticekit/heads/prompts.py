@@ -3,17 +3,16 @@
 The draft heads need the model's answers to the kind of request a user types into a chat
 model. No public benchmark's prompt set is used: every prompt is a fixed request template
 ("explain", "summarise", "rewrite", "what does X do", ...) around a piece of the offline
-corpora of ``heads_corpora.py``: a function or class of the standard library, a paragraph or
+corpora of :mod:`latticekit.heads.corpora`: a function or class of the standard library, a paragraph or
 a section title of the Python or PostgreSQL documentation.
 
-A prompt is held out iff the file it was made from is held out (``heads_corpora.is_heldout``),
+A prompt is held out iff the file it was made from is held out (``latticekit.heads.corpora.is_heldout``),
 so no held-out prompt quotes a training file of any domain. The builder is deterministic: the
 same installed files give the same prompts in the same order (ordered by a hash of their ids).
 
 Use from another script::
 
-    sys.path.insert(0, "benchmarks")
-    from heads_prompts import instruction_prompts
+    from latticekit.heads.prompts import instruction_prompts
 
     prompts = instruction_prompts("heldout")   # list of dicts; prompt["user"] is the request
     messages = [{"role": "user", "content": prompts[0]["user"]}]
@@ -30,7 +29,7 @@ import re
 from functools import lru_cache
 from typing import Any, Iterator, Optional
 
-from heads_corpora import SOURCES, Source, is_heldout, list_files, read_text, split_hash
+from latticekit.heads.corpora import SOURCES, Source, is_heldout, list_files, read_text, split_hash
 
 __all__ = ["instruction_prompts", "PROMPTS_PER_FILE", "MAX_QUOTE_CHARS"]
 
