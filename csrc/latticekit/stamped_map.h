@@ -1,7 +1,8 @@
 // StampedMap: the search's open-addressing hash map from a 32-bit key to a 32-bit value,
 // cleared in O(1) by bumping a stamp (a slot is live when its stamp is the map's). Linear
 // probing, load factor at most 1/2 (so a probe always ends at a free slot), Fibonacci
-// hashing; FindOrInsert never overwrites a present key.
+// hashing; FindOrInsert never overwrites a present key. Unit tests:
+// csrc/tests/test_stamped_map.cc.
 #ifndef LATTICEKIT_STAMPED_MAP_H_
 #define LATTICEKIT_STAMPED_MAP_H_
 
@@ -52,6 +53,14 @@ class StampedMap {
         return s.value;
       }
     }
+  }
+
+  // For tests: the number of slots; and a jump of the stamp to a higher one, as that many
+  // Clear()s would (every key absent), to reach the wrap-around without 2^32 clears.
+  size_t capacity_for_testing() const { return slots_.size(); }
+  void set_stamp_for_testing(uint32_t stamp) {  // stamp > the current one, or Find may lie
+    stamp_ = stamp;
+    used_ = 0;
   }
 
  private:
