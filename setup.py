@@ -14,6 +14,7 @@ CORE_SOURCES = [
     "csrc/latticekit/model_build.cc",
     "csrc/latticekit/model_format.cc",
     "csrc/latticekit/search.cc",
+    "csrc/latticekit/search_batch.cc",
     "csrc/latticekit/storage.cc",
     "csrc/latticekit/trie.cc",
 ]

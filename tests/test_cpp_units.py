@@ -1,5 +1,6 @@
-"""The C++ core's own unit tests (csrc/tests/test_core.cc), compiled with the system C++
-compiler from the core's sources as setup.py lists them, and run."""
+"""The C++ core's own unit tests (csrc/tests/*.cc, one program whose main is test_core.cc's),
+compiled with the system C++ compiler from the core's sources as setup.py lists them, and
+run."""
 
 import ast
 import shutil
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_SOURCE = ROOT / "csrc" / "tests" / "test_core.cc"
+TEST_DIR = ROOT / "csrc" / "tests"
 
 
 def core_sources():
@@ -22,6 +23,13 @@ def core_sources():
         ):
             return [ROOT / source for source in ast.literal_eval(node.value)]
     raise AssertionError("setup.py has no CORE_SOURCES list")
+
+
+def cpp_test_sources():
+    """The test program's sources: every .cc file in csrc/tests."""
+    sources = sorted(TEST_DIR.glob("*.cc"))
+    assert TEST_DIR / "test_core.cc" in sources, "csrc/tests/test_core.cc (the main) is missing"
+    return sources
 
 
 def cxx_compiler():
@@ -37,10 +45,10 @@ def cxx_compiler():
 def test_core_units(tmp_path):
     compiler = cxx_compiler()
     if compiler is None:
-        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH to build csrc/tests/test_core.cc")
+        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH to build csrc/tests")
     binary = tmp_path / "test_core"
     command = [compiler, "-std=c++17", "-O1", "-pthread", "-Wall", f"-I{ROOT / 'csrc'}",
-               str(TEST_SOURCE), *map(str, core_sources()), "-o", str(binary)]
+               *map(str, cpp_test_sources()), *map(str, core_sources()), "-o", str(binary)]
     build = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, f"{' '.join(command)}\n{build.stdout}{build.stderr}"
     scratch = tmp_path / "scratch"

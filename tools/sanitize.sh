@@ -27,11 +27,11 @@ cp -r latticekit "$OUT/pkg/"
 find "$OUT/pkg/latticekit" -name "_core*.so" -delete
 cp "$OUT"/lib/latticekit/_core*.so "$OUT/pkg/latticekit/"
 
-# The C++ unit tests (csrc/tests/test_core.cc, from the sources setup.py lists), instrumented
-# the same way; their reports go to the log searched below.
+# The C++ unit tests (csrc/tests/*.cc, with the sources setup.py lists), instrumented the same
+# way; their reports go to the log searched below.
 LOG="$OUT/pytest.log"
-SOURCES=$(python -c "import sys; sys.path.insert(0, 'tests'); from test_cpp_units import core_sources; print(' '.join(map(str, core_sources())))")
-g++ -std=c++17 -O1 -pthread $FLAGS -Icsrc csrc/tests/test_core.cc $SOURCES -o "$OUT/test_core" \
+SOURCES=$(python -c "import sys; sys.path.insert(0, 'tests'); from test_cpp_units import core_sources, cpp_test_sources; print(' '.join(map(str, cpp_test_sources() + core_sources())))")
+g++ -std=c++17 -O1 -pthread $FLAGS -Icsrc $SOURCES -o "$OUT/test_core" \
     >"$OUT/test_core.build.log" 2>&1 || { tail -30 "$OUT/test_core.build.log"; exit 1; }
 mkdir -p "$OUT/test_core.scratch"
 core_status=0

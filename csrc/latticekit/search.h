@@ -2,11 +2,13 @@
 //
 // A path picks one arc per position; its score is the sum of its arc (draft) scores plus
 // alpha times its natural-log n-gram probability given the decoding context. The search
-// (search.cc; docs/design.md) runs up to three passes over the columns: the best prefix per
-// model state, computed as flows through each column's back-off tree; for p > 1, the best
-// completion per state and a lower bound on the p-th best score; then the k-best dynamic
-// programme over (position, state) restricted to prefixes that can still make the top p.
-// Ties break by token sequence, then arc sequence, ascending.
+// (search.cc; its passes in search_graph.h and the *_pass.h headers; docs/design.md) runs up
+// to three passes over the columns: the best prefix per model state, computed as flows
+// through each column's back-off tree; for p > 1, the best completion per state and a lower
+// bound on the p-th best score; then the k-best dynamic programme over (position, state)
+// restricted to prefixes that can still make the top p. Ties break by token sequence, then
+// arc sequence, ascending. PBestOne and PBestBatch, with a searcher per thread, are in
+// search_batch.cc.
 #ifndef LATTICEKIT_SEARCH_H_
 #define LATTICEKIT_SEARCH_H_
 

@@ -1,8 +1,10 @@
 // Unit tests of the C++ core on a tiny golden ARPA model, without Python: parsing, scoring
 // with back-off against hand-computed values, the binary format's round trip, arc lookup,
-// the p-best search against brute-force enumeration, and the typed errors.
+// the p-best search against brute-force enumeration, and the typed errors. Its main also runs
+// the tests of the other files in csrc/tests (check.h names them).
 //
-// tests/test_cpp_units.py compiles this file with the core's sources and runs it:
+// tests/test_cpp_units.py compiles the files in csrc/tests with the core's sources and runs
+// them:
 //
 //     test_core SCRATCH_DIR
 //
@@ -27,54 +29,10 @@
 #include "latticekit/model.h"
 #include "latticekit/search.h"
 
+#include "check.h"
+
 namespace latticekit {
 namespace {
-
-int failures = 0;
-int checks = 0;
-
-#define CHECK(cond)                                                               \
-  do {                                                                            \
-    ++checks;                                                                     \
-    if (!(cond)) {                                                                \
-      ++failures;                                                                 \
-      std::printf("%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);        \
-    }                                                                             \
-  } while (0)
-
-#define CHECK_NEAR(a, b, tol)                                                     \
-  do {                                                                            \
-    ++checks;                                                                     \
-    const double a_ = (a), b_ = (b);                                              \
-    if (!(std::fabs(a_ - b_) <= (tol))) {                                         \
-      ++failures;                                                                 \
-      std::printf("%s:%d: CHECK_NEAR failed: %s = %.9g, %s = %.9g\n", __FILE__,   \
-                  __LINE__, #a, a_, #b, b_);                                      \
-    }                                                                             \
-  } while (0)
-
-// Runs statement and checks that it throws Error; on_error(e) may check more.
-#define CHECK_THROWS(Error, statement, on_error)                                  \
-  do {                                                                            \
-    ++checks;                                                                     \
-    bool thrown_ = false;                                                         \
-    try {                                                                         \
-      statement;                                                                  \
-    } catch (const Error &e) {                                                    \
-      thrown_ = true;                                                             \
-      on_error(e);                                                                \
-    } catch (const std::exception &e) {                                           \
-      thrown_ = true;                                                             \
-      ++failures;                                                                 \
-      std::printf("%s:%d: %s threw another exception: %s\n", __FILE__, __LINE__,  \
-                  #statement, e.what());                                          \
-    }                                                                             \
-    if (!thrown_) {                                                               \
-      ++failures;                                                                 \
-      std::printf("%s:%d: %s did not throw %s\n", __FILE__, __LINE__, #statement, \
-                  #Error);                                                        \
-    }                                                                             \
-  } while (0)
 
 // Token ids: vocab[t] is the spelling of token t.
 enum Token : int32_t { kUnk = 0, kBos = 1, kEos = 2, kA = 3, kB = 4, kC = 5 };
@@ -598,10 +556,11 @@ int main(int argc, char **argv) {
     TestSearchTies(*model);
     TestCountNotAbove();
     TestArcSetLookup();
+    testing::TestStampedMap();
   } catch (const std::exception &e) {
     std::printf("unexpected exception: %s\n", e.what());
     return 1;
   }
-  std::printf("%d checks, %d failed\n", checks, failures);
-  return failures == 0 ? 0 : 1;
+  std::printf("%d checks, %d failed\n", testing::checks, testing::failures);
+  return testing::failures == 0 ? 0 : 1;
 }
