@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import resource
-import sys
 import tarfile
 import time
 
@@ -41,7 +40,9 @@ def _peak_rss_mb() -> float:
 
 
 def _machine() -> str:
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {sys.version.split()[0]}"
+    from latticekit._machine import cpu_name
+
+    return f"{cpu_name()}, Python {platform.python_version()}"
 
 
 def load_smollm2_tokenizer():

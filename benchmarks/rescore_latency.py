@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
-import platform
 import resource
 import statistics
 import sys
@@ -44,16 +42,9 @@ GOLDEN = ROOT.parent / "shared" / "golden" / "stdlib-tokenids"
 
 
 def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": sys.version.split()[0],
-            "platform": platform.platform()}
+    from latticekit._machine import machine as describe
+
+    return describe()
 
 
 def read_stream(path) -> np.ndarray:

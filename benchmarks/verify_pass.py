@@ -46,7 +46,6 @@ import argparse
 import glob
 import json
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -212,13 +211,9 @@ def timed(fn: Callable[..., Any], repeats: int, warmup: int, setup: Optional[Cal
 
 
 def machine(device: str) -> dict[str, Any]:
-    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "python": platform.python_version(), "torch": torch.__version__, "device": device}
-    try:
-        info["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        pass
+    from latticekit._machine import machine as describe
+
+    info = {**describe(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "device": device}
     if device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name(device)
     return info

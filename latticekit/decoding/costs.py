@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import random
 import statistics
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from latticekit._files import atomic_write
+from latticekit._machine import cpu_name
 from latticekit.drafting.costs import COSTS_VERSION, StepCosts, monotone
 from latticekit.errors import DecoderConfigError
 
@@ -209,21 +209,11 @@ def describe(model: Any) -> dict[str, Any]:
         "shape": shape,
         "parameters": sum(p.numel() for p in model.parameters()),
         "dtype": str(param.dtype),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu: {_cpu_name()}",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu: {cpu_name()}",
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "prepared": prep.describe() if prep is not None else "no",
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cpus"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus"
 
 
 def default_cache_dir() -> Path:

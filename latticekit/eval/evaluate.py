@@ -28,7 +28,8 @@ from latticekit.eval.prompts import (Prompt, prompts_from_files, prompts_from_ma
                                    split_by_file)
 from latticekit.decoding.records import Decoding
 from latticekit.drafting.config import DecoderConfig
-from latticekit.eval.report import _fmt, agreement, machine, summarize, write_report
+from latticekit._machine import machine
+from latticekit.eval.report import _fmt, agreement, summarize, write_report
 from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
 

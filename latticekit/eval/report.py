@@ -16,8 +16,6 @@ Per domain:
 from __future__ import annotations
 
 import json
-import os
-import platform
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -28,7 +26,7 @@ from latticekit.eval import analysis
 from latticekit.eval.loading import Tokenizer
 from latticekit.decoding.records import Decoding
 
-__all__ = ["summarize", "agreement", "write_report", "machine"]
+__all__ = ["summarize", "agreement", "write_report"]
 
 
 def _exact(runs: list[Decoding], greedy: list[Decoding]) -> Optional[bool]:
@@ -328,8 +326,3 @@ def write_report(results: Mapping[str, Mapping[str, list[Decoding]]], out_dir: A
                 for domain, per in results.items()}
         (out / "records.json").write_text(json.dumps(dump) + "\n")
     return summary
-
-
-def machine() -> str:
-    """The machine a run took its figures on, for a report's metadata."""
-    return f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus, {platform.python_version()}"
