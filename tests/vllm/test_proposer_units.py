@@ -1,0 +1,159 @@
+"""latticekit's vLLM proposer without an engine: the batch's chain lengths against brute force,
+the step-cost fit, per-request chains, the configuration's errors, and a batch of rows driven
+through ``propose`` as vLLM's runner calls it (its buffers: numpy rows of prompt and output)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from latticekit.drafting.calibration import AcceptanceModel
+from latticekit.drafting.chains import BatchCosts, ChainDrafter, allocate
+from latticekit.errors import ProposerConfigError
+from latticekit.vllm import ENV, NGramProposer, ProposerConfig, speculative_config
+
+ARPA = Path(__file__).resolve().parents[1] / "data" / "words-small-katz2.arpa.gz"
+
+
+def objective(probabilities: list[np.ndarray], lengths: list[int], a: float, b: float, overhead: float) -> float:
+    expected = len(probabilities) + sum(float(p[:n].sum()) for p, n in zip(probabilities, lengths))
+    return expected / (a + overhead + b * (len(probabilities) + sum(lengths)))
+
+
+chains = st.lists(st.lists(st.floats(0.0, 1.0), max_size=4).map(lambda xs: np.sort(np.array(xs))[::-1]),
+                  min_size=1, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(chains, st.floats(0.01, 1.0), st.floats(0.001, 0.5), st.floats(0.0, 0.2))
+def test_allocate_maximises_tokens_per_second_like_brute_force(probabilities: list[np.ndarray], a: float, b: float,
+                                                               overhead: float) -> None:
+    got = allocate(probabilities, a, b, overhead)
+    assert all(0 <= n <= len(p) for n, p in zip(got, probabilities))
+    best = max(objective(probabilities, list(lengths), a, b, overhead)
+               for lengths in itertools.product(*(range(len(p) + 1) for p in probabilities)))
+    assert objective(probabilities, got, a, b, overhead) == pytest.approx(best, rel=1e-9, abs=1e-12)
+
+
+def test_drafts_shrink_as_the_batch_grows() -> None:
+    chain = np.array([0.9, 0.8, 0.6, 0.4, 0.2])
+    a, b = 0.1, 0.015  # vLLM CPU, SmolLM2: a step ~0.1 s, a query token ~15 ms
+    one = allocate([chain], a, b)[0]
+    many = allocate([chain] * 16, a, b)
+    assert one >= 3 and max(many) < one
+    assert allocate([np.array([0.3, 0.1])] * 16, a, b) == [0] * 16
+    assert allocate([chain], a, 0.0) == [5]  # drafts that cost nothing: all of them
+
+
+def test_batch_costs_recover_a_linear_step_and_skip_idle_gaps() -> None:
+    costs = BatchCosts()
+    assert costs.coefficients() == (0.0, 0.0)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 40))
+        costs.add(n, 0.05 + 0.004 * n + rng.normal(0, 0.0005))
+    costs.add(3, 30.0)  # the engine sat idle between requests: not a step's cost
+    a, b = costs.coefficients()
+    assert a == pytest.approx(0.05, rel=0.05) and b == pytest.approx(0.004, rel=0.05)
+    flat = BatchCosts(prior_ratio=0.1)
+    for _ in range(20):
+        flat.add(1, 0.11)  # one size only: b from the prior ratio
+    assert flat.coefficients() == pytest.approx((0.1, 0.01))
+
+
+def test_chain_drafter_follows_the_repeated_text_and_learns() -> None:
+    acceptance = AcceptanceModel.prior(trust="cache")
+    drafter = ChainDrafter(None, 100, acceptance, candidates=16, max_depth=6)
+    text = [5, 6, 7, 8, 9] * 6 + [5, 6]
+    drafter.observe(np.array(text))
+    tokens, prob = drafter.propose(text, 4)
+    assert tokens.tolist() == [7, 8, 9, 5] and np.all(np.diff(prob) <= 0) and prob[0] > 0.5
+    before = acceptance.weights.copy()
+    drafter.observe(np.array(text + [7, 8, 9, 5, 6]))  # the candidates are labelled: the model learns
+    assert not np.array_equal(before, acceptance.weights)
+    assert drafter.propose(text, 0)[0].size == 0
+
+
+def test_config_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ProposerConfigError, match="unknown keys \\['beam'\\]"):
+        ProposerConfig.from_dict({"beam": 4})
+    with pytest.raises(ProposerConfigError, match="candidates must be an integer"):
+        ProposerConfig(candidates=0)
+    with pytest.raises(ProposerConfigError, match="does not exist"):
+        speculative_config(8, lm=str(tmp_path / "missing.arpa"))
+    with pytest.raises(ProposerConfigError, match="step_costs"):
+        ProposerConfig.from_dict({"step_costs": [0, 1]})
+    with pytest.raises(ProposerConfigError, match="not valid JSON"):
+        ProposerConfig.from_env({ENV: "{nope"})
+    with pytest.raises(ProposerConfigError, match="cannot be read"):
+        ProposerConfig.from_env({ENV: str(tmp_path / "none.json")})
+    (tmp_path / "c.json").write_text(json.dumps({"candidates": 8, "lm": str(ARPA)}))
+    assert ProposerConfig.from_env({ENV: str(tmp_path / "c.json")}) == ProposerConfig(candidates=8, lm=str(ARPA))
+    monkeypatch.delenv(ENV, raising=False)
+    spec = speculative_config(5, max_depth=4, step_costs=[0.1, 0.01])
+    assert spec == {"method": "custom_class", "model": "latticekit.vllm.NGramProposer", "num_speculative_tokens": 5}
+    import os
+
+    assert ProposerConfig.from_env() == ProposerConfig(max_depth=4, step_costs=(0.1, 0.01))
+    assert json.loads(os.environ[ENV]) == {"max_depth": 4, "step_costs": [0.1, 0.01]}
+
+
+def engine_config(k: int = 4, max_model_len: int = 64, vocab: int = 100) -> Any:
+    """The three fields of vLLM's VllmConfig the proposer reads."""
+    return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                           model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: vocab))
+
+
+class Batch:
+    """vLLM's per-row buffers: ``token_ids_cpu`` (max rows x max length) and lengths."""
+
+    def __init__(self, rows: int = 4, max_model_len: int = 64) -> None:
+        self.ids = np.zeros((rows, max_model_len), dtype=np.int32)
+        self.lengths = np.zeros(rows, dtype=np.int32)
+
+    def put(self, row: int, tokens: list[int]) -> None:
+        self.ids[row, :len(tokens)] = tokens
+        self.lengths[row] = len(tokens)
+
+
+def test_propose_drafts_each_row_within_bounds_and_follows_rows() -> None:
+    proposer = NGramProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.0)))
+    batch = Batch()
+    text = [5, 6, 7, 8, 9] * 5
+    batch.put(0, text)
+    batch.put(1, [1, 2, 3])
+    out = proposer.propose([[9], [3]], batch.lengths, batch.ids)
+    assert out[0] == [5, 6, 7, 8] and len(out) == 2  # K = 4 bounds the chain
+    assert proposer.propose([[9], []], batch.lengths, batch.ids)[1] == []  # nothing sampled: a prefill chunk
+    batch.put(0, [1, 2, 3, 1, 2])  # another request took row 0: its state starts afresh
+    assert proposer.propose([[2]], batch.lengths[:1], batch.ids[:1]) == [[3, 1, 2, 3]]
+    near_end = Batch(1, 64)
+    near_end.put(0, ([5, 6, 7, 8, 9] * 13)[:62])
+    assert len(proposer.propose([[6]], near_end.lengths, near_end.ids)[0]) <= 1  # max_model_len bounds it
+    assert proposer.stats()["errors"] == 0
+
+
+def test_an_exception_becomes_empty_drafts_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    proposer = NGramProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.0)))
+    batch = Batch()
+    batch.put(0, [5, 6, 7] * 5)
+    batch.put(1, [5, 6, 7] * 5)
+    bad = np.full((2, 20), np.nan, dtype=np.float32)  # a buffer of no token ids
+    with caplog.at_level("ERROR", logger="latticekit.vllm"):
+        assert proposer.propose([[7], [7]], np.array([15, 15]), bad) == [[], []]
+        assert proposer.propose([[7], [7]], np.array([15, 15]), bad) == [[], []]
+        assert proposer.propose([[7], [7]], batch.lengths, batch.ids)[0] == [5, 6, 7, 5]  # and it recovers
+    assert proposer.stats()["errors"] == 4 and len(caplog.records) == 1 and "row" in caplog.records[0].message
+
+
+def test_a_model_over_other_token_ids_is_refused_at_start() -> None:
+    with pytest.raises(ProposerConfigError, match="outside the model's vocabulary"):
+        NGramProposer(engine_config(vocab=5), ProposerConfig(lm="embedded"))  # SmolLM2's token ids

