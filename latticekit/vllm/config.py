@@ -48,7 +48,8 @@ class ProposerConfig:
             engine's own steps measure it.
         step_costs: ``(a, b)``: fixed step seconds ``a + b * query tokens`` instead of
             measuring them (tests, replays); None measures them as the engine runs.
-        stats: a JSON file the proposer rewrites about once a second with its counters
+        stats: a JSON file the proposer rewrites with its counters at most every half second while
+            it is called
             (steps, drafted and proposed tokens, drafting seconds, errors, fitted costs).
     """
 

@@ -151,7 +151,7 @@ class NGramProposer:
         self.counters["draft_seconds"] += spent
         self.counters["drafted_rows"] += sum(1 for chain in out if chain)
         self.counters["draft_tokens"] += sum(len(chain) for chain in out)
-        if self.config.stats is not None and end - self._stats_written > 1.0:
+        if self.config.stats is not None and end - self._stats_written > 0.5:
             self._write_stats(end)
         self._last_end = time.perf_counter()
         return out

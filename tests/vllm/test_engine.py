@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -56,8 +57,14 @@ def spec_metrics(llm: Any) -> dict[str, float]:
     return {m.name.split("spec_decode_")[-1]: getattr(m, "value", None) for m in llm.get_metrics() if "spec_decode" in m.name}
 
 
-def proposer_stats(path: Path) -> dict[str, Any]:
-    time.sleep(1.2)  # the proposer rewrites its counters about once a second, while it is called
+def proposer_stats(path: Path, llm: Any = None) -> dict[str, Any]:
+    """The proposer's counters: it rewrites them at most every half second while it is called,
+    so a short request after a pause brings them up to date."""
+    time.sleep(0.6)
+    if llm is not None:
+        llm.generate([{"prompt_token_ids": [1, 2, 3]}], vllm.SamplingParams(temperature=0, max_tokens=2),
+                     use_tqdm=False)
+    time.sleep(0.2)
     return json.loads(path.read_text())
 
 
@@ -142,13 +149,13 @@ def test_churn_and_hostile_requests_leave_the_engine_up_and_memory_flat(engines:
         drafted.generate(prompts, few, use_tqdm=False)
 
     wave(100)
-    first = proposer_stats(stats_path)
+    first = proposer_stats(stats_path, drafted)
     memory = rss_mb(first["pid"])
     wave(200)
     with pytest.raises(Exception):  # an empty prompt is vLLM's to refuse; the engine stays up
         drafted.generate([{"prompt_token_ids": []}], few, use_tqdm=False)
     wave(100)
-    stats = proposer_stats(stats_path)
+    stats = proposer_stats(stats_path, drafted)
     assert stats["errors"] == 0 and stats["requests_started"] >= first["requests_started"] + 300
     assert stats["states"] <= 16  # finished requests' states are freed
     assert rss_mb(stats["pid"]) - memory < 64  # the worker's memory stays flat across 300 more requests
@@ -167,3 +174,60 @@ def test_a_bad_configuration_stops_the_engine_at_start(folder: Path, monkeypatch
         engine(folder, speculative_config=spec)
     assert "initialization failed" in str(failure.value) or "candidates" in str(failure.value)
     assert time.perf_counter() - started < 300
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_vllm_serve_answers_the_openai_api_with_latticekits_proposer(engines: Any, folder: Path,
+                                                                     tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    openai = pytest.importorskip("openai")
+    base, _, _ = engines
+    port = free_port()
+    spec = {"method": "custom_class", "model": "latticekit.vllm.NGramProposer", "num_speculative_tokens": K}
+    env = dict(os.environ, **{ENV: json.dumps({"stats": str(tmp_path / "stats.json")})})
+    log = open(tmp_path / "serve.log", "wb")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "latticekit.vllm", "serve", str(folder), "--host", "127.0.0.1", "--port", str(port),
+         "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--served-model-name", "smollm2",
+         "--speculative-config", json.dumps(spec)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.time() + 300
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+                break
+            except OSError:
+                assert time.time() < deadline, "the server did not answer within 300 s"
+                time.sleep(1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        messages = [{"role": "user", "content": QUESTIONS[2]}]
+        whole = client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=40)
+        stream = client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=40,
+                                                stream=True)
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        text = whole.choices[0].message.content
+        assert text and streamed == text
+        offline = base.generate(chat(base, [QUESTIONS[2]]), vllm.SamplingParams(temperature=0, max_tokens=40),
+                                use_tqdm=False)[0].outputs[0].text
+        assert text == offline  # vLLM without speculation, offline, says the same
+        stats = proposer_stats(tmp_path / "stats.json")
+        assert stats["draft_tokens"] > 0 and stats["errors"] == 0
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
