@@ -41,22 +41,9 @@ def expand_batch_to_tokens(x: Any, cu_num_tokens: Any, num_tokens: int, replace_
     return torch.repeat_interleave(values, counts, output_size=num_tokens)
 
 
-def _expansion_is_wrong(expand: Any) -> bool:
-    import torch
-
-    x = torch.tensor([0.7, 1.5, 0.25], dtype=torch.float32)
-    cumulative = torch.tensor([2, 3, 6], dtype=torch.int32)
-    want = expand_batch_to_tokens(x, cumulative, 6)
-    try:
-        got = expand(x, cumulative, 6)
-    except Exception:
-        return True
-    return not torch.equal(got, want)
-
-
 def register() -> None:
-    """Applies the CPU fix where it is needed (see the module docstring); idempotent, and never
-    raises: a plugin must not stop vLLM from starting."""
+    """Applies the CPU fix (see the module docstring); idempotent, and never raises: a plugin
+    must not stop vLLM from starting."""
     global _applied
     if _applied:
         return
@@ -68,8 +55,7 @@ def register() -> None:
             return
         import vllm.v1.sample.rejection_sampler as sampler
 
-        if _expansion_is_wrong(sampler.expand_batch_to_tokens):
-            sampler.expand_batch_to_tokens = expand_batch_to_tokens
-            logger.info("latticekit: replaced vLLM's CPU expand_batch_to_tokens (float inputs were lost)")
+        sampler.expand_batch_to_tokens = expand_batch_to_tokens
+        logger.info("latticekit: vLLM's CPU expand_batch_to_tokens replaced (it loses float inputs)")
     except Exception as exc:  # an unknown vLLM: leave it as it is
         logger.warning("latticekit: vLLM plugin not applied: %s: %s", type(exc).__name__, exc)

