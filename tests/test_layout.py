@@ -16,7 +16,7 @@ PACKAGE = ROOT / "latticekit"
 MAX_LINES = 600
 
 CORE = {"ngram", "lattice", "search", "ngram_trie", "arpa_writer", "fst", "openfst_baseline", "errors",
-        "_files", "_arrays", "_version", "_core"}
+        "_files", "_arrays", "_machine", "_version", "_core"}
 # what each part may import of the package, besides the core and itself
 ALLOWED = {
     "core": set(),
@@ -28,7 +28,8 @@ ALLOWED = {
     "eval": {"decoding", "drafting", "torch", "heads"},
     "demo": {"decoding", "drafting", "eval", "torch", "heads"},
     "cli": {"demo", "eval", "lm"},
-    "recipe": {"heads", "eval", "torch"},  # the recipe that trains heads loads the model as eval does
+    "recipe": {"heads", "eval", "torch"},
+    "vllm": {"drafting", "demo"},  # demo: the shipped 4-gram ("embedded")  # the recipe that trains heads loads the model as eval does
 }
 # the modules of the heads' training recipe: above the heads and the harness
 RECIPE = {"latticekit.heads.data", "latticekit.heads.recipe", "latticekit.heads.prompts", "latticekit.heads.corpora"}

@@ -153,29 +153,28 @@ def test_churn_and_hostile_requests_leave_the_engine_up_and_memory_flat(engines:
     def wave(n: int) -> None:
         prompts: list[Any] = []
         for i in range(n):
-            kind = i % 4
-            if kind == 0:
-                tokens = rng.integers(0, vocab, size=int(rng.integers(1, 40))).tolist()
-            elif kind == 1:
-                tokens = [vocab - 1, 0, vocab - 1, 0] * 3  # ids at the vocabulary's edges
-            elif kind == 2:
-                tokens = [int(t) for t in rng.integers(0, vocab, size=1)]  # one token
-            else:
+            if i % 30 == 29:
                 tokens = ([7, 8, 9] * 600)[:1500]  # long and repetitive: drafts everywhere
+            elif i % 3 == 0:
+                tokens = rng.integers(0, vocab, size=int(rng.integers(1, 40))).tolist()
+            elif i % 3 == 1:
+                tokens = [vocab - 1, 0, vocab - 1, 0] * 3  # ids at the vocabulary's edges
+            else:
+                tokens = [int(t) for t in rng.integers(0, vocab, size=1)]  # one token
             prompts.append({"prompt_token_ids": tokens})
         drafted.generate(prompts, few, use_tqdm=False)
 
-    wave(100)
+    wave(60)
     first = proposer_stats(stats_path, drafted)
     memory = rss_mb(first["pid"])
-    wave(200)
+    wave(150)
     with pytest.raises(Exception):  # an empty prompt is vLLM's to refuse; the engine stays up
         drafted.generate([{"prompt_token_ids": []}], few, use_tqdm=False)
-    wave(100)
+    wave(60)
     stats = proposer_stats(stats_path, drafted)
-    assert stats["errors"] == 0 and stats["requests_started"] >= first["requests_started"] + 300
+    assert stats["errors"] == 0 and stats["requests_started"] >= first["requests_started"] + 210
     assert stats["states"] <= 16  # finished requests' states are freed
-    assert rss_mb(stats["pid"]) - memory < 64  # the worker's memory stays flat across 300 more requests
+    assert rss_mb(stats["pid"]) - memory < 64  # the worker's memory stays flat across 210 more requests
     prompts = chat(base, QUESTIONS[:2])
     params = vllm.SamplingParams(temperature=0, max_tokens=24)
     assert ids(drafted.generate(prompts, params, use_tqdm=False)) == ids(base.generate(prompts, params, use_tqdm=False))
