@@ -7,16 +7,10 @@ stack of residual layers followed by an output projection: by default one lattic
 ``h + W2 · silu(W1 · h)`` and the model's own, tied, frozen ``lm_head``. Medusa heads
 (``medusa`` layers ``x + silu(W x + b)``, each head with its own vocabulary projection) are the
 same class: :func:`latticekit.heads.medusa.load_medusa` reads them and
-:func:`~latticekit.heads.medusa.write_medusa` writes them (both file formats live there). The base model stays frozen.
+:func:`~latticekit.heads.medusa.write_medusa` writes them (both file formats live there). The
+base model stays frozen.
 
 This module needs torch; ``import latticekit`` does not import it.
-
-Typical use::
-
-    from latticekit.heads import BlockHeads, default_heads
-
-    heads = default_heads(model)            # shipped SmolLM2-135M-Instruct heads, h = 8
-    logits = heads(hidden)                  # hidden [..., d] -> logits [..., 8, V]
 """
 
 from __future__ import annotations
