@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import zlib
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -67,7 +67,7 @@ class NGramLM:
             FileAccessError: the file cannot be read (an ``OSError``).
         """
         path = checked_path(path)
-        data = read_bytes(path)
+        data: Union[bytes, bytearray] = read_bytes(path)
         if path.endswith(".gz") or data[:2] == b"\x1f\x8b":
             data = _inflate_arpa(data, path)
         buffer = np.frombuffer(data, dtype=np.uint8)
@@ -262,7 +262,7 @@ _BYTES_PER_FIELD = 1024
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _inflate_arpa(data: bytes, path: str) -> bytearray:
+def _inflate_arpa(data: Union[bytes, bytearray, memoryview], path: str) -> bytearray:
     """The decompressed text of a gzip-compressed ARPA file (members concatenated), never
     inflated beyond what its header announces.
 
