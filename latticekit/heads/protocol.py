@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["DraftHeads", "ProjectedHeads"]
+__all__ = ["DraftHeads", "CountedHeads", "ProjectedHeads"]
 
 
 @runtime_checkable
@@ -28,6 +28,13 @@ class DraftHeads(Protocol):
     def __call__(self, hidden: "Tensor", *args: Any, **kwargs: Any) -> "Tensor": ...
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class CountedHeads(DraftHeads, Protocol):
+    """Draft heads that state their number h (``num_heads``, the target's own head counted):
+    what the evaluation reads to know how far past a prompt its references and traces reach."""
+
+    num_heads: int
 
 
 class ProjectedHeads(DraftHeads, Protocol):
