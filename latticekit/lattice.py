@@ -27,6 +27,9 @@ class SausageLattice:
     """
 
     __slots__ = ("tokens", "scores", "widths")
+    tokens: np.ndarray
+    scores: np.ndarray
+    widths: np.ndarray
 
     def __init__(self, tokens: Any, scores: Any, widths: Any = None) -> None:
         """Validates and stores a lattice.

@@ -41,7 +41,7 @@ class NGramLM:
     def __init__(self, core: "_core.CoreModel") -> None:
         """Wraps a compiled core model; use the ``from_*`` constructors or :meth:`load`."""
         self._core = core
-        self._words: Optional[list] = None
+        self._words: Optional[list[str]] = None
 
     # -- construction ------------------------------------------------------------------
 
@@ -166,7 +166,7 @@ class NGramLM:
         return sum(self.counts)
 
     @property
-    def words(self) -> list:
+    def words(self) -> list[str]:
         """Spelling of each internal word id: ``<unk>``, ``<s>``, ``</s>``, then the rest."""
         if self._words is None:
             self._words = self._core.words()
@@ -312,7 +312,7 @@ def _table_error(message: str) -> ArpaFormatError:
     return ArpaFormatError(f"<tables>: {message}", "<tables>", 0)
 
 
-def _vocab_list(vocab: Optional[Sequence[str]]) -> Optional[list]:
+def _vocab_list(vocab: Optional[Sequence[str]]) -> Optional[list[str]]:
     if vocab is None:
         return None
     out = list(vocab)
