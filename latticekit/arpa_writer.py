@@ -16,7 +16,7 @@ import functools
 import gzip
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Callable, Iterator, Sequence, Tuple
+from typing import IO, Callable, Iterator, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -102,7 +102,8 @@ def write_arpa(path: str, words: Sequence[str], tables: Sequence[Table]) -> None
         if len(ids) and (ids.min() < 0 or ids.max() >= len(words)):
             raise ValueError(f"table of order {k} has word ids outside the word table")
     with atomic_write(path) as raw:
-        binary: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb") if str(path).endswith(".gz") else raw
+        # a GzipFile is a binary stream; typeshed does not derive it from IO[bytes]
+        binary = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="wb")) if str(path).endswith(".gz") else raw
         write_arpa_text(binary, words, tables)
         if binary is not raw:
             binary.close()

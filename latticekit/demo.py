@@ -191,7 +191,7 @@ def run_bpd_demo(max_new_tokens: int = 64, threads: Optional[int] = None, as_jso
     configs = [DecoderConfig.parse("greedy")] + [DecoderConfig.parse(spec) for spec in decoders]
     prompts = demo_prompts()
     runs: dict[str, list[Decoding]] = {}
-    examples = []
+    examples: list[dict[str, Any]] = []
     with torch.inference_mode():
         for round_ in range(rounds):
             for i, prompt in enumerate(prompts):
@@ -214,7 +214,7 @@ def run_bpd_demo(max_new_tokens: int = 64, threads: Optional[int] = None, as_jso
     for figures in summary.values():
         figures["speedup"] = figures["tokens_per_s"] / greedy_rate
     prep = getattr(target, "latticekit_preparation", None)
-    report = {
+    report: dict[str, Any] = {
         "model": description,
         "prepared": prep.describe() if prep is not None else "no",
         "heads": f"{draft_heads.num_heads} {'shipped' if heads == 'default' else heads} heads",
@@ -304,7 +304,7 @@ def run_demo(lattices: int = 200, h: int = 8, k: int = 8, p: int = 4, alpha: flo
     if not sentences:
         raise ValueError(f"no held-out line has {h + 2} words; use a smaller h")
     vanilla_acc, best_acc, oracle_acc, times = [], [], [], []
-    examples = []
+    examples: list[dict[str, Any]] = []
     for n in range(lattices):
         sent = [index.get(w, 0) for w in sentences[int(rng.integers(len(sentences)))]]
         sent = sent + [2]  # the line ends with </s>
@@ -328,7 +328,7 @@ def run_demo(lattices: int = 200, h: int = 8, k: int = 8, p: int = 4, alpha: flo
                            "draft_score": round(path.draft_score, 3), "lm_score": round(path.lm_score, 3)}
                           for path in paths],
             })
-    report = {
+    report: dict[str, Any] = {
         "model": f"{MODEL_FILE} ({lm!r})",
         "lattices": lattices, "h": h, "k": k, "p": p, "alpha": alpha,
         "mean_accepted_vanilla": statistics.fmean(vanilla_acc),

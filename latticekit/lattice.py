@@ -27,6 +27,9 @@ class SausageLattice:
     """
 
     __slots__ = ("tokens", "scores", "widths")
+    tokens: np.ndarray
+    scores: np.ndarray
+    widths: np.ndarray
 
     def __init__(self, tokens: Any, scores: Any, widths: Any = None) -> None:
         """Validates and stores a lattice.
@@ -83,9 +86,9 @@ class SausageLattice:
             if kind == 0:
                 raise VocabularyError(f"negative token id {int(tokens[where][j])} in the lattice")
             if kind == 1:
-                value = float(scores[where][j])
-                beyond = "" if math.isnan(value) else " (or beyond float32's range, ~3.4e38)"
-                raise LatticeError(f"lattice scores must be finite: {value}{beyond} at position "
+                score = float(scores[where][j])
+                beyond = "" if math.isnan(score) else " (or beyond float32's range, ~3.4e38)"
+                raise LatticeError(f"lattice scores must be finite: {score}{beyond} at position "
                                    f"{where}, arc {j}")
             # A token twice within one position would make two paths spell the same draft.
             raise LatticeError(f"position {where} lists a token twice; each arc of a position must differ")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import zlib
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -41,7 +41,7 @@ class NGramLM:
     def __init__(self, core: "_core.CoreModel") -> None:
         """Wraps a compiled core model; use the ``from_*`` constructors or :meth:`load`."""
         self._core = core
-        self._words: Optional[list] = None
+        self._words: Optional[list[str]] = None
 
     # -- construction ------------------------------------------------------------------
 
@@ -67,7 +67,7 @@ class NGramLM:
             FileAccessError: the file cannot be read (an ``OSError``).
         """
         path = checked_path(path)
-        data = read_bytes(path)
+        data: Union[bytes, bytearray] = read_bytes(path)
         if path.endswith(".gz") or data[:2] == b"\x1f\x8b":
             data = _inflate_arpa(data, path)
         buffer = np.frombuffer(data, dtype=np.uint8)
@@ -166,7 +166,7 @@ class NGramLM:
         return sum(self.counts)
 
     @property
-    def words(self) -> list:
+    def words(self) -> list[str]:
         """Spelling of each internal word id: ``<unk>``, ``<s>``, ``</s>``, then the rest."""
         if self._words is None:
             self._words = self._core.words()
@@ -262,7 +262,7 @@ _BYTES_PER_FIELD = 1024
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _inflate_arpa(data: bytes, path: str) -> bytearray:
+def _inflate_arpa(data: Union[bytes, bytearray, memoryview], path: str) -> bytearray:
     """The decompressed text of a gzip-compressed ARPA file (members concatenated), never
     inflated beyond what its header announces.
 
@@ -312,7 +312,7 @@ def _table_error(message: str) -> ArpaFormatError:
     return ArpaFormatError(f"<tables>: {message}", "<tables>", 0)
 
 
-def _vocab_list(vocab: Optional[Sequence[str]]) -> Optional[list]:
+def _vocab_list(vocab: Optional[Sequence[str]]) -> Optional[list[str]]:
     if vocab is None:
         return None
     out = list(vocab)

@@ -23,7 +23,7 @@ class Path(NamedTuple):
     ``lm_score == lm.score(tokens, context, bos)``.
     """
 
-    tokens: tuple
+    tokens: tuple[int, ...]
     score: float
     draft_score: float
     lm_score: float
@@ -45,7 +45,8 @@ class PBestResult:
             partial paths created, and model transitions computed.
     """
 
-    def __init__(self, tokens, scores, draft_scores, lm_scores, counts, pops, transitions) -> None:
+    def __init__(self, tokens: np.ndarray, scores: np.ndarray, draft_scores: np.ndarray, lm_scores: np.ndarray,
+                 counts: np.ndarray, pops: np.ndarray, transitions: np.ndarray) -> None:
         self.tokens = tokens
         self.scores = scores
         self.draft_scores = draft_scores
@@ -171,7 +172,8 @@ def pbest_batch(
     return _search(tokens, scores, widths, lm, p, alpha, contexts, bos, threads)
 
 
-def _search(tokens, scores, widths, lm, p, alpha, contexts, bos, threads) -> PBestResult:
+def _search(tokens: np.ndarray, scores: np.ndarray, widths: np.ndarray, lm: NGramLM, p: int, alpha: float,
+            contexts: Optional[Sequence[Any]], bos: bool, threads: int) -> PBestResult:
     """The validated arrays of a batch, (batch, h, k), through the core search."""
     batch = tokens.shape[0]
     if contexts is None:
@@ -204,7 +206,7 @@ def _context_tail(context: Any, keep: int) -> np.ndarray:
     return token_array(context[len(context) - min(len(context), keep):], "context")
 
 
-def _stack(lattices: Any):
+def _stack(lattices: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if isinstance(lattices, SausageLattice):
         if not lattices.is_batch:
             lattices = [lattices]

@@ -39,7 +39,8 @@ DEFAULT_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 def _synthetic_tree(n: int, depth: int, vocab: int, rng: random.Random) -> list[list[int]]:
     """Drafts making a tree of exactly ``n`` nodes: chains of up to ``depth`` tokens hanging from
     the root with distinct first tokens (random drafts, so verification accepts little)."""
-    drafts, left = [], n
+    drafts: list[list[int]] = []
+    left = n
     firsts = rng.sample(range(vocab), min(vocab, n))
     while left > 0:
         length = min(depth, left)

@@ -88,7 +88,7 @@ def generate(
     model: Any,
     input_ids: Any,
     *,
-    heads: Any = None,
+    heads: Optional[torch.nn.Module] = None,
     lm: Optional[NGramLM] = None,
     max_new_tokens: int,
     eos_token_id: Union[int, Sequence[int], None] = None,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
 import torch
@@ -33,10 +33,16 @@ from latticekit.errors import HeadsError, HeadsMismatchError
 from latticekit.lattice import SausageLattice
 from latticekit.torch.prepare import pack_rows
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeGuard
+
+    from latticekit.heads.protocol import DraftHeads, ProjectedHeads
+
 __all__ = ["FullLattice", "CandidateLattice", "lattice_source", "entropy_of_logprobs", "head_logits", "united"]
 
 
-def head_logits(heads: Any, hidden: torch.Tensor, vocab_size: int, next_token: Optional[int] = None) -> torch.Tensor:
+def head_logits(heads: DraftHeads, hidden: torch.Tensor, vocab_size: int,
+                next_token: Optional[int] = None) -> torch.Tensor:
     """``heads(hidden)``, checked: `(h >= 2, vocab)`. Heads that read the token at t + 1
     (``token_conditioned``, :class:`latticekit.heads.BlockHeads`) get ``next_token``.
 
@@ -104,7 +110,7 @@ class FullLattice:
         vocab_size: the target's vocabulary size.
     """
 
-    def __init__(self, heads: Any, k: int, vocab_size: int) -> None:
+    def __init__(self, heads: DraftHeads, k: int, vocab_size: int) -> None:
         self.heads, self.k, self.vocab_size = heads, k, vocab_size
 
     def __call__(self, hidden: torch.Tensor, ids: Sequence[int], columns: Sequence[Sequence[int]] = (),
@@ -129,7 +135,7 @@ _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[bytes, tuple[torch.Ten
 def _candidate_rows(projection: torch.nn.Module, static: np.ndarray) -> tuple[torch.Tensor, Any]:
     """The rows of ``projection.weight`` for the ids ``static``, and their oneDNN-packed copy
     (None off the CPU or for other dtypes)."""
-    weight = projection.weight
+    weight = cast(torch.Tensor, projection.weight)  # a 2-d tensor: CandidateLattice.supports checked it
     per_weight = _PACKED.setdefault(projection, {})
     key = static.tobytes()
     if key not in per_weight:
@@ -157,7 +163,7 @@ class CandidateLattice:
         k: arcs per position.
     """
 
-    def __init__(self, heads: Any, static: np.ndarray, k: int) -> None:
+    def __init__(self, heads: ProjectedHeads, static: np.ndarray, k: int) -> None:
         weight = heads.lm_head.weight.detach()
         self.heads, self.k = heads, k
         self.weight = weight
@@ -175,7 +181,7 @@ class CandidateLattice:
         self._seen = 0  # tokens of the decoded text already added
 
     @staticmethod
-    def supports(heads: Any) -> bool:
+    def supports(heads: DraftHeads) -> TypeGuard[ProjectedHeads]:
         """Whether ``heads`` expose ``head_states`` and project every draft head with the shared
         ``lm_head`` (no per-head projections, no logit scale)."""
         weight = getattr(getattr(heads, "lm_head", None), "weight", None)
@@ -218,13 +224,13 @@ class CandidateLattice:
         values, index = torch.topk(logits, k, dim=-1)
         normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
         scores = (values - normaliser).cpu().numpy()
-        index = index.cpu().numpy()
+        top = index.cpu().numpy()
         h = states.shape[0] + 1
         tokens = np.zeros((h, k), dtype=np.int32)
         out_scores = np.zeros((h, k), dtype=np.float32)
         widths = np.full(h, k, dtype=np.int32)
         tokens[0, 0], widths[0] = ids[-1], 1
-        tokens[1:] = self._candidate_ids[index]
+        tokens[1:] = self._candidate_ids[top]
         out_scores[1:] = scores
         if not np.isfinite(out_scores).all():
             raise HeadsError("the heads' logits are not finite (NaN or inf)")
@@ -247,7 +253,7 @@ class CandidateLattice:
         return score
 
 
-def lattice_source(heads: Any, k: int, vocab_size: int, vocabulary: Optional[np.ndarray] = None) -> Any:
+def lattice_source(heads: DraftHeads, k: int, vocab_size: int, vocabulary: Optional[np.ndarray] = None) -> Any:
     """Where a decode's lattices come from: ``source(hidden, ids, columns=()) -> (lattice,
     entropy)``. Over ``vocabulary`` (a drafter's :meth:`~latticekit.drafting.Drafter.lattice_vocabulary`)
     and the decoded text's tokens where the heads support it (:class:`CandidateLattice`), else

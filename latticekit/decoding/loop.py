@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import numpy as np
 import torch
@@ -37,6 +37,10 @@ from latticekit.errors import DecoderConfigError, HeadsError
 from latticekit.lattice import SausageLattice
 from latticekit.torch import DraftTree, prefill, target_probs, verify
 from latticekit.torch.target import Target
+
+if TYPE_CHECKING:
+    from latticekit.heads.protocol import DraftHeads
+    from latticekit.torch.verify import AcceptanceRule
 
 __all__ = ["decode", "greedy_decode", "ModelTarget"]
 
@@ -86,12 +90,12 @@ class ModelTarget:
     cache, the final hidden state of its last call (the heads read it), and its lattice source."""
 
     timed = True
-    lattice_s = None
+    lattice_s: Optional[float] = None
 
     def __init__(self, model: Any, config: DecoderConfig, source: Any, generator: Optional[torch.Generator]) -> None:
         self.model, self.config, self.source, self.generator = model, config, source, generator
         self.target = Target(model)
-        self.rule = "greedy" if config.temperature == 0 else "sampling"
+        self.rule: AcceptanceRule = "greedy" if config.temperature == 0 else "sampling"
         self.cache: Any = None
         self.hidden: Optional[torch.Tensor] = None
 
@@ -120,7 +124,7 @@ class ModelTarget:
 @torch.no_grad()
 def decode(
     model: Any,
-    heads: Any,
+    heads: Optional[DraftHeads],
     prompt_ids: Any,
     config: DecoderConfig,
     *,

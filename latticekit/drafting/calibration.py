@@ -32,7 +32,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -42,6 +42,8 @@ from latticekit.errors import DecoderConfigError
 __all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "FEATURES", "node_features", "logit",
            "shipped_acceptance"]
 
+#: One path's per-token values: a sequence of floats or a float array.
+_Floats = Union[Sequence[float], np.ndarray]
 _CLIP = 8.0  # logits are clipped to [-8, 8] (probabilities 3e-4 .. 0.9997)
 _SCALE = 4.0  # features enter the model divided by this, so one learning rate suits them all
 
@@ -49,7 +51,8 @@ _SCALE = 4.0  # features enter the model divided by this, so one learning rate s
 def logit(logprob: np.ndarray) -> np.ndarray:
     """``log(q / (1 - q))`` of log-probabilities, clipped to [-8, 8]."""
     lp = np.minimum(np.asarray(logprob, dtype=np.float64), -1e-12)
-    return np.clip(lp - np.log(-np.expm1(lp)), -_CLIP, _CLIP)
+    out: np.ndarray = np.clip(lp - np.log(-np.expm1(lp)), -_CLIP, _CLIP)
+    return out
 
 
 @dataclass
@@ -83,13 +86,18 @@ class CandidateTree:
         return int(self.tokens.shape[0])
 
     @classmethod
-    def from_paths(cls, paths: Sequence[Sequence[int]], head_logprobs: Sequence[Sequence[float]],
-                   ngram_logprobs: Optional[Sequence[Sequence[float]]] = None,
-                   cache_logprobs: Optional[Sequence[Sequence[float]]] = None) -> "CandidateTree":
+    def from_paths(cls, paths: Sequence[Sequence[int]], head_logprobs: Sequence[_Floats],
+                   ngram_logprobs: Optional[Sequence[_Floats]] = None,
+                   cache_logprobs: Optional[Sequence[_Floats]] = None) -> "CandidateTree":
         """Merges candidate paths (token sequences after the root, best first) into a trie;
         each path's per-token features come along (equal prefixes have equal features)."""
         index: dict[tuple[int, int], int] = {}
-        tokens, parents, depths, head, ngram, cache = [], [], [], [], [], []
+        tokens: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        head: list[float] = []
+        ngram: list[float] = []
+        cache: list[float] = []
         for p, path in enumerate(paths):
             parent = -1
             for j, token in enumerate(path):
@@ -138,6 +146,7 @@ def node_features(tree: CandidateTree, max_depth: int) -> np.ndarray:
     n = tree.size
     x = np.zeros((n, max_depth + len(FEATURES)))
     x[np.arange(n), np.minimum(tree.depths, max_depth) - 1] = 1.0
+    assert tree.cache_logprob is not None  # set by CandidateTree.__post_init__
     for j, values in enumerate((tree.head_logprob, tree.ngram_logprob, tree.cache_logprob)):
         x[:, max_depth + j] = np.where(np.isnan(values), 0.0, logit(np.nan_to_num(values, nan=-1.0))) / _SCALE
     return x
@@ -182,7 +191,8 @@ class AcceptanceModel:
 
     def conditional(self, features: np.ndarray) -> np.ndarray:
         """P(accepted | parent accepted) per row of :func:`node_features`."""
-        return 1.0 / (1.0 + np.exp(-(features @ self.weights)))
+        out: np.ndarray = 1.0 / (1.0 + np.exp(-(features @ self.weights)))
+        return out
 
     def update(self, features: np.ndarray, labels: np.ndarray) -> None:
         """One SGD step of the logistic loss per labelled node (in order)."""

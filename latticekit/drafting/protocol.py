@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, cast
 
 import numpy as np
 
@@ -155,7 +155,7 @@ class Drafter:
 
     def __init__(self, config: DecoderConfig) -> None:
         self.config = config
-        self.k = int(config.k)  # type: ignore[arg-type]  (set by DecoderConfig)
+        self.k = int(cast(int, config.k))  # set by DecoderConfig.__post_init__
         self.reads_lattice = self.needs_heads
 
     @classmethod

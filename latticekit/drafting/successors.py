@@ -236,7 +236,7 @@ class KatzState:
                 continue  # listed by a longer context: scored there
             yield int(token_of[word]), -neg * LN10
 
-    def _push(self, heap: list, level: int, pos: int, end: int) -> None:
+    def _push(self, heap: list[tuple[float, int, int, int, int]], level: int, pos: int, end: int) -> None:
         """The level's next proposable arc at or after ``pos`` onto the merge heap."""
         index = self.index
         n, _, offset = self.levels[level]

@@ -106,7 +106,7 @@ class Draft:
             return self.paths() == [tuple(path) for path in other]
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]  (mutable arrays)
+    __hash__ = None  # type: ignore[assignment]  # unhashable: mutable arrays
 
     def __repr__(self) -> str:
         return f"Draft({self.paths()!r})"

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from latticekit._machine import machine
 from latticekit.eval.report import _fmt, agreement, summarize, write_report
 from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
+
+if TYPE_CHECKING:
+    from latticekit.heads.protocol import CountedHeads
 
 __all__ = [
     "DEFAULT_DECODERS",
@@ -67,7 +70,7 @@ DEFAULT_DECODERS = (
 )
 
 
-def run_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM], prompts: Sequence[Prompt],
+def run_eval(model: Any, heads: CountedHeads, lms: Mapping[Optional[str], NGramLM], prompts: Sequence[Prompt],
              configs: Sequence[DecoderConfig], max_new_tokens: int, eos_token_id: Optional[int] = None,
              seed: int = 0, progress: Optional[Callable[[str], None]] = None,
              rescorer: Any = None) -> dict[str, dict[str, list[Decoding]]]:
@@ -128,7 +131,7 @@ def _by_domain(items: Sequence[Any], domains: Sequence[str]) -> dict[str, list[A
     return out
 
 
-def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM], prompts: Sequence[Prompt],
+def run_replay_eval(model: Any, heads: CountedHeads, lms: Mapping[Optional[str], NGramLM], prompts: Sequence[Prompt],
                     configs: Sequence[DecoderConfig], max_new_tokens: int, eos_token_id: Optional[int] = None, *,
                     rescorer: Any = None, tune: Sequence[DecoderConfig] = (), alphas: Sequence[float] = (),
                     tune_prompts: int = 0, seed: int = 0, trace_batch: int = 8, trace_cache: Optional[Any] = None,
@@ -150,7 +153,7 @@ def run_replay_eval(model: Any, heads: Any, lms: Mapping[Optional[str], NGramLM]
     from latticekit.drafting import drafter_class
 
     h = int(heads.num_heads)
-    k = max([c.k for c in list(configs) + list(tune)] or [1])
+    k = max([cast(int, c.k) for c in list(configs) + list(tune)] or [1])  # k: set by DecoderConfig
     if tune and not tune_prompts:
         raise DecoderConfigError("tuning alpha needs tuning prompts (--tune-prompts)")
     _check_tunable(tune)

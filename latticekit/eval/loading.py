@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
+
+if TYPE_CHECKING:
+    from latticekit.heads import BlockHeads
 
 __all__ = ["TINY_MODELS", "Tokenizer", "load_target", "load_heads", "load_lms"]
 
@@ -76,15 +79,18 @@ def load_target(name: str, device: str = "cpu") -> tuple[Any, Tokenizer, str]:
 
     if name in TINY_MODELS:
         torch.manual_seed(0)
+        # attn_implementation: a PreTrainedConfig keyword that the config classes' typed fields do
+        # not list (it is read from **kwargs)
         if name == "tiny-llama":
-            cfg: Any = transformers.LlamaConfig(
+            cfg: Any = transformers.LlamaConfig(  # type: ignore[call-arg]  # attn_implementation
                 vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                 initializer_range=0.2, attn_implementation="sdpa")
-            model = transformers.LlamaForCausalLM(cfg)
+            model: transformers.PreTrainedModel = transformers.LlamaForCausalLM(cfg)
         else:
-            cfg = transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=1024,
-                                          initializer_range=0.2, attn_implementation="sdpa")
+            cfg = transformers.GPT2Config(  # type: ignore[call-arg]  # attn_implementation
+                vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=1024,
+                initializer_range=0.2, attn_implementation="sdpa")
             model = transformers.GPT2LMHeadModel(cfg)
         return model.eval().to(device), Tokenizer(), f"{name} (random weights, byte vocabulary; smoke test only)"
     if name == "smollm2":
@@ -100,7 +106,7 @@ def load_target(name: str, device: str = "cpu") -> tuple[Any, Tokenizer, str]:
     return model.eval().to(device), Tokenizer(tokenizer), name
 
 
-def load_heads(spec: str, model: Any) -> Any:
+def load_heads(spec: str, model: Any) -> BlockHeads:
     """Draft heads from ``latticekit.heads``: ``default`` (the shipped SmolLM2 heads, v2), ``v1``
     (the first shipped heads, for comparison), ``untrained:H`` (fresh heads: every head starts as
     a copy of head 1; smoke tests) or the path of a file written by ``BlockHeads.save``."""

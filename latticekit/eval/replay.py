@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from latticekit.drafting.tree import Draft
 from latticekit.errors import DecoderConfigError
 from latticekit.eval.analysis import block_efficiency
 from latticekit.lattice import SausageLattice
+
+if TYPE_CHECKING:
+    from latticekit.heads.protocol import DraftHeads
 
 __all__ = [
     "TRACE_VERSION",
@@ -123,7 +126,7 @@ def _trace_key(description: str, prompt: Sequence[int], num_tokens: int, k: int)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def trace_prompts(model: Any, heads: Any, prompts: Sequence[Sequence[int]], num_tokens: int, k: int,
+def trace_prompts(model: Any, heads: DraftHeads, prompts: Sequence[Sequence[int]], num_tokens: int, k: int,
                   batch_size: int = 8, cache_dir: Optional[Any] = None, description: str = "",
                   progress: Optional[Callable[[str], None]] = None) -> list[Trace]:
     """Greedy-decodes ``num_tokens`` tokens after each prompt (batched, KV cache) and records
@@ -205,9 +208,9 @@ def trace_prompts(model: Any, heads: Any, prompts: Sequence[Sequence[int]], num_
             hidden_t = torch.stack(hidden, dim=1)  # (B, N, d)
             conts = torch.stack(tokens, dim=1).cpu()
             for b, n in enumerate(batch):
-                out[n] = _lattices(heads, hidden_t[b], list(prompts[n]), conts[b].tolist(), k)
+                out[n] = trace = _lattices(heads, hidden_t[b], list(prompts[n]), conts[b].tolist(), k)
                 if cache is not None:
-                    out[n].save(cache / f"{_trace_key(description, prompts[n], num_tokens, k)}.npz")
+                    trace.save(cache / f"{_trace_key(description, prompts[n], num_tokens, k)}.npz")
             done += len(batch)
             if progress:
                 progress(f"traced {done}/{total} prompts (greedy {t1 - t0:.1f} s, heads "
@@ -215,7 +218,7 @@ def trace_prompts(model: Any, heads: Any, prompts: Sequence[Sequence[int]], num_
     return [t for t in out if t is not None]
 
 
-def _lattices(heads: Any, hidden: Any, prompt: list[int], continuation: list[int], k: int,
+def _lattices(heads: DraftHeads, hidden: Any, prompt: list[int], continuation: list[int], k: int,
               chunk: int = 32) -> Trace:
     import torch
 
@@ -263,7 +266,7 @@ class TraceTarget:
     def __init__(self, trace: Trace, k: int) -> None:
         self.trace, self.k = trace, k
         self.prompt_length = len(trace.prompt)
-        self.lattice_s = trace.heads_s
+        self.lattice_s: Optional[float] = trace.heads_s
 
     def first(self, ids: list[int]) -> tuple[int, ...]:
         return (self.trace.continuation[0],)

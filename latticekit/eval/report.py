@@ -226,6 +226,7 @@ def _draw_lattice(results: Mapping[str, Mapping[str, list[Decoding]]], tokenizer
         return False
     step, label = best
     tokens, scores = step.lattice_tokens, step.lattice_scores
+    assert tokens is not None and scores is not None  # the evaluation's decodes record their lattices
     h, k = tokens.shape
     rows = min(k, 6)
     accepted = (step.root_token,) + tuple(step.emitted[: step.num_accepted])

@@ -29,7 +29,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union, cast
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,9 @@ from torch import Tensor, nn
 
 from latticekit._files import atomic_write, check_weights, read_tagged_safetensors
 from latticekit.errors import RescorerError, RescorerFormatError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 __all__ = [
     "NeuralRescorer",
@@ -89,7 +92,7 @@ class _Layer(nn.Module):
         """`(..., n, d)` -> q, k, v of shape `(..., heads, n, head_dim)`."""
         q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
         shape = x.shape[:-1] + (self.num_heads, -1)
-        return tuple(t.reshape(shape).transpose(-3, -2) for t in (q, k, v))  # type: ignore[return-value]
+        return tuple(t.reshape(shape).transpose(-3, -2) for t in (q, k, v))
 
     def finish(self, x: Tensor, attended: Tensor) -> Tensor:
         """Residual attention output then the feed-forward block; ``attended`` is `(..., heads, n, hd)`."""
@@ -122,11 +125,13 @@ class NeuralRescorer(nn.Module):
         self.config = dict(vocab_size=int(vocab_map.numel()), num_classes=num_classes, d_model=d_model,
                            num_layers=num_layers, num_heads=num_heads, d_ff=d_ff, max_len=max_len)
         self.metadata = dict(metadata or {})
+        self.vocab_map: Tensor
         self.register_buffer("vocab_map", vocab_map.clone())
         other = vocab_map == num_classes - 1
         # log of how many ids share the "other" class: its mass is spread evenly over them.
         penalty = torch.zeros(num_classes)
         penalty[-1] = math.log(max(1, int(other.sum())))
+        self.class_penalty: Tensor
         self.register_buffer("class_penalty", penalty)
         self.embed = nn.Embedding(num_classes, d_model)
         self.position = nn.Embedding(max_len, d_model)
@@ -183,7 +188,7 @@ class NeuralRescorer(nn.Module):
         layer's keys and values."""
         x = self.embed(self.classes(ids)) + self.position.weight[: ids.shape[-1]]
         keys, values = [], []
-        for layer in self.layers:
+        for layer in cast("Iterable[_Layer]", self.layers):
             q, k, v = layer.split(x)
             keys.append(k)
             values.append(v)
@@ -240,7 +245,7 @@ class NeuralRescorer(nn.Module):
         T = state.length
         hidden_prefix = torch.arange(T, device=ends.device)[None, :] > ends[:, None]  # (N, T): not visible
         future = torch.ones(m, m, dtype=torch.bool, device=ends.device).triu(1)
-        for layer, k_prefix, v_prefix in zip(self.layers, state.keys, state.values):
+        for layer, k_prefix, v_prefix in zip(cast("Iterable[_Layer]", self.layers), state.keys, state.values):
             q, k, v = layer.split(x)  # (N, heads, m, hd)
             scale = q.shape[-1] ** -0.5
             # Scores against the shared prefix as one matmul per head (the prefix's keys are never

@@ -94,7 +94,7 @@ def write_json(path: Path, obj: Any) -> None:
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Writes the arrays atomically (a file object: np.savez would append ".npz" to a path)."""
     with atomic_write(path) as f:
-        np.savez(f, **arrays)
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub fears a key named allow_pickle
 
 
 @dataclass
@@ -186,7 +186,8 @@ def plan(tokenizer: Any, args: argparse.Namespace) -> tuple[list[Shard], dict[st
         heldout += [Shard("heldout", domain, i, sequences=seqs[i * SHARD_SEQS:(i + 1) * SHARD_SEQS])
                     for i in range(math.ceil(len(seqs) / SHARD_SEQS))]
         log(f"{domain}/heldout: {len(used)} files, {len(seqs)} sequences x {args.seq_len} tokens")
-        passes, memo = [], {}
+        passes: list[list[Shard]] = []
+        memo: dict[tuple[str, str], list[int]] = {}
         for file_pass in range(args.file_passes):  # each pass may fill the whole budget; interleave() stops at it
             seqs, used = corpus_sequences(domain, "train", args.train_tokens, tokenizer, args, file_pass, memo)
             if file_pass == 0:

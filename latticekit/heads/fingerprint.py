@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from latticekit.heads.protocol import DraftHeads
 
 __all__ = ["heads_fingerprint", "lm_head_fingerprint"]
 
@@ -24,7 +27,7 @@ def lm_head_fingerprint(weight: Tensor) -> list[float]:
     return [float(v) for v in flat[index].float().cpu()]
 
 
-def heads_fingerprint(heads: Any) -> str:
+def heads_fingerprint(heads: DraftHeads) -> str:
     """A hash of the heads' parameters and buffers: retrained heads at the same path miss the cache."""
     digest = hashlib.sha256()
     for name, tensor in sorted(heads.state_dict().items()):
@@ -33,7 +36,7 @@ def heads_fingerprint(heads: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def cached_heads_fingerprint(heads: Any) -> str:
+def cached_heads_fingerprint(heads: DraftHeads) -> str:
     """:func:`heads_fingerprint`, remembered per heads object (decodes ask it every call); heads
     that cannot be weakly referenced are hashed every time."""
     try:

@@ -28,7 +28,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union, cast
 
 import torch
 from torch import Tensor
@@ -37,6 +37,11 @@ from latticekit._files import atomic_write
 from latticekit.errors import HeadsFormatError, HeadsMismatchError
 from latticekit.heads.fingerprint import lm_head_fingerprint
 from latticekit.heads.modules import BlockHeads, _model_name, _output_projection
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from latticekit.heads.layers import MedusaLayer
 
 
 __all__ = ["MedusaCheckpoint", "read_medusa", "load_medusa", "write_medusa", "MEDUSA_FORMATS"]
@@ -220,12 +225,14 @@ def checkpoint_of(heads: BlockHeads) -> MedusaCheckpoint:
     if getattr(heads, "token_conditioned", False):
         raise HeadsMismatchError("Medusa heads read only the hidden state; these heads also read the next "
                                  "token (token_conditioned=True)")
-    layers = []
+    layers: list[list[tuple[Tensor, Optional[Tensor]]]] = []
     for block in heads.blocks:
-        stack = list(block) if isinstance(block, torch.nn.Sequential) else [block]
+        # the layers of a "medusa" head
+        stack = cast("list[MedusaLayer]", list(block) if isinstance(block, torch.nn.Sequential) else [block])
         layers.append([(m.linear.weight.detach(), None if m.linear.bias is None else m.linear.bias.detach())
                        for m in stack])
-    projections = None if heads.projections is None else [p.weight.detach() for p in heads.projections]
+    projections = None if heads.projections is None else [cast(torch.nn.Linear, p).weight.detach()
+                                                           for p in heads.projections]
     return MedusaCheckpoint(layers, projections, heads.token_map, heads.logit_scale, heads.vocab_size,
                             heads.hidden_size)
 
@@ -263,11 +270,12 @@ def write_medusa(folder: Union[str, os.PathLike], heads: BlockHeads, format: str
         config: dict[str, Any] = {"medusa_num_heads": checkpoint.num_heads,
                                   "medusa_num_layers": checkpoint.num_layers}
     else:
-        bias = heads.layer_bias
+        layer_bias = heads.layer_bias
         for k, head in enumerate(checkpoint.layers):
             for j, (weight, b) in enumerate(head):
                 tensors[f"blocks.{k}.layers.{j}.weight"] = weight
-                if bias:
+                if layer_bias:
+                    assert b is not None  # the layers have biases iff layer_bias
                     tensors[f"blocks.{k}.layers.{j}.bias"] = b
         if projections is None:
             tensors["lm_heads.0.weight"] = own
@@ -276,7 +284,7 @@ def write_medusa(folder: Union[str, os.PathLike], heads: BlockHeads, format: str
         if checkpoint.token_map is not None:
             tensors["token_map"] = checkpoint.token_map
         config = {"model_type": "medusa", "architectures": ["MedusaModel"], "num_heads": checkpoint.num_heads,
-                  "num_hidden_layers": checkpoint.num_layers, "medusa_fc_bias": bias,
+                  "num_hidden_layers": checkpoint.num_layers, "medusa_fc_bias": layer_bias,
                   "original_lm_head": projections is None, "logit_scale": checkpoint.logit_scale,
                   "truncated_vocab_size": checkpoint.vocab_size if checkpoint.token_map is None
                   else len(checkpoint.token_map)}
@@ -337,10 +345,11 @@ def load_medusa(path: Union[str, os.PathLike], model: Any) -> BlockHeads:
                           "medusa_format": fmt, "medusa_source": os.path.basename(os.fspath(path))})
     with torch.no_grad():
         for block, layers in zip(heads.blocks, checkpoint.layers):
-            for layer, (w, b) in zip(block if heads.num_layers > 1 else [block], layers):
+            medusa_layers = cast("Iterable[MedusaLayer]", block if heads.num_layers > 1 else [block])
+            for layer, (w, b) in zip(medusa_layers, layers):
                 layer.linear.weight.copy_(w)
                 if b is not None:
                     layer.linear.bias.copy_(b)
         for projection, w in zip(heads.projections or [], projections or []):
-            projection.weight.copy_(w)
+            cast(torch.nn.Linear, projection).weight.copy_(w)
     return heads.eval()

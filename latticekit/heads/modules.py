@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union, cast
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +27,13 @@ from latticekit._files import atomic_write, check_weights, read_tagged_safetenso
 from latticekit.errors import HeadsFormatError, HeadsMismatchError
 from latticekit.heads.fingerprint import lm_head_fingerprint
 from latticekit.heads.layers import LAYER_KINDS, _head_block
+
+if TYPE_CHECKING:
+    class _Projection(nn.Module):
+        """For the type checker: an output projection, a module whose ``weight`` is a
+        `(vocab, hidden)` tensor (what :func:`_output_projection` and ``BlockHeads`` check)."""
+
+        weight: Tensor
 
 __all__ = [
     "BlockHeads",
@@ -50,7 +57,7 @@ _STRUCTURE_DEFAULTS = {"layer": "mlp", "num_layers": 1, "layer_bias": True, "pro
 
 
 
-def _output_projection(model: Any) -> nn.Module:
+def _output_projection(model: Any) -> _Projection:
     lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if lm_head is None or not isinstance(getattr(lm_head, "weight", None), Tensor):
         raise HeadsMismatchError(
@@ -138,7 +145,7 @@ class BlockHeads(nn.Module):
         self.vocab_size, self.hidden_size = (int(n) for n in weight.shape)
         self.layer, self.num_layers, self.layer_bias = layer, int(num_layers), bool(layer_bias or layer == "mlp")
         self.intermediate_size = int(intermediate_size or self.hidden_size) if layer == "mlp" else self.hidden_size
-        self.lm_head = lm_head
+        self.lm_head = cast("_Projection", lm_head)  # its weight: a 2-d tensor (checked above)
         self.blocks = nn.ModuleList(
             _head_block(layer, self.num_layers, self.hidden_size, self.intermediate_size, self.layer_bias)
             for _ in range(self.num_heads - 1)
@@ -160,7 +167,7 @@ class BlockHeads(nn.Module):
                                              for _ in range(self.num_heads - 1)).to(weight.device, weight.dtype)
             with torch.no_grad():
                 for projection in self.projections:
-                    projection.weight.copy_(init)
+                    cast(nn.Linear, projection).weight.copy_(init)
         self.logit_scale = float(logit_scale)
         self.token_conditioned = bool(token_conditioned)
         self.token_input: Optional[nn.Linear] = None
@@ -302,8 +309,9 @@ class BlockHeads(nn.Module):
 
     def _structure(self) -> dict[str, Any]:
         """The header fields (beyond the first format's) that say how to rebuild the heads."""
+        rows = None if self.projections is None else int(cast(nn.Linear, self.projections[0]).weight.shape[0])
         return {"layer": self.layer, "num_layers": self.num_layers, "layer_bias": self.layer_bias,
-                "projection_rows": None if self.projections is None else int(self.projections[0].weight.shape[0]),
+                "projection_rows": rows,
                 "logit_scale": self.logit_scale, "token_conditioned": self.token_conditioned}
 
     @staticmethod

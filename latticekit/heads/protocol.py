@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["DraftHeads"]
+__all__ = ["DraftHeads", "CountedHeads", "ProjectedHeads"]
 
 
 @runtime_checkable
@@ -28,3 +28,22 @@ class DraftHeads(Protocol):
     def __call__(self, hidden: "Tensor", *args: Any, **kwargs: Any) -> "Tensor": ...
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class CountedHeads(DraftHeads, Protocol):
+    """Draft heads that state their number h (``num_heads``, the target's own head counted):
+    what the evaluation reads to know how far past a prompt its references and traces reach."""
+
+    num_heads: int
+
+
+class ProjectedHeads(DraftHeads, Protocol):
+    """Draft heads whose logits are their ``head_states`` projected by one shared ``lm_head``
+    (:class:`~latticekit.heads.BlockHeads` without projections of their own or a logit scale):
+    what :class:`~latticekit.decoding.lattices.CandidateLattice` reads to project a candidate
+    vocabulary alone (:meth:`~latticekit.decoding.lattices.CandidateLattice.supports` checks it).
+    """
+
+    lm_head: Any  # the output projection: a module with a `(vocab, hidden)` weight
+
+    def head_states(self, hidden: "Tensor", *args: Any, **kwargs: Any) -> "Tensor": ...

@@ -71,21 +71,21 @@ def count_ngrams(
     """
     if order < 1:
         raise ValueError(f"order must be >= 1, got {order}")
-    inputs = list(inputs) if not isinstance(inputs, (list, tuple)) else inputs
+    items: Sequence[Any] = list(inputs) if not isinstance(inputs, (list, tuple)) else inputs
     table: Union[WordTable, TokenIdTable]
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         table = TokenIdTable(vocab_size or getattr(tok, "vocab_size", None))
-        chunks = tokenizer_chunks(inputs, tok, table, chunk_tokens)  # type: ignore[arg-type]
+        chunks = tokenizer_chunks(items, tok, table, chunk_tokens)
     elif tokenized:
         table = TokenIdTable(vocab_size)
-        chunks = token_id_chunks(inputs, table, chunk_tokens)  # type: ignore[arg-type]
-    elif inputs and not isinstance(inputs[0], str):
+        chunks = token_id_chunks(items, table, chunk_tokens)
+    elif items and not isinstance(items[0], str):
         table = TokenIdTable(vocab_size)
-        chunks = array_chunks(inputs, table, chunk_tokens)  # type: ignore[arg-type]
+        chunks = array_chunks(items, table, chunk_tokens)
     else:
         table = WordTable()
-        chunks = text_chunks(inputs, table, chunk_tokens)  # type: ignore[arg-type]
+        chunks = text_chunks(items, table, chunk_tokens)
     counts = count_corpus(
         chunks,
         order,
@@ -227,6 +227,7 @@ def build_katz(
     if add_vocabulary:
         if vocab_size is None:
             tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+            assert tok is not None  # checked on entry: add_vocabulary without vocab_size needs a tokenizer
             vocab_size = int(tok.vocab_size)
         discounts = getattr(model, "discounts", None)
         model = add_unseen_vocabulary(model, vocab_size)

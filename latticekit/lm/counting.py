@@ -47,7 +47,7 @@ __all__ = [
     "sentences_to_stream",
 ]
 
-_COLUMN_DTYPES = {"i64": np.dtype(np.int64), "i32": np.dtype(np.int32)}
+_COLUMN_DTYPES: dict[str, np.dtype[Any]] = {"i64": np.dtype(np.int64), "i32": np.dtype(np.int32)}
 
 
 def run_files(directory: str, k: int) -> "tuple[str, str, str]":
@@ -285,7 +285,7 @@ def _merge_tables(
         merged_sizes = []
         maps: List[Any] = [None] * len(inputs)
         for k in range(1, order + 1):
-            runs = []
+            runs: List[tuple[Any, Any, Any, int]] = []  # columns: arrays, or a spilled run's files
             for i, run in enumerate(inputs):
                 if isinstance(run, str):
                     runs.append((*run_files(run, k), sizes[i][k - 1]))  # type: ignore[index]
@@ -311,7 +311,7 @@ def _merge_tables(
                         run.prefix[k - 1] = np.zeros(0, np.int64)
                         run.word[k - 1] = np.zeros(0, np.int32)
                         run.count[k - 1] = np.zeros(0, np.int64)
-            if spill_to is not None:
+            if isinstance(merged, int):  # spill_to: the tables went to files
                 merged_sizes.append(int(merged))
             else:
                 prefix, word, count = merged

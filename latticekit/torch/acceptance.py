@@ -20,13 +20,15 @@ probabilities are moved to the CPU one at a time, only when a draw needs them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 import torch
 
 from latticekit.errors import DraftError
 from latticekit.torch.tree import ROOT, DraftTree
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsGetItem
 
 __all__ = [
     "AcceptedPath",
@@ -119,7 +121,7 @@ def _normalised_positive_part(diff: torch.Tensor, fallback: torch.Tensor) -> tor
     return torch.where(mass > 0, pos / mass.clamp_min(torch.finfo(pos.dtype).tiny), fallback)
 
 
-def greedy_accept(tree: DraftTree, argmax_tokens: Sequence[int]) -> AcceptedPath:
+def greedy_accept(tree: DraftTree, argmax_tokens: SupportsGetItem[int, int]) -> AcceptedPath:
     """Greedy rule on a tree: the longest path whose tokens are the target's arg-max.
 
     Args:

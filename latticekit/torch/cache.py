@@ -67,7 +67,7 @@ class KVCache:
         return f"KVCache(layers={len(self.keys)}, seq_length={self.get_seq_length()})"
 
 
-def slab_cache_class() -> Optional[type]:
+def slab_cache_class() -> Optional[type[Any]]:
     """``latticekit.torch.slab.SlabCache`` if that module was imported (it imports transformers)."""
     module = sys.modules.get("latticekit.torch.slab")
     return None if module is None else module.SlabCache

@@ -28,7 +28,7 @@ the same prepared model. Nothing changes on other devices and dtypes but the att
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 from torch import nn
@@ -140,7 +140,7 @@ class PackedLinear(nn.Module):
             return nn.functional.linear(x, self.weight, self.bias)
         if self._shared is not None:
             return self._shared.outputs(x)[self._index]
-        return _packed_linear(x, self._packed, self.bias, self.out_features)
+        return _packed_linear(x, cast(torch.Tensor, self._packed), self.bias, self.out_features)  # packed: not shared
 
     def extra_repr(self) -> str:
         shared = ", shared GEMM" if self._shared is not None else ""
@@ -151,7 +151,7 @@ def _fuse_siblings(module: nn.Module) -> int:
     """Replaces each group of sibling projections of ``module`` by packed layers sharing a GEMM."""
     fused = 0
     for names in _SIBLINGS:
-        layers = [getattr(module, name, None) for name in names]
+        layers: list[Any] = [getattr(module, name, None) for name in names]
         if not all(type(layer) is nn.Linear and _can_pack(layer.weight) for layer in layers):
             continue
         first = layers[0]

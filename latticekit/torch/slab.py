@@ -55,7 +55,7 @@ class _Slab:
             setattr(self, name, new)
 
 
-class SlabLayer(DynamicLayer):  # type: ignore[misc, valid-type]
+class SlabLayer(DynamicLayer):
     """A full-attention cache layer whose keys and values are views into its cache's slab.
 
     Reads of ``keys`` / ``values`` give `(batch, kv_heads, seq, head_dim)` views; ``update``
@@ -78,7 +78,7 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc, valid-type]
         self._slab.lengths[self._index] = value
 
     @property
-    def keys(self) -> Optional[torch.Tensor]:  # type: ignore[override]
+    def keys(self) -> Optional[torch.Tensor]:
         if self._slab.keys is None:
             return None
         return self._slab.keys[self._index].narrow(-2, 0, self._length)
@@ -88,7 +88,7 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc, valid-type]
         raise CacheError("SlabLayer keys live in the cache's slab and cannot be reassigned")
 
     @property
-    def values(self) -> Optional[torch.Tensor]:  # type: ignore[override]
+    def values(self) -> Optional[torch.Tensor]:
         if self._slab.values is None:
             return None
         return self._slab.values[self._index].narrow(-2, 0, self._length)
@@ -108,7 +108,7 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc, valid-type]
         slab = self._slab
         start, n = self._length, key_states.shape[-2]
         end = start + n
-        if slab.keys is None:
+        if slab.keys is None or slab.values is None:  # never allocated (both are, together)
             slab.allocate(key_states, value_states, end)
         elif (
             key_states.shape[:2] != slab.keys.shape[1:3]
@@ -128,6 +128,7 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc, valid-type]
             slab.grow(end)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        assert slab.keys is not None and slab.values is not None  # allocated above
         keys = slab.keys[self._index]
         values = slab.values[self._index]
         keys.narrow(-2, start, n).copy_(key_states)
@@ -163,7 +164,7 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc, valid-type]
         self._whole_slab("reorder_cache")
 
 
-class SlabCache(DynamicCache):  # type: ignore[misc, valid-type]
+class SlabCache(DynamicCache):
     """A ``transformers.DynamicCache`` whose layers keep their keys/values in two shared tensors.
 
     Same behaviour as ``DynamicCache(config=config)`` for models whose layers are all full
@@ -207,19 +208,19 @@ class SlabCache(DynamicCache):  # type: ignore[misc, valid-type]
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         slab = self._slab
-        if slab.keys is not None:
+        if slab.keys is not None and slab.values is not None:
             slab.keys = slab.keys.repeat_interleave(repeats, dim=1)
             slab.values = slab.values.repeat_interleave(repeats, dim=1)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         slab = self._slab
-        if slab.keys is not None:
+        if slab.keys is not None and slab.values is not None:
             slab.keys = slab.keys[:, indices]
             slab.values = slab.values[:, indices]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         slab = self._slab
-        if slab.keys is not None:
+        if slab.keys is not None and slab.values is not None:
             slab.keys = slab.keys.index_select(1, beam_idx.to(slab.keys.device))
             slab.values = slab.values.index_select(1, beam_idx.to(slab.values.device))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import sys
 import weakref
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 import torch
@@ -73,7 +73,8 @@ class Target:
             self.body = body if body is not model and keeps_logits(type(model)) else None
             self.cache_keyword = cache_keyword(type(model))
         elif isinstance(model, torch.nn.Module) and isinstance(getattr(model, "vocab_size", None), int):
-            self.vocab_size = int(model.vocab_size)
+            # an int (checked above); Module.__getattr__ is typed for submodules and tensors
+            self.vocab_size = int(cast(int, model.vocab_size))
             self.body = None
         else:
             raise UnsupportedModelError(
@@ -252,7 +253,7 @@ class Target:
         return logits, hidden
 
 
-def keeps_logits(model_class: type) -> bool:
+def keeps_logits(model_class: type[torch.nn.Module]) -> bool:
     """Whether an HF model class's forward takes ``logits_to_keep`` (transformers >= 4.50)."""
     keeps = KEEPS_LOGITS.get(model_class)
     if keeps is None:
@@ -262,7 +263,7 @@ def keeps_logits(model_class: type) -> bool:
 
 
 
-def cache_keyword(model_class: type) -> str:
+def cache_keyword(model_class: type[torch.nn.Module]) -> str:
     """The keyword an HF model class's forward takes its KV cache by: ``cache`` where its
     signature names it (transformers >= 5.24), else ``past_key_values``."""
     keyword = CACHE_KEYWORDS.get(model_class)

@@ -264,8 +264,8 @@ def _checked_pass_inputs(
 def _tree_forward(target: Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree) -> TreeOutputs:
     """Validated inputs -> one pass of root + nodes, logits of every row; the cache gains
     ``num_nodes + 1`` positions."""
-    node_tokens, *inputs = _checked_pass_inputs(target, past_key_values, ids, tree)
-    logits, hidden = target.forward(*inputs, past_key_values)
+    node_tokens, input_ids, positions, mask = _checked_pass_inputs(target, past_key_values, ids, tree)
+    logits, hidden = target.forward(input_ids, positions, mask, past_key_values)
     return TreeOutputs(logits, hidden, node_tokens)
 
 
@@ -276,15 +276,15 @@ def _tree_logits(
     draft 0 only, the rest left to :class:`TreeLogits` (every row when the target cannot
     project rows apart or the tree is small, see :func:`first_block_rows`). Returns the logits
     and the node tokens on the device."""
-    node_tokens, *inputs = _checked_pass_inputs(target, past_key_values, ids, tree)
+    node_tokens, input_ids, positions, mask = _checked_pass_inputs(target, past_key_values, ids, tree)
     rows = first_block_rows(tree) if target.projects_rows else None
     if rows is not None:
-        logits, hidden = target.forward_rows(*inputs, past_key_values, rows)
+        logits, hidden = target.forward_rows(input_ids, positions, mask, past_key_values, rows)
         return TreeLogits(tree, hidden, target.project, rows, logits), node_tokens
     if target.is_hf and target.body is not None and target.model not in HEAD_IS_LAST_STEP:
-        logits, hidden = target.forward_probing_head(*inputs, past_key_values)
+        logits, hidden = target.forward_probing_head(input_ids, positions, mask, past_key_values)
     else:
-        logits, hidden = target.forward(*inputs, past_key_values)
+        logits, hidden = target.forward(input_ids, positions, mask, past_key_values)
     return TreeLogits.complete(tree, hidden, logits), node_tokens
 
 
@@ -376,6 +376,7 @@ def verify(
     else:
         p = target_probs(logits.all(), temperature, top_p)  # a chain: draft 0 holds every node
         verifier = token_verify if rule == "token" else block_verify
+        assert draft_probs is not None  # _check_rule_inputs refuses "token" / "block" without them
         tau, bonus = verifier(p, draft_probs, node_tokens, generator)
         path = AcceptedPath(list(range(tau)), bonus)
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 import sys
+from collections.abc import Callable
 
 
-def _version_with_cpu_build(lookup):  # type: ignore[no-untyped-def]
+def _version_with_cpu_build(lookup: Callable[[str], str]) -> Callable[[str], str]:
     def version(name: str) -> str:
         if name == "vllm":
             try:

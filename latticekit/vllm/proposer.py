@@ -29,7 +29,8 @@ import time
 import traceback
 import weakref
 from collections import OrderedDict
-from typing import Any, Optional
+from collections.abc import Sequence
+from typing import Any, Optional, cast
 
 import numpy as np
 
@@ -185,7 +186,7 @@ class NGramProposer:
         room = min(self.k, self.config.max_depth, self.max_model_len - length - 1)
         if length < 1 or room < 1:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        ids = row[:length]
+        ids = cast(Sequence[int], row[:length])  # an int array: indexed and sliced as the drafter reads ids
         state = self.states.get(key)
         if state is not None and state.length and (length - state.start < state.length or int(
                 ids[state.start + state.length - 1]) != state.model.ids[-1]):

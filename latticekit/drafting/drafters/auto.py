@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Optional
+from typing import Optional, cast
 
 import numpy as np
 
@@ -225,7 +225,8 @@ class AutoDrafter(Drafter):
         if not self.reads_heads:
             return self.ngram_candidates(step)
         lattice = step.lattice
-        paths = pbest(lattice, self.search_lm, self.config.p, self.alpha,
+        p = cast(int, self.config.p)  # set by DecoderConfig.__post_init__
+        paths = pbest(lattice, self.search_lm, p, self.alpha,
                       context=step.context(self.search_lm.order))
         drafts = [path.tokens[1:] for path in paths]
         head = _arc_scores(lattice, drafts)
@@ -240,7 +241,8 @@ class AutoDrafter(Drafter):
         (:func:`~latticekit.drafting.continuations.best_continuations`), with each node's n-gram and
         cache log-probabilities."""
         model = self.cache_model(step.ids)
-        return best_continuations(model, step.ids, self.config.p, MAX_NGRAM_DEPTH).tree()
+        p = cast(int, self.config.p)  # set by DecoderConfig.__post_init__
+        return best_continuations(model, step.ids, p, MAX_NGRAM_DEPTH).tree()
 
     def draft(self, step: DraftInput) -> Draft:
         if self._cache_model is None and self.trust != "head":

@@ -20,15 +20,16 @@ head score).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 import numpy as np
 
 from latticekit.drafting.calibration import CandidateTree
-from latticekit.drafting.continuations import best_continuations
+from latticekit.drafting.continuations import Continuations, best_continuations
 from latticekit.drafting.drafters.auto import MAX_NGRAM_DEPTH, AutoDrafter
 from latticekit.drafting.protocol import DraftInput
 from latticekit.drafting.registry import register
+from latticekit.lattice import SausageLattice
 from latticekit.search import pbest
 
 __all__ = ["HeadsNGramDrafter"]
@@ -49,18 +50,20 @@ class HeadsNGramDrafter(AutoDrafter):
         if not self.reads_heads:
             return self.ngram_candidates(step)
         model = self.cache_model(step.ids)
-        found = best_continuations(model, step.ids, self.config.p, MAX_NGRAM_DEPTH)
+        p = cast(int, self.config.p)  # set by DecoderConfig.__post_init__
+        found = best_continuations(model, step.ids, p, MAX_NGRAM_DEPTH)
         found_paths = found.paths()
         columns: list[list[int]] = [[] for _ in range(MAX_NGRAM_DEPTH)]
         for path in found_paths:
             columns[len(path) - 1].append(path[-1])
         lattice = step.united_lattice(columns)
-        paths = pbest(lattice, self.search_lm, self.config.p, self.alpha, context=step.context(self.search_lm.order))
+        paths = pbest(lattice, self.search_lm, p, self.alpha, context=step.context(self.search_lm.order))
         drafts = [path.tokens[1:] for path in paths]
         tree = CandidateTree.from_paths(drafts + found_paths, [[np.nan] * len(d) for d in drafts + found_paths])
         return self._features(tree, step, lattice, dict(zip(found_paths, range(found.size))), found)
 
-    def _features(self, tree: CandidateTree, step: DraftInput, lattice: Any, known: dict, found: Any) -> CandidateTree:
+    def _features(self, tree: CandidateTree, step: DraftInput, lattice: SausageLattice,
+                  known: dict[tuple[int, ...], int], found: Continuations) -> CandidateTree:
         """Every node's head score (its lattice arc, NaN past the lattice or off it), and its
         n-gram and cache-model log-probabilities (from the search, or computed)."""
         model = self.cache_model(step.ids)
@@ -68,6 +71,7 @@ class HeadsNGramDrafter(AutoDrafter):
         tail = list(ids[len(ids) - min(len(ids), model.context_size):])
         paths = tree.paths_to(range(tree.size))
         h = lattice.h
+        assert tree.cache_logprob is not None  # set by CandidateTree.__post_init__
         for i, path in enumerate(paths):
             depth = len(path)
             if depth < h:
@@ -87,7 +91,7 @@ class HeadsNGramDrafter(AutoDrafter):
         return tree
 
 
-def _arc_scores_or_nan(lattice: Any, row: int, token: int) -> float:
+def _arc_scores_or_nan(lattice: SausageLattice, row: int, token: int) -> float:
     """The score of ``token`` among the arcs of lattice row ``row``, or NaN."""
     width = int(lattice.widths[row])
     hit = np.nonzero(lattice.tokens[row, :width] == token)[0]

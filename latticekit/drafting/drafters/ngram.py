@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 
@@ -78,5 +78,6 @@ class NGramDrafter(Drafter):
         return cls(config, select_lm(config, resources.lms))
 
     def draft(self, step: DraftInput) -> Draft:
-        paths = pbest(step.lattice, self.lm, self.config.p, self.config.alpha, context=step.context(self.lm.order))
+        p = cast(int, self.config.p)  # set by DecoderConfig.__post_init__
+        paths = pbest(step.lattice, self.lm, p, self.config.alpha, context=step.context(self.lm.order))
         return Draft.from_paths(path.tokens[1:] for path in paths)
