@@ -43,6 +43,8 @@ from latticekit.vllm.config import ProposerConfig
 __all__ = ["NGramProposer"]
 
 logger = logging.getLogger("latticekit.vllm")
+#: After a step whose drafts would not repay their cost, drafting pauses 2, 4, ... up to this many steps.
+MAX_SKIP = 32
 
 
 def _find_runner() -> Any:
@@ -118,7 +120,10 @@ class NGramProposer:
         self._runner = weakref.ref(runner) if runner is not None else None
         self.states: "OrderedDict[Any, ChainDrafter]" = OrderedDict()
         self._last_end: Optional[float] = None
-        self._draft_s = 0.0  # running mean of a call's own seconds
+        self._verify_tokens: Optional[int] = None  # query tokens the next step holds if no request prefills
+        self._draft_s = 0.0  # running mean of a drafting call's own seconds
+        self._skip = 0  # steps left without drafting (drafting did not pay)
+        self._probe = 2  # steps skipped after the next step that does not pay
         self._logged: set[str] = set()
         self._stats_written = 0.0
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "proposed_tokens": 0,
@@ -136,17 +141,23 @@ class NGramProposer:
         start = time.perf_counter()
         rows = len(sampled_token_ids)
         try:
-            if self._last_end is not None:
-                tokens = _scheduled_tokens(slot_mappings)
-                if tokens is not None:
-                    self.costs.add(tokens, start - self._last_end)
+            tokens = _scheduled_tokens(slot_mappings)
+            # a step's cost as drafts make it: decode and verification steps, not prefill (a long
+            # prompt's tokens go through the pass far cheaper per token than a batch's few)
+            if self._last_end is not None and tokens is not None and self._verify_tokens is not None \
+                    and tokens <= self._verify_tokens:
+                self.costs.add(tokens, start - self._last_end)
+            drafted = self._skip == 0
             out = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         except Exception as exc:  # never the engine's problem
             self._failed("propose", exc)
             out = [[] for _ in range(rows)]
+            drafted = False
         end = time.perf_counter()
         spent = end - start
-        self._draft_s = spent if self.counters["calls"] == 0 else 0.9 * self._draft_s + 0.1 * spent
+        if drafted:
+            self._draft_s = spent if self._draft_s == 0 else 0.9 * self._draft_s + 0.1 * spent
+        self._verify_tokens = rows + sum(len(chain) for chain in out)
         self.counters["calls"] += 1
         self.counters["rows"] += rows
         self.counters["draft_seconds"] += spent
@@ -160,6 +171,9 @@ class NGramProposer:
     def _propose(self, sampled: list[list[int]], lengths: np.ndarray, buffer: np.ndarray) -> list[list[int]]:
         rows = len(sampled)
         keys = self._row_keys(rows)
+        if self._skip > 0:  # drafting did not pay lately: not even its own work (the states catch up later)
+            self._skip -= 1
+            return [[] for _ in range(rows)]
         chains: list[np.ndarray] = []
         probabilities: list[np.ndarray] = []
         for i in range(rows):
@@ -180,6 +194,13 @@ class NGramProposer:
             a, b = 1.0, self.config.prior_ratio
         chosen = allocate(probabilities, a, b, overhead=self._draft_s)
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
+        expected = rows + sum(float(p[:n].sum()) for p, n in zip(probabilities, chosen))
+        drafts = sum(chosen)
+        # the drafts must repay the drafting too, against a step that drafts nothing at all
+        if not drafts or expected / (a + self._draft_s + b * (rows + drafts)) <= rows / (a + b * rows):
+            self._skip, self._probe = self._probe, min(2 * self._probe, MAX_SKIP)
+            return [[] for _ in range(rows)]
+        self._probe = 2
         return [chain[:n].tolist() for chain, n in zip(chains, chosen)]
 
     def _draft_row(self, key: Any, length: int, row: np.ndarray, emitted: int) -> tuple[np.ndarray, np.ndarray]:

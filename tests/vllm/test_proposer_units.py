@@ -149,9 +149,21 @@ def test_an_exception_becomes_empty_drafts_logged_once(caplog: pytest.LogCapture
     bad = np.full((2, 20), np.nan, dtype=np.float32)  # a buffer of no token ids
     with caplog.at_level("ERROR", logger="latticekit.vllm"):
         assert proposer.propose([[7], [7]], np.array([15, 15]), bad) == [[], []]
-        assert proposer.propose([[7], [7]], np.array([15, 15]), bad) == [[], []]
-        assert proposer.propose([[7], [7]], batch.lengths, batch.ids)[0] == [5, 6, 7, 5]  # and it recovers
+        # and it recovers, after a pause (a step without drafts pauses drafting for 2 steps)
+        recovered = [proposer.propose([[7], [7]], batch.lengths, batch.ids)[0] for _ in range(3)]
+        assert proposer.propose([[7], [7]], np.array([15, 15]), bad) == [[], []]  # the same kind again
+    assert recovered == [[], [], [5, 6, 7, 5]]
     assert proposer.stats()["errors"] == 4 and len(caplog.records) == 1 and "row" in caplog.records[0].message
+
+
+def test_drafting_pauses_where_it_does_not_repay_itself() -> None:
+    # a step of 0.1 s and 0.2 s per query token: only near-certain drafts would pay, and a third is not
+    proposer = NGramProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.2)))
+    batch = Batch()
+    batch.put(0, [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2])
+    calls = [proposer.propose([[2]], batch.lengths[:1], batch.ids[:1]) for _ in range(12)]
+    assert calls == [[[]]] * 12
+    assert proposer.counters["proposed_tokens"] > 0 and proposer._probe > 2  # it looked, then paused longer
 
 
 def test_a_model_over_other_token_ids_is_refused_at_start() -> None:
