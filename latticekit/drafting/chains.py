@@ -98,94 +98,76 @@ class ChainDrafter:
 
 
 class BatchCosts:
-    """The engine's step seconds as ``a + b * tokens + c * work``, fitted online by least squares
-    with forgetting from the steps it took. ``tokens``: the query tokens of the step's forward
-    pass (each row's token and its drafts); ``work``: the attention they do, the sum over rows of
-    query tokens times the row's context, in thousands. So a draft token costs ``b + c *
-    context / 1000`` (:meth:`token_seconds`): more in a long request than in a short one.
+    """The engine's step seconds as ``a + b * tokens`` (tokens: every query token of the batch's
+    forward pass, prefill and drafts included), fitted online by least squares with forgetting
+    from the steps it took.
 
-    Until the steps seen vary enough to tell the terms apart, ``c`` is 0 and ``b`` is
+    Until the steps seen vary enough in size to tell ``a`` from ``b``, ``b`` is taken as
     ``prior_ratio * a``. A step far slower than predicted (the engine sat idle between
     requests) is not a cost and is left out.
     """
 
     def __init__(self, prior_ratio: float = 1 / 16, decay: float = 0.99, idle_factor: float = 4.0) -> None:
         self.prior_ratio, self.decay, self.idle_factor = prior_ratio, decay, idle_factor
-        self.xx = np.zeros((3, 3))
-        self.xt = np.zeros(3)
+        self.w = self.sn = self.snn = self.st = self.snt = 0.0
         self.samples = 0
 
-    def add(self, tokens: int, seconds: float, work: float = 0.0) -> None:
-        """One step: ``tokens`` query tokens doing ``work`` (thousands of token pairs) took ``seconds``."""
-        if tokens < 1 or not np.isfinite(seconds) or seconds <= 0 or not np.isfinite(work) or work < 0:
+    def add(self, tokens: int, seconds: float) -> None:
+        """One step: ``tokens`` query tokens took ``seconds``."""
+        if tokens < 1 or not np.isfinite(seconds) or seconds <= 0:
             return
-        if self.samples >= 4 and seconds > self.idle_factor * self.seconds(tokens, work):
+        if self.samples >= 4 and seconds > self.idle_factor * self.seconds(tokens):
             return
-        x = np.array([1.0, float(tokens), float(work)])
-        self.xx = self.decay * self.xx + np.outer(x, x)
-        self.xt = self.decay * self.xt + x * seconds
+        d = self.decay
+        self.w, self.sn, self.snn = d * self.w + 1, d * self.sn + tokens, d * self.snn + tokens * tokens
+        self.st, self.snt = d * self.st + seconds, d * self.snt + tokens * seconds
         self.samples += 1
 
-    def coefficients(self) -> tuple[float, float, float]:
-        """``(a, b, c)``: seconds per step, per query token and per thousand token pairs of
-        attention; (0, 0, 0) before any step."""
-        w = self.xx[0, 0]
-        if w == 0:
-            return 0.0, 0.0, 0.0
-        for terms in (3, 2):  # the full model, then without attention
-            xx, xt = self.xx[:terms, :terms], self.xt[:terms]
-            if np.linalg.cond(xx) < 1e8:
-                beta = np.linalg.solve(xx, xt)
-                if np.all(beta > 0):
-                    return float(beta[0]), float(beta[1]), float(beta[2]) if terms == 3 else 0.0
-        mean_n, mean_t = self.xx[0, 1] / w, self.xt[0] / w
+    def coefficients(self) -> tuple[float, float]:
+        """``(a, b)``: seconds per step and per query token; (0, 0) before any step."""
+        if self.w == 0:
+            return 0.0, 0.0
+        mean_n, mean_t = self.sn / self.w, self.st / self.w
+        var_n = self.snn / self.w - mean_n * mean_n
+        if var_n > 0.25:
+            b = (self.snt / self.w - mean_n * mean_t) / var_n
+            a = mean_t - b * mean_n
+            if a > 0 and b > 0:
+                return a, b
         a = mean_t / (1 + self.prior_ratio * mean_n)
-        return a, self.prior_ratio * a, 0.0
+        return a, self.prior_ratio * a
 
-    def seconds(self, tokens: int, work: float = 0.0) -> float:
-        a, b, c = self.coefficients()
-        return a + b * tokens + c * work
-
-    def token_seconds(self, context: int) -> float:
-        """What one more query token costs in a row of ``context`` tokens."""
-        _, b, c = self.coefficients()
-        return b + c * context / 1000
+    def seconds(self, tokens: int) -> float:
+        a, b = self.coefficients()
+        return a + b * tokens
 
 
-def allocate(probabilities: Sequence[np.ndarray], a: float, b: "float | Sequence[float]",
-             overhead: float = 0.0) -> list[int]:
+def allocate(probabilities: Sequence[np.ndarray], a: float, b: float, overhead: float = 0.0) -> list[int]:
     """Each request's chain length for the most expected tokens per second of the batch.
 
     Args:
         probabilities: per request, each chain position's probability of being accepted
             (non-increasing along the chain).
-        a: the step's fixed seconds.
-        b: seconds per query token, or per request (a long request's tokens cost more).
+        a, b: the step's seconds, ``a + b * query tokens``.
         overhead: seconds the step spends besides the pass (drafting itself).
 
     Returns:
-        Per request, how many of its chain's tokens to verify (0: a plain step). Positions are
-        taken best value first (acceptance probability per second) while one more raises the
-        batch's expected tokens per second: for a sum of probabilities over a sum of costs that
-        is the optimum.
+        Per request, how many of its chain's tokens to verify (0: a plain step).
     """
     rows = len(probabilities)
-    costs = [float(b)] * rows if isinstance(b, (int, float)) else [float(x) for x in b]
-    if len(costs) != rows:
-        raise DecoderConfigError(f"{len(costs)} token costs for {rows} requests")
+    if b <= 0:  # a token costs nothing (or nothing is known yet that says it does)
+        return [len(p) for p in probabilities]
     lengths = [0] * rows
     expected = float(rows)  # every request emits at least one token
-    seconds = a + overhead + sum(costs)
-    order = sorted(((float(p[j]) / costs[i] if costs[i] > 0 else np.inf, i, j)
-                    for i, p in enumerate(probabilities) for j in range(len(p))),
+    seconds = a + overhead + b * rows
+    order = sorted(((float(p[j]), i, j) for i, p in enumerate(probabilities) for j in range(len(p))),
                    key=lambda item: (-item[0], item[2]))
-    for value, i, j in order:
+    for prob, i, j in order:
         if j != lengths[i]:  # a position whose parent was not taken (ties): its chain stops here
             continue
-        prob = float(probabilities[i][j])
-        if costs[i] > 0 and prob * seconds <= costs[i] * expected:  # one more no longer raises tokens/s
+        if prob * seconds <= b * expected:  # one more token no longer raises tokens per second
             break
         lengths[i] += 1
         expected += prob
-        seconds += costs[i]
+        seconds += b
     return lengths

@@ -121,7 +121,6 @@ class NGramProposer:
         self.states: "OrderedDict[Any, ChainDrafter]" = OrderedDict()
         self._last_end: Optional[float] = None
         self._verify_tokens: Optional[int] = None  # query tokens the next step holds if no request prefills
-        self._verify_work = 0.0  # and their attention: query tokens times context, thousands
         self._draft_s = 0.0  # running mean of a drafting call's own seconds
         self._skip = 0  # steps left without drafting (drafting did not pay)
         self._probe = 2  # steps skipped after the next step that does not pay
@@ -147,7 +146,7 @@ class NGramProposer:
             # prompt's tokens go through the pass far cheaper per token than a batch's few)
             if self._last_end is not None and tokens is not None and self._verify_tokens is not None \
                     and tokens <= self._verify_tokens:
-                self.costs.add(tokens, start - self._last_end, self._verify_work)
+                self.costs.add(tokens, start - self._last_end)
             drafted = self._skip == 0
             out = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         except Exception as exc:  # never the engine's problem
@@ -159,7 +158,6 @@ class NGramProposer:
         if drafted:
             self._draft_s = spent if self._draft_s == 0 else 0.9 * self._draft_s + 0.1 * spent
         self._verify_tokens = rows + sum(len(chain) for chain in out)
-        self._verify_work = sum((1 + len(chain)) * int(n) for chain, n in zip(out, num_tokens_no_spec[:rows])) / 1000
         self.counters["calls"] += 1
         self.counters["rows"] += rows
         self.counters["draft_seconds"] += spent
@@ -189,19 +187,17 @@ class NGramProposer:
             chains.append(chain)
             probabilities.append(prob)
         if self.config.step_costs is not None:
-            (a, b), c = self.config.step_costs, 0.0
+            a, b = self.config.step_costs
         else:
-            a, b, c = self.costs.coefficients()
+            a, b = self.costs.coefficients()
         if a == 0 and b == 0:  # no step measured yet: a token at the prior's price
             a, b = 1.0, self.config.prior_ratio
-        token_s = [b + c * int(n) / 1000 for n in lengths[:rows]]  # a long request's token costs more
-        chosen = allocate(probabilities, a, token_s, overhead=self._draft_s)
-        self.counters["proposed_tokens"] += sum(len(chain) for chain in chains)
+        chosen = allocate(probabilities, a, b, overhead=self._draft_s)
+        self.counters["proposed_tokens"] += sum(len(c) for c in chains)
         expected = rows + sum(float(p[:n].sum()) for p, n in zip(probabilities, chosen))
-        plain = a + sum(token_s)
-        drafted = plain + sum(cost * n for cost, n in zip(token_s, chosen))
+        drafts = sum(chosen)
         # the drafts must repay the drafting too, against a step that drafts nothing at all
-        if not sum(chosen) or expected / (drafted + self._draft_s) <= rows / plain:
+        if not drafts or expected / (a + self._draft_s + b * (rows + drafts)) <= rows / (a + b * rows):
             self._skip, self._probe = self._probe, min(2 * self._probe, MAX_SKIP)
             return [[] for _ in range(rows)]
         self._probe = 2
@@ -267,8 +263,8 @@ class NGramProposer:
 
     def stats(self) -> dict[str, Any]:
         """The counters, the fitted step costs and the request states held."""
-        return {**self.counters, "step_costs": list(self.costs.coefficients()), "states": len(self.states),
-                "pid": os.getpid()}
+        a, b = self.costs.coefficients()
+        return {**self.counters, "step_costs": [a, b], "states": len(self.states), "pid": os.getpid()}
 
     def _write_stats(self, now: float) -> None:
         self._stats_written = now
