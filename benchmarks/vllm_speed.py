@@ -65,6 +65,7 @@ def spec_counters(llm: Any) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--summarize", metavar="JSON", help="only rewrite the report of a results file")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--prompts", type=int, default=16, help="per domain (a group is --concurrency of them)")
     p.add_argument("--prompts-at-1", type=int, default=6, help="per domain at concurrency 1")
@@ -74,6 +75,15 @@ def main() -> None:
     p.add_argument("--domains", nargs="+", default=list(DOMAINS))
     p.add_argument("--out", default=str(ROOT / "results" / "vllm_speed"))
     args = p.parse_args()
+    if args.summarize:
+        results = json.loads(Path(args.summarize).read_text())
+        results.pop("summary", None)
+        summary = summarize(results)
+        out = Path(args.summarize).parent
+        (out / "vllm_speed.json").write_text(json.dumps({**results, "summary": summary}, indent=1))
+        (out / "vllm_speed.md").write_text(markdown(summary, results))
+        plot(summary, out / "vllm_speed.png")
+        return
 
     import vllm
 
@@ -166,11 +176,12 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         block["identical"] &= all(run["identical"].values())
         base_speed = run["engines"]["none"]["tokens"] / run["engines"]["none"]["seconds"]
         for name, e in run["engines"].items():
-            agg = block["engines"].setdefault(name, {"seconds": 0.0, "tokens": 0, "accepted": 0.0, "ratios": [],
-                                                     "draft_ms": []})
+            agg = block["engines"].setdefault(name, {"seconds": 0.0, "tokens": 0, "accepted": 0.0, "drafted": 0.0,
+                                                     "ratios": [], "draft_ms": []})
             agg["seconds"] += e["seconds"]
             agg["tokens"] += e["tokens"]
             agg["accepted"] += e["accepted"]
+            agg["drafted"] += e.get("draft_tokens", 0)
             agg["ratios"].append(e["tokens"] / e["seconds"] / base_speed)
             if "draft_ms_per_step" in e:
                 agg["draft_ms"].append(e["draft_ms_per_step"])
@@ -180,7 +191,9 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             agg["tokens_per_s"] = agg["tokens"] / agg["seconds"]
             agg["speedup"] = agg["tokens_per_s"] / (base["tokens"] / base["seconds"])
             agg["median_group_speedup"] = statistics.median(agg["ratios"])
-            agg["tokens_per_call"] = agg["tokens"] / max(1.0, agg["tokens"] - agg["accepted"])
+            # vLLM's spec-decode counters read 0 for some engines of a process (ngram here): unknown then
+            known = name == "none" or agg["drafted"] > 0
+            agg["tokens_per_call"] = agg["tokens"] / max(1.0, agg["tokens"] - agg["accepted"]) if known else None
             agg["ms_per_token"] = 1000 * agg["seconds"] * block["concurrency"] / agg["tokens"]
             agg["draft_ms_per_step"] = statistics.median(agg["draft_ms"]) if agg["draft_ms"] else None
     return table
@@ -194,8 +207,9 @@ def markdown(summary: dict[str, Any], results: dict[str, Any]) -> str:
     for block in sorted(summary.values(), key=lambda b: (b["concurrency"], b["domain"])):
         for name, a in block["engines"].items():
             draft = f"{a['draft_ms_per_step']:.2f}" if a["draft_ms_per_step"] is not None else "-"
+            per_call = f"{a['tokens_per_call']:.2f}" if a["tokens_per_call"] is not None else "-"
             lines.append(f"| {block['concurrency']} | {block['domain']} | {name} | {a['tokens_per_s']:.1f} | "
-                         f"{a['speedup']:.3f} | {a['median_group_speedup']:.3f} | {a['tokens_per_call']:.2f} | "
+                         f"{a['speedup']:.3f} | {a['median_group_speedup']:.3f} | {per_call} | "
                          f"{a['ms_per_token']:.1f} | {draft} | {block['identical']} |")
     return "\n".join(lines) + "\n"
 
