@@ -43,19 +43,22 @@ def expand_batch_to_tokens(x: Any, cu_num_tokens: Any, num_tokens: int, replace_
 
 def register() -> None:
     """Applies the CPU fix (see the module docstring); idempotent, and never raises: a plugin
-    must not stop vLLM from starting."""
+    must not stop vLLM from starting (a failure is logged, and the next load tries again)."""
     global _applied
     if _applied:
         return
-    _applied = True
     try:
-        from vllm.platforms import current_platform
+        import warnings
 
-        if not current_platform.is_cpu():
-            return
-        import vllm.v1.sample.rejection_sampler as sampler
+        with warnings.catch_warnings():  # vLLM's own import-time notices are not the plugin's failure
+            warnings.simplefilter("ignore")
+            from vllm.platforms import current_platform
 
-        sampler.expand_batch_to_tokens = expand_batch_to_tokens
-        logger.info("latticekit: vLLM's CPU expand_batch_to_tokens replaced (it loses float inputs)")
+            if current_platform.is_cpu():
+                import vllm.v1.sample.rejection_sampler as sampler
+
+                sampler.expand_batch_to_tokens = expand_batch_to_tokens
+                logger.info("latticekit: vLLM's CPU expand_batch_to_tokens replaced (it loses float inputs)")
+        _applied = True
     except Exception as exc:  # an unknown vLLM: leave it as it is
         logger.warning("latticekit: vLLM plugin not applied: %s: %s", type(exc).__name__, exc)
