@@ -37,6 +37,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from latticekit._files import atomic_write
+from latticekit.drafting.tree import trie
 from latticekit.errors import DecoderConfigError
 
 __all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "FEATURES", "node_features", "logit",
@@ -91,27 +92,11 @@ class CandidateTree:
                    cache_logprobs: Optional[Sequence[_Floats]] = None) -> "CandidateTree":
         """Merges candidate paths (token sequences after the root, best first) into a trie;
         each path's per-token features come along (equal prefixes have equal features)."""
-        index: dict[tuple[int, int], int] = {}
-        tokens: list[int] = []
-        parents: list[int] = []
-        depths: list[int] = []
-        head: list[float] = []
-        ngram: list[float] = []
-        cache: list[float] = []
-        for p, path in enumerate(paths):
-            parent = -1
-            for j, token in enumerate(path):
-                key = (parent, int(token))
-                node = index.get(key)
-                if node is None:
-                    node = index[key] = len(tokens)
-                    tokens.append(int(token))
-                    parents.append(parent)
-                    depths.append(j + 1)
-                    head.append(float(head_logprobs[p][j]))
-                    ngram.append(float(ngram_logprobs[p][j]) if ngram_logprobs is not None else np.nan)
-                    cache.append(float(cache_logprobs[p][j]) if cache_logprobs is not None else np.nan)
-                parent = node
+        tokens, parents, first = trie(paths)
+        depths = [j + 1 for _, j in first]
+        head = [float(head_logprobs[p][j]) for p, j in first]
+        ngram = [float(ngram_logprobs[p][j]) if ngram_logprobs is not None else np.nan for p, j in first]
+        cache = [float(cache_logprobs[p][j]) if cache_logprobs is not None else np.nan for p, j in first]
         return cls(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
                    np.asarray(depths, dtype=np.int64), np.asarray(head, dtype=np.float64),
                    np.asarray(ngram, dtype=np.float64), np.asarray(cache, dtype=np.float64))

@@ -13,7 +13,28 @@ import numpy as np
 
 from latticekit.errors import DraftError
 
-__all__ = ["Draft"]
+__all__ = ["Draft", "trie"]
+
+
+def trie(paths: Iterable[Sequence[int]]) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """Token sequences merged into a trie: each node's token and parent (-1: the root), nodes in
+    order of first appearance, and where each node first appeared (path index, position)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    first: list[tuple[int, int]] = []
+    child: dict[tuple[int, int], int] = {}
+    for p, path in enumerate(paths):
+        node = -1
+        for j, token in enumerate(path):
+            key = (node, int(token))
+            found = child.get(key)
+            if found is None:
+                found = child[key] = len(tokens)
+                tokens.append(int(token))
+                parents.append(node)
+                first.append((p, j))
+            node = found
+    return tokens, parents, first
 
 
 class Draft:
@@ -53,19 +74,7 @@ class Draft:
     def from_paths(cls, paths: Iterable[Sequence[int]]) -> "Draft":
         """The trie of token sequences continuing the root (shared prefixes merged, empty ones
         ignored); nodes in order of first appearance, so the first path is nodes ``0 .. len - 1``."""
-        tokens: list[int] = []
-        parents: list[int] = []
-        child: dict[tuple[int, int], int] = {}
-        for path in paths:
-            node = -1
-            for token in path:
-                key = (node, int(token))
-                found = child.get(key)
-                if found is None:
-                    found = child[key] = len(tokens)
-                    tokens.append(int(token))
-                    parents.append(node)
-                node = found
+        tokens, parents, _ = trie(paths)
         return cls(tokens, parents)
 
     @property
