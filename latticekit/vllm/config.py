@@ -50,7 +50,7 @@ class ProposerConfig:
             measuring them (tests, replays); None measures them as the engine runs.
         stats: a JSON file the proposer rewrites with its counters at most every half second while
             it is called
-            (steps, drafted and proposed tokens, drafting seconds, errors, fitted costs).
+            (steps, drafted, accepted and proposed tokens, drafting seconds, errors, fitted costs).
     """
 
     lm: Optional[str] = None

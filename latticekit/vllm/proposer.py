@@ -126,7 +126,8 @@ class NGramProposer:
         self._probe = 2  # steps skipped after the next step that does not pay
         self._logged: set[str] = set()
         self._stats_written = 0.0
-        self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "proposed_tokens": 0,
+        self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
+                         "proposed_tokens": 0,
                          "draft_seconds": 0.0, "errors": 0, "requests_started": 0, "requests_finished": 0,
                          "states_evicted": 0}
 
@@ -160,6 +161,8 @@ class NGramProposer:
         self._verify_tokens = rows + sum(len(chain) for chain in out)
         self.counters["calls"] += 1
         self.counters["rows"] += rows
+        # a row emits its accepted draft tokens and one of the target's own
+        self.counters["accepted_tokens"] += sum(max(0, len(emitted) - 1) for emitted in sampled_token_ids)
         self.counters["draft_seconds"] += spent
         self.counters["drafted_rows"] += sum(1 for chain in out if chain)
         self.counters["draft_tokens"] += sum(len(chain) for chain in out)

