@@ -92,9 +92,9 @@ class ModelTarget:
     timed = True
     lattice_s: Optional[float] = None
 
-    def __init__(self, model: Any, config: DecoderConfig, source: Any, generator: Optional[torch.Generator]) -> None:
-        self.model, self.config, self.source, self.generator = model, config, source, generator
-        self.target = Target(model)
+    def __init__(self, target: Target, config: DecoderConfig, source: Any, generator: Optional[torch.Generator]) -> None:
+        self.model, self.target = target.model, target
+        self.config, self.source, self.generator = config, source, generator
         self.rule: AcceptanceRule = "greedy" if config.temperature == 0 else "sampling"
         self.cache: Any = None
         self.hidden: Optional[torch.Tensor] = None
@@ -213,7 +213,7 @@ def decode(
     clock = _Clock(target.device)
     eos = eos_set(eos_token_id)
     stream = _Stream(streamer, prompt, max_new_tokens, eos)
-    out = run_steps(ModelTarget(model, config, source, generator), drafter, config, prompt, max_new_tokens,
+    out = run_steps(ModelTarget(target, config, source, generator), drafter, config, prompt, max_new_tokens,
                     eos, emit=stream.put, record_lattices=record_lattices, clock=clock)
     stream.end()
     return out

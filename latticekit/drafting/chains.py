@@ -73,9 +73,9 @@ class ChainDrafter:
         features, labels = self.pending.resolve(self.model.ids)
         self.acceptance.update(features, labels)
 
-    def propose(self, ids: Sequence[int], max_length: int) -> tuple[np.ndarray, np.ndarray]:
-        """The chain after ``ids`` (at most ``max_length`` tokens) and each position's probability
-        of being accepted (non-increasing). Call :meth:`observe` with the same ids first."""
+    def propose(self, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+        """The chain after the text :meth:`observe` last saw (at most ``max_length`` tokens) and
+        each position's probability of being accepted (non-increasing)."""
         text = self.model.ids
         if max_length < 1 or not text:
             return np.zeros(0, dtype=np.int64), np.zeros(0)

@@ -228,7 +228,7 @@ class NGramProposer:
         else:
             self.states.move_to_end(key)
         state.observe(ids)
-        return state.propose(ids, room)
+        return state.propose(room)
 
     # -- which request a row is ---------------------------------------------------------------
 

@@ -74,12 +74,12 @@ def test_chain_drafter_follows_the_repeated_text_and_learns() -> None:
     drafter = ChainDrafter(None, 100, acceptance, candidates=16, max_depth=6)
     text = [5, 6, 7, 8, 9] * 6 + [5, 6]
     drafter.observe(np.array(text))
-    tokens, prob = drafter.propose(text, 4)
+    tokens, prob = drafter.propose(4)
     assert tokens.tolist() == [7, 8, 9, 5] and np.all(np.diff(prob) <= 0) and prob[0] > 0.5
     before = acceptance.weights.copy()
     drafter.observe(np.array(text + [7, 8, 9, 5, 6]))  # the candidates are labelled: the model learns
     assert not np.array_equal(before, acceptance.weights)
-    assert drafter.propose(text, 0)[0].size == 0
+    assert drafter.propose(0)[0].size == 0
 
 
 def test_config_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
