@@ -160,3 +160,31 @@ def test_tree_pass_inputs_prepend_the_root(drafts: list[list[int]], prefix_len: 
     assert mask.shape == (1, 1, n + 1, prefix_len + n)
     assert mask[0, 0, 0].tolist() == [True] * prefix_len + [False] * n
     assert torch.equal(mask[0, 0, 1:], tree.attention_mask(prefix_len)[0, 0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(drafts_strategy)
+def test_from_trie_is_the_tree_of_the_drafts(drafts: list[list[int]]) -> None:
+    """A drafter's Draft verified as it is (from_trie) against the trie of its paths (from_drafts):
+    the same nodes (each named by its path from the root), depths, drafts and attention mask."""
+    from latticekit.drafting import Draft
+
+    draft = Draft.from_paths(drafts)
+    fast, slow = DraftTree.from_trie(draft.tokens, draft.parents), DraftTree.from_drafts(draft.paths())
+    assert fast.tokens.tolist() == draft.tokens.tolist() and fast.parents.tolist() == draft.parents.tolist()
+
+    def nodes(tree: DraftTree) -> dict[tuple[int, ...], int]:
+        return {tuple(int(t) for t in tree.tokens[tree.path(i)]): i for i in range(tree.num_nodes)}
+
+    def drafts_of(tree: DraftTree) -> set[tuple[int, ...]]:
+        return {tuple(int(t) for t in tree.tokens[tree.draft_nodes[d, :tree.draft_lengths[d]]])
+                for d in range(tree.num_drafts)}
+
+    fast_nodes, slow_nodes = nodes(fast), nodes(slow)
+    assert set(fast_nodes) == set(slow_nodes) and drafts_of(fast) == drafts_of(slow) == set(draft.paths())
+    assert all(fast.depths[i] == len(path) - 1 for path, i in fast_nodes.items())
+    fast_mask, slow_mask = fast.attention_mask(2)[0, 0, :, 2:], slow.attention_mask(2)[0, 0, :, 2:]
+    for path, i in fast_nodes.items():
+        j = slow_nodes[path]
+        seen_fast = {p for p, k in fast_nodes.items() if fast_mask[i, k]}
+        assert seen_fast == {p for p, k in slow_nodes.items() if slow_mask[j, k]}
