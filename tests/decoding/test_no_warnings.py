@@ -26,14 +26,19 @@ COSTS = StepCosts([0, 1, 8, 64], [0.010, 0.011, 0.012, 0.030], 50, draft_s=0.001
 
 @contextmanager
 def transformers_log(caplog: Any) -> Iterator[None]:
-    """caplog sees transformers' warnings: its logger does not propagate to the root's handler."""
+    """caplog sees transformers' warnings once each: its logger usually does not propagate to the
+    root's handler, but whether it does depends on what ran before (vLLM's import turns it on), so
+    propagation is off while caplog's handler sits on the logger itself."""
     logger = logging.getLogger("transformers")
+    propagate = logger.propagate
+    logger.propagate = False
     logger.addHandler(caplog.handler)
     try:
         with caplog.at_level(logging.WARNING, logger="transformers"):
             yield
     finally:
         logger.removeHandler(caplog.handler)
+        logger.propagate = propagate
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
