@@ -29,7 +29,7 @@ ALLOWED = {
     "demo": {"decoding", "drafting", "eval", "torch", "heads"},
     "cli": {"demo", "eval", "lm"},
     "recipe": {"heads", "eval", "torch"},
-    "vllm": {"drafting", "demo"},  # demo: the shipped 4-gram ("embedded")  # the recipe that trains heads loads the model as eval does
+    "vllm": {"drafting", "demo", "heads", "decoding"},  # demo: the shipped 4-gram; heads, decoding: the lattice proposer
 }
 # the modules of the heads' training recipe: above the heads and the harness
 RECIPE = {"latticekit.heads.data", "latticekit.heads.recipe", "latticekit.heads.prompts", "latticekit.heads.corpora"}

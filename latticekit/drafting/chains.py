@@ -29,12 +29,14 @@ from typing import Optional
 import numpy as np
 
 from latticekit.drafting.cache_model import CacheModel
-from latticekit.drafting.calibration import AcceptanceModel, PendingLabels, node_features
+from latticekit.drafting.calibration import AcceptanceModel, CandidateTree, PendingLabels, node_features
 from latticekit.drafting.continuations import best_continuations
+from latticekit.drafting.union import HeadScore, united_candidates
 from latticekit.errors import DecoderConfigError
+from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 
-__all__ = ["ChainDrafter", "BatchCosts", "allocate"]
+__all__ = ["ChainDrafter", "BatchCosts", "allocate", "best_chain"]
 
 
 class ChainDrafter:
@@ -86,15 +88,41 @@ class ChainDrafter:
         features = node_features(tree, self.acceptance.max_depth)
         probability = tree.path_probability(self.acceptance.conditional(features))
         self.pending.add(len(text) - 1, tree, features)
-        chain: list[int] = []
-        node = -1
-        while True:
-            children = np.flatnonzero(tree.parents == node)
-            if not len(children):
-                break
-            node = int(children[np.argmax(probability[children])])
-            chain.append(node)
-        return tree.tokens[chain].astype(np.int64), probability[chain]
+        return best_chain(tree, probability)
+
+    def propose_lattice(self, max_length: int, lattice: SausageLattice, search_lm: NGramLM, p: int, alpha: float,
+                        head_logprob: Optional[HeadScore] = None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`propose` from the text's continuations united with the p best paths of the
+        heads' lattice (:func:`~latticekit.drafting.union.united_candidates`); the lattice's root
+        is the text's last token and its rows past ``max_length`` drafts are not read."""
+        text = self.model.ids
+        if max_length < 1 or not text:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        depth = min(self.max_depth, max_length)
+        found = best_continuations(self.model, text, self.candidates, depth)
+        if lattice.h > depth + 1:
+            lattice = SausageLattice(lattice.tokens[:depth + 1], lattice.scores[:depth + 1],
+                                     lattice.widths[:depth + 1])
+        tree = united_candidates(self.model, text, found, lattice, search_lm, p, alpha, self.model.static,
+                                 head_logprob)
+        features = node_features(tree, self.acceptance.max_depth)
+        probability = tree.path_probability(self.acceptance.conditional(features))
+        self.pending.add(len(text) - 1, tree, features)
+        return best_chain(tree, probability)
+
+
+def best_chain(tree: CandidateTree, probability: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The chain down ``tree`` through each node's most probable child: its tokens and each
+    position's probability of being accepted."""
+    chain: list[int] = []
+    node = -1
+    while True:
+        children = np.flatnonzero(tree.parents == node)
+        if not len(children):
+            break
+        node = int(children[np.argmax(probability[children])])
+        chain.append(node)
+    return tree.tokens[chain].astype(np.int64), probability[chain]
 
 
 class BatchCosts:

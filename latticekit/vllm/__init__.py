@@ -9,11 +9,16 @@
 
 or, for ``vllm serve``, ``--speculative-config '{"method": "custom_class", "model":
 "latticekit.vllm.NGramProposer", "num_speculative_tokens": 8}'`` with the settings in
-``LATTICEKIT_VLLM_CONFIG`` (:mod:`latticekit.vllm.config`). Nothing here imports vLLM or
-torch: vLLM imports the proposer in its worker process. docs/vllm.md says more.
+``LATTICEKIT_VLLM_CONFIG`` (:mod:`latticekit.vllm.config`). With draft heads (``heads=``),
+``latticekit.vllm.LatticeProposer`` drafts from their lattice (:mod:`latticekit.vllm.lattice`).
+Importing this package imports neither vLLM nor torch: vLLM imports the proposer in its worker
+process, and the lattice proposer imports torch when the engine hands it the model.
+docs/vllm.md says more.
 """
 
-from latticekit.vllm.config import ENV, PROPOSER, ProposerConfig, speculative_config
+from latticekit.vllm.config import ENV, LATTICE_PROPOSER, PROPOSER, ProposerConfig, speculative_config
+from latticekit.vllm.lattice import LatticeProposer
 from latticekit.vllm.proposer import NGramProposer
 
-__all__ = ["ENV", "PROPOSER", "NGramProposer", "ProposerConfig", "speculative_config"]
+__all__ = ["ENV", "PROPOSER", "LATTICE_PROPOSER", "NGramProposer", "LatticeProposer", "ProposerConfig",
+           "speculative_config"]

@@ -21,12 +21,14 @@ from typing import Any, Optional
 
 from latticekit.errors import ProposerConfigError
 
-__all__ = ["ENV", "ProposerConfig", "speculative_config", "PROPOSER"]
+__all__ = ["ENV", "ProposerConfig", "speculative_config", "PROPOSER", "LATTICE_PROPOSER"]
 
 #: The environment variable the worker reads its settings from.
 ENV = "LATTICEKIT_VLLM_CONFIG"
 #: vLLM's ``speculative_config["model"]`` for the n-gram proposer.
 PROPOSER = "latticekit.vllm.NGramProposer"
+#: ... and for the lattice proposer (draft heads, ``heads`` set).
+LATTICE_PROPOSER = "latticekit.vllm.LatticeProposer"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,17 @@ class ProposerConfig:
         stats: a JSON file the proposer rewrites with its counters at most every half second while
             it is called
             (steps, drafted, accepted and proposed tokens, drafting seconds, errors, fitted costs).
+        heads: draft heads for the lattice proposer (``LatticeProposer``): a latticekit heads
+            file (``BlockHeads.save``) or a Medusa checkpoint folder (vLLM's or FasterDecoding's
+            layout, :mod:`latticekit.heads.medusa`). None: the n-gram proposer.
+        k: arcs per lattice position (each head's top k).
+        p: lattice paths searched per request and step.
+        alpha: the n-gram model's weight in the lattice search (``draft + alpha * n-gram``).
+        check_hidden: the lattice proposer checks, every step, that the hidden state it takes
+            for a request is the one whose logits gave the request's last token (its arg-max
+            must be that token: meaningful for greedy requests), counting ``hidden_checked``
+            and ``hidden_wrong`` in the stats. A full output projection per request: for tests
+            and diagnosis.
     """
 
     lm: Optional[str] = None
@@ -61,9 +74,14 @@ class ProposerConfig:
     prior_ratio: float = 1 / 16
     step_costs: Optional[tuple[float, float]] = None
     stats: Optional[str] = None
+    heads: Optional[str] = None
+    k: int = 8
+    p: int = 16
+    alpha: float = 1.0
+    check_hidden: bool = False
 
     def __post_init__(self) -> None:
-        for key in ("candidates", "max_depth", "max_context", "max_requests"):
+        for key in ("candidates", "max_depth", "max_context", "max_requests", "k", "p"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ProposerConfigError(f"latticekit vLLM proposer: {key} must be an integer >= 1, got {value!r}")
@@ -85,6 +103,18 @@ class ProposerConfig:
                                           f"got {self.lm!r}")
             if self.lm != "embedded" and not Path(self.lm).is_file():
                 raise ProposerConfigError(f"latticekit vLLM proposer: lm file {self.lm!r} does not exist")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) \
+                or not math.isfinite(self.alpha) or not 0 <= self.alpha <= 100:
+            raise ProposerConfigError(f"latticekit vLLM proposer: alpha must be a number in [0, 100], got {self.alpha!r}")
+        if not isinstance(self.check_hidden, bool):
+            raise ProposerConfigError(f"latticekit vLLM proposer: check_hidden must be true or false, "
+                                      f"got {self.check_hidden!r}")
+        if self.heads is not None:
+            if not isinstance(self.heads, str) or not self.heads:
+                raise ProposerConfigError(f"latticekit vLLM proposer: heads must be a heads file or a Medusa "
+                                          f"checkpoint folder, got {self.heads!r}")
+            if not Path(self.heads).exists():
+                raise ProposerConfigError(f"latticekit vLLM proposer: heads {self.heads!r} does not exist")
         if self.stats is not None and (not isinstance(self.stats, str) or not Path(self.stats).parent.is_dir()):
             raise ProposerConfigError(f"latticekit vLLM proposer: stats must be a file path in an existing "
                                       f"folder, got {self.stats!r}")
@@ -131,10 +161,13 @@ class ProposerConfig:
 
 
 def speculative_config(num_speculative_tokens: int = 8, **settings: Any) -> dict[str, Any]:
-    """vLLM's ``speculative_config`` for latticekit's n-gram proposer, its settings checked now
-    and put where the engine's worker reads them (``LATTICEKIT_VLLM_CONFIG``)::
+    """vLLM's ``speculative_config`` for latticekit's proposer, its settings checked now and put
+    where the engine's worker reads them (``LATTICEKIT_VLLM_CONFIG``)::
 
         llm = vllm.LLM(model, speculative_config=latticekit.vllm.speculative_config(8, lm="katz.arpa"))
+
+    With ``heads`` set, the proposer is the lattice proposer (``LatticeProposer``), else the
+    n-gram proposer (``NGramProposer``).
 
     Args:
         num_speculative_tokens: the longest chain vLLM verifies per request (K).
@@ -148,4 +181,5 @@ def speculative_config(num_speculative_tokens: int = 8, **settings: Any) -> dict
         raise ProposerConfigError(f"num_speculative_tokens must be an integer >= 1, got {num_speculative_tokens!r}")
     config = ProposerConfig.from_dict(settings)
     os.environ[ENV] = config.to_json()
-    return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": num_speculative_tokens}
+    proposer = LATTICE_PROPOSER if config.heads is not None else PROPOSER
+    return {"method": "custom_class", "model": proposer, "num_speculative_tokens": num_speculative_tokens}

@@ -102,8 +102,15 @@ class NGramProposer:
         ProposerConfigError: a bad setting or model file (when the engine starts).
     """
 
+    #: Whether the proposer drafts from heads (``heads`` is its setting).
+    reads_heads = False
+
     def __init__(self, vllm_config: Any, config: Optional[ProposerConfig] = None) -> None:
         self.config = config if config is not None else ProposerConfig.from_env()
+        if (self.config.heads is not None) != self.reads_heads:
+            raise ProposerConfigError(
+                "latticekit vLLM proposer: heads are drafted by latticekit.vllm.LatticeProposer, n-grams alone by "
+                f"latticekit.vllm.NGramProposer; {type(self).__name__} was given heads={self.config.heads!r}")
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -177,13 +184,14 @@ class NGramProposer:
         if self._skip > 0:  # drafting did not pay lately: not even its own work (the states catch up later)
             self._skip -= 1
             return [[] for _ in range(rows)]
+        self._begin_step(sampled)
         chains: list[np.ndarray] = []
         probabilities: list[np.ndarray] = []
         for i in range(rows):
             chain, prob = np.zeros(0, dtype=np.int64), np.zeros(0)
             if sampled[i]:  # nothing sampled: a prefill chunk or a discarded row
                 try:
-                    chain, prob = self._draft_row(keys[i], int(lengths[i]), buffer[i], len(sampled[i]))
+                    chain, prob = self._draft_row(i, keys[i], int(lengths[i]), buffer[i], len(sampled[i]))
                 except Exception as exc:
                     self._failed("row", exc)
                     self.states.pop(keys[i], None)
@@ -206,7 +214,15 @@ class NGramProposer:
         self._probe = 2
         return [chain[:n].tolist() for chain, n in zip(chains, chosen)]
 
-    def _draft_row(self, key: Any, length: int, row: np.ndarray, emitted: int) -> tuple[np.ndarray, np.ndarray]:
+    def _begin_step(self, sampled: list[list[int]]) -> None:
+        """What a step's drafting needs for the whole batch before its rows (nothing here)."""
+
+    def _draft(self, state: ChainDrafter, index: int, room: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row ``index``'s chain, its state up to date."""
+        return state.propose(room)
+
+    def _draft_row(self, index: int, key: Any, length: int, row: np.ndarray,
+                   emitted: int) -> tuple[np.ndarray, np.ndarray]:
         room = min(self.k, self.config.max_depth, self.max_model_len - length - 1)
         if length < 1 or room < 1:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
@@ -228,7 +244,7 @@ class NGramProposer:
         else:
             self.states.move_to_end(key)
         state.observe(ids)
-        return state.propose(room)
+        return self._draft(state, index, room)
 
     # -- which request a row is ---------------------------------------------------------------
 

@@ -1,0 +1,94 @@
+"""One candidate tree from two sources: the heads' lattice and the text's own continuations.
+
+Draft heads miss what only the text knows (the name defined three lines up, the function the
+answer is copying); the text's n-grams miss what it has not said yet. :func:`united_candidates`
+merges the p best paths of the heads' lattice, searched under ``draft + alpha * n-gram``
+(latticekit's exact search), with the most probable continuations of the text under the n-gram
+cache model (:func:`~latticekit.drafting.continuations.best_continuations`) into one trie, and
+gives every node the features the acceptance estimates read (:func:`~latticekit.drafting.calibration.node_features`):
+its head, n-gram and cache-model log-probabilities. ``heads+ngram`` in latticekit's own loop and
+the lattice proposer inside vLLM both draft from it.
+
+Plain Python and numpy; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Optional
+
+import numpy as np
+
+from latticekit.drafting.cache_model import CacheModel
+from latticekit.drafting.calibration import CandidateTree
+from latticekit.drafting.continuations import Continuations
+from latticekit.lattice import SausageLattice
+from latticekit.ngram import NGramLM
+from latticekit.search import pbest
+
+__all__ = ["united_candidates", "arc_score"]
+
+#: ``head_logprob(depth, token)``: the heads' log-probability of ``token`` at draft depth
+#: ``depth`` (1 = the first token after the root), NaN where they cannot say.
+HeadScore = Callable[[int, int], float]
+
+
+def arc_score(lattice: SausageLattice) -> HeadScore:
+    """A token's score among the arcs of the lattice at a draft depth, or NaN (off the lattice,
+    or past its reach)."""
+
+    def score(depth: int, token: int) -> float:
+        if depth >= lattice.h:
+            return float("nan")
+        width = int(lattice.widths[depth])
+        hit = np.nonzero(lattice.tokens[depth, :width] == token)[0]
+        return float(lattice.scores[depth, hit[0]]) if hit.size else float("nan")
+
+    return score
+
+
+def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuations, lattice: SausageLattice,
+                      search_lm: NGramLM, p: int, alpha: float, lm: Optional[NGramLM],
+                      head_logprob: Optional[HeadScore] = None) -> CandidateTree:
+    """The p best paths of ``lattice`` and the continuations ``found``, merged into one trie.
+
+    Args:
+        model: the cache model ``found`` was drafted from (it scores the lattice's paths).
+        ids: the text, its last token the lattice's root (position 1).
+        found: the text's continuations (``best_continuations(model, ids, ...)``).
+        lattice: the heads' lattice, `(h, k)`, row 0 the root alone.
+        search_lm: the n-gram model the search rescores with (a uniform one without a model).
+        p: lattice paths searched.
+        alpha: the n-gram weight of the search.
+        lm: the static n-gram model, or None (no n-gram feature).
+        head_logprob: the heads' score of any token at a depth; default: its lattice arc's score.
+
+    Returns:
+        The trie, lattice paths first, with each node's head, n-gram and cache log-probabilities.
+        A node the heads cannot score (a continuation off the lattice, or past its reach) takes
+        the cache model's word in the head's place: an absent feature would pull its estimate
+        to 1/2.
+    """
+    context = ids[max(0, len(ids) - search_lm.order): -1]
+    paths = pbest(lattice, search_lm, p, alpha, context=context)
+    drafts = [tuple(int(t) for t in path.tokens[1:]) for path in paths]
+    found_paths = found.paths()
+    known = dict(zip(found_paths, range(found.size)))
+    everything = drafts + found_paths
+    tree = CandidateTree.from_paths(everything, [[np.nan] * len(d) for d in everything])
+    score = head_logprob if head_logprob is not None else arc_score(lattice)
+    tail = list(ids[len(ids) - min(len(ids), model.context_size):])
+    assert tree.cache_logprob is not None  # set by CandidateTree.__post_init__
+    for i, path in enumerate(tree.paths_to(range(tree.size))):
+        tree.head_logprob[i] = score(len(path), path[-1])
+        j = known.get(path)
+        if j is not None:
+            tree.ngram_logprob[i], tree.cache_logprob[i] = found.static_logprob[j], found.logprob[j]
+        else:
+            mixed, static, _ = model.conditional(tail + list(path[:-1]), path[-1])
+            tree.ngram_logprob[i], tree.cache_logprob[i] = static, mixed
+    if lm is None:
+        tree.ngram_logprob[:] = np.nan
+    missing = np.isnan(tree.head_logprob)
+    tree.head_logprob[missing] = tree.cache_logprob[missing]
+    return tree

@@ -1,0 +1,69 @@
+"""Draft heads on a vLLM model: latticekit's heads files and Medusa checkpoints, attached to the
+output projection of the model vLLM loaded (not an HF model)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from latticekit.errors import HeadsError, ProposerConfigError
+
+__all__ = ["load_heads_for"]
+
+
+class _Projection(nn.Module):
+    """A vLLM model's output projection as a plain linear map over its first ``vocab_size`` rows
+    (vLLM pads the vocabulary; its own LM head module is not callable)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(hidden, self.weight)
+
+
+class _Target:
+    """What heads loaders read of a model: its output projection and its name."""
+
+    def __init__(self, model: Any, vocab_size: int) -> None:
+        lm_head = getattr(model, "lm_head", None)
+        weight = getattr(lm_head, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] < vocab_size:
+            raise ProposerConfigError(f"latticekit vLLM lattice proposer: {type(model).__name__} has no lm_head "
+                                      f"weight of {vocab_size} rows to put draft heads on (tensor-parallel "
+                                      "shards are not supported)")
+        self._projection = _Projection(weight.detach()[:vocab_size])
+        self.config = getattr(model, "config", None)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self._projection
+
+
+def load_heads_for(path: Any, model: Any, vocab_size: int) -> Any:
+    """Heads from ``path`` (a latticekit heads file, or a Medusa checkpoint folder or weights
+    file) on ``model``'s output projection, in eval mode.
+
+    Raises:
+        ProposerConfigError: the heads cannot be read, or were made for another model.
+    """
+    from latticekit.heads.medusa import load_medusa
+    from latticekit.heads.modules import BlockHeads
+
+    target = _Target(model, vocab_size)
+    path = Path(os.fspath(path))
+    try:
+        if path.is_dir() or path.name in ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors",
+                                          "pytorch_model.bin", "model.pt"):
+            heads = load_medusa(path, target)
+        else:
+            heads = BlockHeads.load(path, target)
+    except HeadsError as exc:
+        raise ProposerConfigError(f"latticekit vLLM lattice proposer: heads {str(path)!r}: {exc}") from exc
+    if heads.num_heads < 2:
+        raise ProposerConfigError(f"latticekit vLLM lattice proposer: heads {str(path)!r} hold no draft head")
+    return heads.eval()

