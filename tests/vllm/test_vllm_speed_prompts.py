@@ -1,0 +1,29 @@
+"""``benchmarks/vllm_speed.py`` gives every phase (concurrency level) prompts of its own and warms
+up on one no phase uses: a proposer with a memory of past answers (vLLM's ``suffix``) never
+drafts a request whose answer it has already seen."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vllm_speed.py"
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("vllm_speed", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_phases_get_distinct_prompts():
+    bench = load_benchmark()
+    counts = bench.phase_counts([1, 4, 16], prompts=16, prompts_at_1=6)
+    assert counts == [6, 16, 16]
+    for domain, texts in bench.requests(sum(counts) + 1, list(bench.DOMAINS)).items():
+        phases, warmup = bench.deal(texts, counts)
+        assert [len(p) for p in phases] == counts, domain
+        used = [t for p in phases for t in p] + [warmup]
+        assert len(set(used)) == len(used), domain
+        assert phases[0] == texts[:6], domain  # concurrency 1 keeps the first requests in id order
