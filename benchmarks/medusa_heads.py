@@ -5,9 +5,9 @@ b)`` and a vocabulary projection. latticekit's shipped heads use wider ``mlp`` l
 (``h + W2 silu(W1 h + b1) + b2``), which that format cannot hold. To compare vLLM's Medusa
 drafting (each head's arg-max) with latticekit's lattice drafting on the *same* heads, this
 script fits ``medusa``-layer heads (one layer each, the model's tied output projection) to the
-shipped heads' distributions (the KL divergence from the shipped head's softmax over the 8,192
-most probable tokens of latticekit's SmolLM2 4-gram, where nearly all of both heads' mass lies;
-Adam), on the final hidden states of SmolLM2
+shipped heads' distributions (the KL divergence from the shipped head's softmax over the
+``--vocabulary`` most probable tokens of latticekit's SmolLM2 4-gram, where most of both heads'
+mass lies; Adam), on the final hidden states of SmolLM2
 over offline text: windows of the standard library's training-split files and the training
 split's instruction prompts through the chat template (latticekit.heads.corpora / prompts).
 It reports, on held-out files and prompts, each head's top-1 agreement with the shipped head
@@ -84,9 +84,10 @@ def main() -> None:
     ap.add_argument("--train-tokens", type=int, default=24000)
     ap.add_argument("--heldout-tokens", type=int, default=4000)
     ap.add_argument("--window", type=int, default=384)
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--vocabulary", type=int, default=4096, help="tokens the distillation's KL divergence spans")
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -116,9 +117,9 @@ def main() -> None:
         target_train = teacher.head_states(x_train)[:, 1:args.heads + 1].clone()
         target_held = teacher.head_states(x_held)[:, 1:args.heads + 1].clone()
     from latticekit.demo import embedded_token_lm
-    from latticekit.drafting.drafters.auto import CANDIDATE_TOKENS, lm_candidates
+    from latticekit.drafting.drafters.auto import lm_candidates
 
-    rows = model.lm_head.weight.detach()[torch.as_tensor(lm_candidates(embedded_token_lm(), CANDIDATE_TOKENS))]
+    rows = model.lm_head.weight.detach()[torch.as_tensor(lm_candidates(embedded_token_lm(), args.vocabulary))]
     student = BlockHeads.for_model(model, args.heads + 1, layer="medusa")
     params = [p for p in student.blocks.parameters()]
     optimiser = torch.optim.Adam(params, lr=args.lr)
@@ -134,7 +135,7 @@ def main() -> None:
         loss.backward()
         optimiser.step()
         schedule.step()
-        if step % 500 == 0 or step == args.steps - 1:
+        if step % 100 == 0 or step == args.steps - 1:
             print(f"step {step}: train KL {loss.item():.4f}", flush=True)
     report: dict[str, object] = {"command": "benchmarks/medusa_heads.py", "args": vars(args),
                                  "train_positions": len(x_train), "heldout_positions": len(x_held), "heads": []}

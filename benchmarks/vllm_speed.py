@@ -11,7 +11,13 @@ is checked identical to vLLM without speculation. The engines:
   depth 24, spec factor 1.0, min token probability 0.1, and its global tree of past answers on,
   up to 10,000 requests). It needs ``arctic_inference.suffix_decoding``
   (``python benchmarks/build_suffix_decoding.py`` builds it); without it the engine is skipped;
-* ``latticekit``: latticekit's proposer (K = ``--k``, ``lm`` = ``--lm``).
+* ``latticekit``: latticekit's n-gram proposer (``NGramProposer``, K = ``--k``, ``lm`` = ``--lm``);
+* ``medusa``: vLLM's Medusa drafting (each head's arg-max) with the Medusa heads in ``--medusa``
+  (``benchmarks/medusa_heads.py`` distils them from latticekit's shipped heads; K = their
+  number of heads); skipped when the folder is missing;
+* ``lattice-medusa``: latticekit's lattice proposer (``LatticeProposer``) with the same heads,
+  K = ``--k``, ``lm`` = ``--lm``;
+* ``lattice``: latticekit's lattice proposer with latticekit's shipped heads (7 draft heads).
 
 Prompts: the held-out instruction requests of the heads recipe
 (``benchmarks/results/heads/instruction_prompts.json``, built from offline material by
@@ -59,7 +65,9 @@ from typing import Any
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 ROOT = Path(__file__).resolve().parent
-ENGINES = ("none", "vllm-ngram", "suffix", "latticekit")
+ENGINES = ("none", "vllm-ngram", "suffix", "latticekit", "medusa", "lattice-medusa", "lattice")
+#: The engines whose proposer is latticekit's (their drafting ms come from its stats file).
+LATTICEKIT = ("latticekit", "lattice-medusa", "lattice")
 DOMAINS = {
     "code": {("code", "rewrite"), ("code", "docstring")},
     "summary": {(s, t) for s in ("python-docs", "postgresql-docs") for t in ("summarise", "rewrite", "key-points",
@@ -133,6 +141,8 @@ def main() -> None:
                    help="'none' always runs (the reference)")
     p.add_argument("--lm", default="embedded", help="latticekit's Katz model ('embedded', a path or 'none')")
     p.add_argument("--domains", nargs="+", default=list(DOMAINS), choices=list(DOMAINS))
+    p.add_argument("--medusa", default=str(ROOT / "cache" / "medusa-smollm2-h4"),
+                   help="the Medusa checkpoint folder (vLLM's layout) of the medusa and lattice-medusa engines")
     p.add_argument("--out", default=str(ROOT / "results" / "vllm_speed"))
     args = p.parse_args()
     if args.summarize:
@@ -155,26 +165,39 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     folder = smollm2_hf_folder(default_cache_dir() / "smollm2-135m-instruct-hf")
-    stats_path = out / "proposer_stats.json"
-    settings = {"stats": str(stats_path)}
-    if args.lm != "none":
-        settings["lm"] = args.lm
-    specs = {
+    from latticekit.heads.modules import DEFAULT_HEADS_PATH
+
+    stats_paths = {name: out / f"proposer_stats-{name}.json" for name in LATTICEKIT}
+    lm = {} if args.lm == "none" else {"lm": args.lm}
+    # latticekit's settings reach an engine's worker through the environment when it starts
+    settings = {"latticekit": lm, "lattice-medusa": {**lm, "heads": args.medusa},
+                "lattice": {**lm, "heads": str(DEFAULT_HEADS_PATH)}}
+    medusa_heads = json.loads((Path(args.medusa) / "config.json").read_text())["num_heads"] \
+        if (Path(args.medusa) / "config.json").exists() else None
+    specs: dict[str, Any] = {
         "none": None,
         "vllm-ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
         "suffix": {"method": "suffix", "num_speculative_tokens": args.suffix_k},
-        "latticekit": speculative_config(args.k, **settings),
+        "medusa": {"method": "medusa", "model": args.medusa, "num_speculative_tokens": medusa_heads},
+        **{name: {"latticekit": {**s, "k": args.k}} for name, s in settings.items()},
     }
     specs = {name: spec for name, spec in specs.items() if name == "none" or name in args.engines}
     if "suffix" in specs and (missing := suffix_decoding_missing()):
         print(f"engine suffix: skipped, vLLM's suffix method needs arctic_inference.suffix_decoding: {missing}",
               flush=True)
         del specs["suffix"]
+    for name in ("medusa", "lattice-medusa"):
+        if name in specs and medusa_heads is None:
+            print(f"engine {name}: skipped, no Medusa checkpoint in {args.medusa} (benchmarks/medusa_heads.py)",
+                  flush=True)
+            del specs[name]
     common = dict(model=str(folder), dtype="float32", max_model_len=4096, max_num_seqs=max(args.concurrency),
                   enforce_eager=True, seed=0, disable_log_stats=False)
     engines: dict[str, Any] = {}
     for name, spec in specs.items():
         t0 = time.perf_counter()
+        if name in LATTICEKIT:
+            spec = speculative_config(args.k, **settings[name], stats=str(stats_paths[name]))
         engines[name] = vllm.LLM(**common, **({"speculative_config": spec} if spec else {}))
         print(f"engine {name}: started in {time.perf_counter() - t0:.0f} s", flush=True)
     tok = engines["none"].get_tokenizer()
@@ -203,7 +226,8 @@ def main() -> None:
                 for name in order:
                     llm = engines[name]
                     before = spec_counters(llm)
-                    draft_before = json.loads(stats_path.read_text()) if name == "latticekit" and \
+                    stats_path = stats_paths.get(name)
+                    draft_before = json.loads(stats_path.read_text()) if stats_path is not None and \
                         stats_path.exists() else None
                     t0 = time.perf_counter()
                     got = llm.generate(group, params, use_tqdm=False)
@@ -215,7 +239,7 @@ def main() -> None:
                     row["engines"][name] = {"seconds": seconds, "tokens": tokens, "accepted": accepted,
                                             "draft_tokens": after.get("num_draft_tokens", 0)
                                             - before.get("num_draft_tokens", 0)}
-                    if draft_before is not None:
+                    if stats_path is not None and draft_before is not None:
                         time.sleep(0.6)
                         llm.generate([{"prompt_token_ids": [1, 2]}], vllm.SamplingParams(max_tokens=1), use_tqdm=False)
                         now = json.loads(stats_path.read_text())

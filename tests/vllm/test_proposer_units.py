@@ -17,8 +17,11 @@ from hypothesis import strategies as st
 
 from latticekit.drafting.calibration import AcceptanceModel
 from latticekit.drafting.chains import BatchCosts, ChainDrafter, allocate
+from latticekit.drafting.drafters.ngram import uniform_lm
 from latticekit.errors import ProposerConfigError
-from latticekit.vllm import ENV, NGramProposer, ProposerConfig, speculative_config
+from latticekit.lattice import SausageLattice
+from latticekit.vllm import ENV, LATTICE_PROPOSER, LatticeProposer, NGramProposer, ProposerConfig, speculative_config
+from latticekit.vllm.lattice import hidden_rows
 
 ARPA = Path(__file__).resolve().parents[1] / "data" / "words-small-katz2.arpa.gz"
 
@@ -169,3 +172,44 @@ def test_drafting_pauses_where_it_does_not_repay_itself() -> None:
 def test_a_model_over_other_token_ids_is_refused_at_start() -> None:
     with pytest.raises(ProposerConfigError, match="outside the model's vocabulary"):
         NGramProposer(engine_config(vocab=5), ProposerConfig(lm="embedded"))  # SmolLM2's token ids
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 5)), min_size=1, max_size=12))
+def test_hidden_rows_find_each_requests_last_emitted_token_like_a_plain_layout(rows: list[tuple[int, int]]) -> None:
+    # a request that verified d drafts emits between 1 and d + 1 tokens (none: a prefill chunk)
+    emitted = [min(n, d + 1) for n, d in rows]
+    drafts = [d for _, d in rows]
+    layout = [(i, j) for i, d in enumerate(drafts) for j in range(d + 1)]  # one state per logits position
+    want = [layout.index((i, n - 1)) if n else -1 for i, n in enumerate(emitted)]
+    assert hidden_rows(emitted, drafts) == want
+
+
+def test_lattice_settings_are_checked_and_name_the_lattice_proposer(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    for bad, match in (({"k": 0}, "k must be"), ({"p": -1}, "p must be"), ({"alpha": -1}, "alpha"),
+                       ({"alpha": float("nan")}, "alpha"), ({"check_hidden": "yes"}, "check_hidden"),
+                       ({"heads": str(tmp_path / "missing")}, "does not exist"), ({"heads": ""}, "heads")):
+        with pytest.raises(ProposerConfigError, match=match):
+            ProposerConfig.from_dict(bad)
+    heads = tmp_path / "heads.safetensors"
+    heads.write_bytes(b"")  # read when the engine loads its model, not here
+    assert speculative_config(4, heads=str(heads))["model"] == LATTICE_PROPOSER
+    with pytest.raises(ProposerConfigError, match="LatticeProposer"):
+        NGramProposer(engine_config(), ProposerConfig(heads=str(heads)))
+    with pytest.raises(ProposerConfigError, match="NGramProposer"):
+        LatticeProposer(engine_config(), ProposerConfig())
+
+
+def test_a_confident_lattice_leads_the_chain_where_the_text_knows_nothing() -> None:
+    drafter = ChainDrafter(None, 100, AcceptanceModel.prior(trust="head+cache"), candidates=8, max_depth=4)
+    drafter.observe([5, 17, 42, 8])  # nothing repeats: the cache model knows nothing
+    tokens = np.array([[8, 0], [61, 62], [63, 64], [65, 66]], dtype=np.int32)
+    scores = np.array([[0, 0], [-0.01, -5], [-0.02, -5], [-0.03, -5]], dtype=np.float32)
+    lattice = SausageLattice(tokens, scores, np.array([1, 2, 2, 2], dtype=np.int32))
+    chain, probability = drafter.propose_lattice(3, lattice, uniform_lm(), p=4, alpha=0.0)
+    assert chain.tolist() == [61, 63, 65]
+    assert np.all(np.diff(probability) <= 0) and probability[0] > 0.5
+    short, _ = drafter.propose_lattice(2, lattice, uniform_lm(), p=4, alpha=0.0)
+    assert short.tolist() == [61, 63]  # rows past max_length are not read
