@@ -7,6 +7,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CORE_SOURCES = [
+    "csrc/latticekit/acceptance.cc",
     "csrc/latticekit/arpa.cc",
     "csrc/latticekit/continuations.cc",
     "csrc/latticekit/corpus.cc",

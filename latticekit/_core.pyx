@@ -31,7 +31,7 @@ from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountT
                               LookupChildren, ParseIdLines, PBestBatch, PBestOne, LatticeView,
                               LatticeBatchView, BatchPathsOut, PathsOut, StateId, Checksum64,
                               BestContinuations, Continuations, KatzState, KatzSuccessors, NGramCache,
-                              NGramCacheFollower)
+                              NGramCacheFollower, LogisticSgd)
 
 
 cdef string _path_bytes(path):

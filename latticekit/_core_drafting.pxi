@@ -1,7 +1,7 @@
-# The heads-free drafting core's part of the binding (included by _core.pyx): a request's n-gram
-# cache, a model's ranked successors, and the search of the most probable continuations
-# (csrc/latticekit/ngram_cache.h, successors.h, continuations.h). latticekit/drafting validates
-# the arguments; the C++ calls run without the GIL.
+# The drafting core's part of the binding (included by _core.pyx): a request's n-gram cache, a
+# model's ranked successors, the search of the most probable continuations and the acceptance
+# model's update (csrc/latticekit/ngram_cache.h, successors.h, continuations.h, acceptance.h).
+# latticekit/drafting validates the arguments; the C++ calls run without the GIL.
 
 cdef class CoreKatzSuccessors:
     """The ranked next tokens of one model (successors.h); keeps the model alive."""
@@ -152,3 +152,11 @@ cdef class CoreNGramCache:
             BestContinuations(self.cache.get()[0], index, vocab_size, ptr, size, p, max_depth, &out)
         return (_int64s(out.tokens), _int64s(out.parents), _int64s(out.depths), _doubles(out.logprob),
                 _doubles(out.static_logprob), _doubles(out.score))
+
+
+def logistic_sgd(const double[:, ::1] x, const double[::1] y, double rate, double[::1] w):
+    """One logistic-loss SGD step per row of x, in order, on w (in place); shapes checked by the caller."""
+    if x.shape[0] == 0:
+        return
+    with nogil:
+        LogisticSgd(&x[0, 0], &y[0], x.shape[0], x.shape[1], rate, &w[0])

@@ -232,3 +232,7 @@ cdef extern from "latticekit/continuations.h" namespace "latticekit" nogil:
     void BestContinuations(const NGramCache& cache, const KatzSuccessors* static_model, int64_t vocab_size,
                            const int32_t* tail, size_t size, int p, int max_depth,
                            Continuations* out) except +raise_core_error
+
+
+cdef extern from "latticekit/acceptance.h" namespace "latticekit" nogil:
+    void LogisticSgd(const double* x, const double* y, size_t rows, size_t cols, double rate, double* w)

@@ -68,8 +68,7 @@ class ChainDrafter:
 
     def observe(self, ids: Sequence[int]) -> None:
         """Brings the cache model up to ``ids`` and labels every candidate the text now decides."""
-        text = ids[self.start:]
-        self.model.sync(text)
+        self.model.sync(ids, self.start)
         features, labels = self.pending.resolve(self.model.ids)
         self.acceptance.update(features, labels)
 
@@ -86,14 +85,7 @@ class ChainDrafter:
         features = node_features(tree, self.acceptance.max_depth)
         probability = tree.path_probability(self.acceptance.conditional(features))
         self.pending.add(len(text) - 1, tree, features)
-        chain: list[int] = []
-        node = -1
-        while True:
-            children = np.flatnonzero(tree.parents == node)
-            if not len(children):
-                break
-            node = int(children[np.argmax(probability[children])])
-            chain.append(node)
+        chain = tree.best_chain(probability)
         return tree.tokens[chain].astype(np.int64), probability[chain]
 
 

@@ -18,10 +18,15 @@ from hypothesis import strategies as st
 import latticekit as lk
 from arpa_gen import arpa_models, to_arpa
 from latticekit.drafting.cache_model import CacheModel
-from latticekit.drafting.calibration import AcceptanceModel
+from latticekit.drafting.calibration import AcceptanceModel, CandidateTree, PendingLabels
 from latticekit.drafting.chains import ChainDrafter
 from latticekit.drafting.continuations import best_continuations
-from reference_drafting import ReferenceCacheModel, ReferenceChainDrafter, reference_best_continuations
+from reference_drafting import (
+    ReferenceCacheModel,
+    ReferenceChainDrafter,
+    ReferencePendingLabels,
+    reference_best_continuations,
+)
 
 VOCAB = 7  # the random models' words are 0..5 at most; 6 is never a static token, 7 and 8 lie beyond the vocabulary
 
@@ -97,6 +102,35 @@ def test_cache_model_and_search_equal_the_reference(tmp_path_factory: Any, model
             want_lp, want_static, want_n = slow.conditional(tail, token)
             assert (got_lp, got_n) == (want_lp, want_n)
             assert got_static == want_static or (math.isnan(got_static) and math.isnan(want_static))
+
+
+@settings(max_examples=200)
+@given(data=st.data(), alphabet=st.integers(1, 4))
+def test_pending_labels_equal_the_reference(data: Any, alphabet: int) -> None:
+    """Trees added at the text's end, labelled as the text grows, is cut back or replaced; the
+    text handed over whole or in two parts (ids, then the tokens just emitted)."""
+    fast, slow = PendingLabels(), ReferencePendingLabels()
+    text = data.draw(st.lists(st.integers(0, alphabet), min_size=1, max_size=6))
+    tokens = st.integers(0, alphabet)
+    for _ in range(data.draw(st.integers(1, 12))):
+        paths = data.draw(st.lists(st.lists(tokens, min_size=1, max_size=5), min_size=1, max_size=6))
+        tree = CandidateTree.from_paths(paths, [[0.0] * len(path) for path in paths])
+        features = np.arange(tree.size * 3, dtype=np.float64).reshape(tree.size, 3) + len(text)
+        fast.add(len(text) - 1, tree, features)
+        slow.add(len(text) - 1, tree, features)
+        change = data.draw(st.sampled_from(["grow", "grow", "grow", "cut", "replace"]))
+        if change == "grow":
+            text = text + data.draw(st.lists(tokens, max_size=6))
+        elif change == "cut":
+            text = text[:data.draw(st.integers(1, len(text)))]
+        else:
+            text = data.draw(st.lists(tokens, min_size=1, max_size=12))
+        split = data.draw(st.integers(0, len(text)))
+        got = fast.resolve(np.asarray(text[:split]) if split % 2 else text[:split], text[split:])
+        want = slow.resolve(text)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        assert len(fast._pending) == len(slow._pending)
 
 
 def drive(drafter: Any, stream: list[int], prompt: int, steps: int, k: int, restart: Optional[int],
