@@ -1,6 +1,6 @@
 from libcpp.memory cimport unique_ptr
 
-from latticekit._cpp cimport KatzState, KatzSuccessors, Model, NGramCache
+from latticekit._cpp cimport KatzState, KatzStateMemo, KatzSuccessors, Model, NGramCache
 
 
 cdef class CoreModel:
@@ -19,3 +19,4 @@ cdef class CoreKatzState:
 
 cdef class CoreNGramCache:
     cdef unique_ptr[NGramCache] cache
+    cdef unique_ptr[KatzStateMemo] states  # the static model's states its searches visit

@@ -65,13 +65,20 @@ cdef _copy_into(vector[double]& target, const double[::1] values):
         target[i] = values[i]
 
 
+# The static model's states a request's searches keep (successors.h's KatzStateMemo): a step's
+# candidate tree visits about 30 contexts, most of them again at the next steps.
+cdef size_t STATES_KEPT = 1024
+
+
 cdef class CoreNGramCache:
-    """One request's n-gram cache (ngram_cache.h)."""
+    """One request's n-gram cache (ngram_cache.h), and the static model's states its searches
+    keep."""
 
     def __cinit__(self, int max_order, const double[::1] prior, double prior_positions):
         if prior.shape[0] < max_order:
             raise ValueError(f"prior needs {max_order} weights, got {prior.shape[0]}")
         self.cache.reset(new NGramCache(max_order, &prior[0] if prior.shape[0] > 0 else NULL, prior_positions))
+        self.states.reset(new KatzStateMemo(STATES_KEPT))
 
     def __len__(self):
         return self.cache.get().text().size()
@@ -149,7 +156,8 @@ cdef class CoreNGramCache:
         cdef size_t size = tail.shape[0]
         cdef const int32_t* ptr = &tail[0] if size > 0 else NULL
         with nogil:
-            BestContinuations(self.cache.get()[0], index, vocab_size, ptr, size, p, max_depth, &out)
+            BestContinuations(self.cache.get()[0], index, self.states.get(), vocab_size, ptr, size, p, max_depth,
+                              &out)
         return (_int64s(out.tokens), _int64s(out.parents), _int64s(out.depths), _doubles(out.logprob),
                 _doubles(out.static_logprob), _doubles(out.score))
 

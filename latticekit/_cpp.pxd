@@ -195,6 +195,10 @@ cdef extern from "latticekit/successors.h" namespace "latticekit" nogil:
         double LogProb(int64_t token)
         bool Ranked(size_t r, int64_t* token, double* logprob) except +raise_core_error
 
+    cdef cppclass KatzStateMemo:
+        KatzStateMemo(size_t capacity)
+        size_t size()
+
 
 cdef extern from "latticekit/ngram_cache.h" namespace "latticekit" nogil:
     cdef cppclass NGramCacheFollower "latticekit::NGramCache::Follower":
@@ -229,8 +233,8 @@ cdef extern from "latticekit/continuations.h" namespace "latticekit" nogil:
         vector[double] static_logprob
         vector[double] score
 
-    void BestContinuations(const NGramCache& cache, const KatzSuccessors* static_model, int64_t vocab_size,
-                           const int32_t* tail, size_t size, int p, int max_depth,
+    void BestContinuations(const NGramCache& cache, const KatzSuccessors* static_model, KatzStateMemo* states,
+                           int64_t vocab_size, const int32_t* tail, size_t size, int p, int max_depth,
                            Continuations* out) except +raise_core_error
 
 

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 
@@ -28,23 +27,28 @@ struct Child {
 
 // The next tokens after one context, most probable first, ties by token id: the cache's
 // followers of the longest match, each scored lam p_cache + (1 - lam) p_static, merged with the
-// static model's other tokens below vocab_size, scored (1 - lam) p_static. Followers are scored
-// lazily (see continuations.h); the order is the full sort's.
+// static model's other tokens below vocab_size, scored (1 - lam) p_static; the order is the full
+// sort's. Followers are scored lazily. Two cursors bound those not scored yet: by count (they
+// follow the context at most as often as the next one by count), and along the static model's
+// ranking (the walk: a follower it has not passed is at most as probable as the walk's next
+// token, or <unk>'s when the model lacks it). A token is emitted once its score beats that
+// bound; until then the cursor whose term dominates the bound moves: the next follower by count
+// is scored, or the walk passes one token (scoring a follower it meets, queueing a static one).
 class Children {
  public:
   Children(const NGramCache &cache, KatzState *state, const int32_t *tail, size_t size, int longest,
            int64_t vocab_size, double uniform)
       : cache_(cache), state_(state), vocab_size_(vocab_size), uniform_(uniform) {
-    match = cache.Match(tail, size, longest);
+    match = cache.Match(tail, size, longest, &node_);
     lam_ = cache.Weight(match);
     log_rest_ = std::log1p(-lam_);
     if (match > 0) {
-      node_ = cache.Context(tail, size, match);
       total_ = static_cast<double>(cache.Total(node_));
       followers_ = cache.NumFollowers(node_);
       scored_.assign(followers_, 0);
     }
     if (state_ != nullptr && followers_ > 0) unk_ = state_->Log10Prob(0) * kLn10;
+    if (state_ != nullptr) Front();
   }
 
   int match = 0;
@@ -75,57 +79,70 @@ class Children {
     std::push_heap(heap_.begin(), heap_.end(), std::greater<Scored>());
   }
 
-  // The static model's next token that is not a follower and lies below the vocabulary; the
-  // followers the walk passes are scored on the way (their static probability is the walk's).
-  void PeekStatic() {
-    while (!peeked_ && !exhausted_) {
-      int64_t token;
-      double lp;
-      if (!state_->Ranked(walk_, &token, &lp)) {
-        exhausted_ = true;
-        break;
-      }
-      const int64_t at = followers_ > 0 && token <= INT32_MAX ? cache_.Position(node_, static_cast<int32_t>(token)) : -1;
-      if (at >= 0) {
-        if (!scored_[at]) Score(static_cast<size_t>(at), lp);
-      } else if (token < vocab_size_) {
-        peeked_ = true;
-        peek_token_ = static_cast<int32_t>(token);
-        peek_logprob_ = lp;
-        break;
-      }
-      ++walk_;
+  // The walk's next token (front_token_, front_) or its end.
+  void Front() {
+    int64_t token;
+    if (state_->Ranked(walk_, &token, &front_)) {
+      front_token_ = token;
+    } else {
+      exhausted_ = true;
+      front_ = -INFINITY;
     }
+  }
+
+  // The walk passes one token: a follower is scored (its static probability is the walk's), a
+  // static token below the vocabulary queued; the front moves on.
+  void Walk() {
+    const int64_t at = followers_ > 0 && front_token_ >= INT32_MIN && front_token_ <= INT32_MAX
+                           ? cache_.Position(node_, static_cast<int32_t>(front_token_))
+                           : -1;
+    if (at >= 0) {
+      if (!scored_[at]) Score(static_cast<size_t>(at), front_);
+    } else if (front_token_ < vocab_size_) {
+      statics_.push_back({static_cast<int32_t>(front_token_), front_, front_});
+    }
+    ++walk_;
+    Front();
   }
 
   bool Advance(Child *out) {
     while (true) {
-      if (state_ != nullptr) PeekStatic();
+      if (state_ != nullptr) {  // the static candidate: the first queued, else the walk's next
+        while (next_static_ == statics_.size() && !exhausted_) Walk();
+      }
+      const bool has_static = next_static_ < statics_.size();
       const Scored *cached = heap_.empty() ? nullptr : &heap_.front();
       bool take_static = false;
       double best = -INFINITY;
-      if (peeked_) {
-        const double score = log_rest_ + std::min(peek_logprob_, 0.0);
-        take_static = cached == nullptr || -score < cached->neg || (-score == cached->neg && peek_token_ < cached->token);
+      if (has_static) {
+        const Child &s = statics_[next_static_];
+        const double score = log_rest_ + std::min(s.static_logprob, 0.0);
+        take_static = cached == nullptr || -score < cached->neg || (-score == cached->neg && s.token < cached->token);
         best = take_static ? score : -cached->neg;
       } else if (cached != nullptr) {
         best = -cached->neg;
       }
       while (next_ < followers_ && scored_[next_]) ++next_;
       if (next_ < followers_) {  // could a follower not scored yet rank first?
-        double front = uniform_;
-        if (state_ != nullptr) front = std::max(peeked_ ? peek_logprob_ : -INFINITY, unk_);
-        const double bound = Mix(lam_, cache_.FollowerAt(node_, next_).count / total_, front);
+        const double share = lam_ * (cache_.FollowerAt(node_, next_).count / total_);
+        double rest;
+        bool walk = false;
+        if (state_ != nullptr) {
+          rest = (1.0 - lam_) * std::exp(std::min(std::max(front_, unk_), 0.0));
+          walk = !exhausted_ && front_ > unk_ && rest >= share;  // the walk's term dominates: move it
+        } else {
+          rest = (1.0 - lam_) * std::exp(std::min(uniform_, 0.0));
+        }
+        const double bound = std::log(share + rest);
         if (!(best > bound + 1e-12 * (1.0 + std::fabs(bound)))) {
-          const double lp = state_ != nullptr ? state_->LogProb(cache_.FollowerAt(node_, next_).token) : uniform_;
-          Score(next_, lp);
+          if (walk) Walk();
+          else Score(next_, state_ != nullptr ? state_->LogProb(cache_.FollowerAt(node_, next_).token) : uniform_);
           continue;
         }
       }
       if (take_static) {
-        *out = {peek_token_, best, peek_logprob_};
-        peeked_ = false;
-        ++walk_;
+        const Child &s = statics_[next_static_++];
+        *out = {s.token, best, s.static_logprob};
         return true;
       }
       if (cached == nullptr) return false;
@@ -145,9 +162,11 @@ class Children {
   std::vector<uint8_t> scored_;
   std::vector<Scored> heap_;
   size_t walk_ = 0;  // the static model's ranked tokens passed
-  bool peeked_ = false, exhausted_ = false;
-  int32_t peek_token_ = 0;
-  double peek_logprob_ = 0.0;
+  bool exhausted_ = false;
+  int64_t front_token_ = 0;
+  double front_ = -INFINITY;   // the walk's next token's log-probability
+  std::vector<Child> statics_;  // static tokens the walk passed, in its order (logprob unused)
+  size_t next_static_ = 0;
   std::vector<Child> ranked_;
 };
 
@@ -162,8 +181,9 @@ struct Entry {
 
 }  // namespace
 
-void BestContinuations(const NGramCache &cache, const KatzSuccessors *static_model, int64_t vocab_size,
-                       const int32_t *tail, size_t size, int p, int max_depth, Continuations *out) {
+void BestContinuations(const NGramCache &cache, const KatzSuccessors *static_model, KatzStateMemo *states,
+                       int64_t vocab_size, const int32_t *tail, size_t size, int p, int max_depth,
+                       Continuations *out) {
   if (p < 1 || max_depth < 1 || vocab_size < 1)
     throw InvalidArgument("p, max_depth and vocab_size must be >= 1, got " + std::to_string(p) + ", " +
                           std::to_string(max_depth) + ", " + std::to_string(vocab_size));
@@ -172,18 +192,14 @@ void BestContinuations(const NGramCache &cache, const KatzSuccessors *static_mod
   const size_t root_size = std::min(size, keep);
   const std::vector<int32_t> root_tail(tail + (size - root_size), tail + size);
   const double uniform = -std::log(static_cast<double>(vocab_size));
-  const size_t static_keep = static_model ? static_cast<size_t>(static_model->order() - 1) : 0;
-
-  std::map<std::vector<int32_t>, std::unique_ptr<KatzState>> states;  // by the last order - 1 tokens
+  KatzStateMemo own(0);  // without the request's memo: one for this search
+  if (static_model != nullptr) {
+    if (states == nullptr) states = &own;
+    states->Start(*static_model);
+  }
   std::vector<std::unique_ptr<Children>> pool;
   auto children = [&](const int32_t *t, size_t n, int longest) -> Children * {
-    KatzState *state = nullptr;
-    if (static_model != nullptr) {
-      const size_t k = std::min(n, static_keep);
-      std::unique_ptr<KatzState> &slot = states[std::vector<int32_t>(t + (n - k), t + n)];
-      if (!slot) slot.reset(new KatzState(*static_model, t + (n - k), k));
-      state = slot.get();
-    }
+    KatzState *state = static_model != nullptr ? states->Get(t, n) : nullptr;
     pool.emplace_back(new Children(cache, state, t, n, longest, vocab_size, uniform));
     return pool.back().get();
   };

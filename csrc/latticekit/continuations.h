@@ -35,9 +35,11 @@ struct Continuations {
 // The p most probable continuations of 1..max_depth tokens after tail (the text's last tokens:
 // its last max(max_order, order - 1) matter). static_model null: the uniform distribution over
 // vocab_size instead, which proposes nothing of its own. Static tokens at or above vocab_size
-// are never proposed. Throws InvalidArgument for p < 1, max_depth < 1 or vocab_size < 1.
-void BestContinuations(const NGramCache &cache, const KatzSuccessors *static_model, int64_t vocab_size,
-                       const int32_t *tail, size_t size, int p, int max_depth, Continuations *out);
+// are never proposed. states: the request's memo of the static model's states (null: none kept
+// beyond this search). Throws InvalidArgument for p < 1, max_depth < 1 or vocab_size < 1.
+void BestContinuations(const NGramCache &cache, const KatzSuccessors *static_model, KatzStateMemo *states,
+                       int64_t vocab_size, const int32_t *tail, size_t size, int p, int max_depth,
+                       Continuations *out);
 
 }  // namespace latticekit
 

@@ -39,16 +39,18 @@ uint32_t NGramCache::Child(uint32_t node, int32_t token) const {
   return child != nullptr ? *child : 0;
 }
 
-int NGramCache::Match(const int32_t *tail, size_t size, int longest) const {
+int NGramCache::Match(const int32_t *tail, size_t size, int longest, uint32_t *node) const {
   const int most = static_cast<int>(std::min<size_t>({static_cast<size_t>(max_order_), size,
                                                       static_cast<size_t>(std::max(longest, 0))}));
-  uint32_t node = 0;
+  uint32_t at = 0;
   int n = 0;
   while (n < most) {
-    node = Child(node, tail[size - 1 - n]);
-    if (node == 0) break;
+    const uint32_t child = Child(at, tail[size - 1 - n]);
+    if (child == 0) break;
+    at = child;
     ++n;
   }
+  if (node != nullptr) *node = at;
   return n;
 }
 
@@ -136,9 +138,9 @@ void NGramCache::Extend(const int32_t *tokens, const double *static_prob, size_t
   for (size_t i = 0; i < n; ++i) {
     const int32_t token = tokens[i];
     const size_t size = text_.size();
-    const int match = Match(text_.data(), size, max_order_);
+    uint32_t node;
+    const int match = Match(text_.data(), size, max_order_, &node);
     if (match > 0) {
-      const uint32_t node = Context(text_.data(), size, match);
       const int64_t at = Position(node, token);
       const double count = at >= 0 ? static_cast<double>(FollowerAt(node, static_cast<size_t>(at)).count) : 0.0;
       const double lam = Weight(match);

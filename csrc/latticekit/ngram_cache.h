@@ -48,8 +48,8 @@ class NGramCache {
   // lam(n): the cache's share for a match of n tokens (0 for n <= 0).
   double Weight(int n) const;
   // The length n of the longest context ending tail[0 .. size) seen followed by a token, at most
-  // min(max_order, size, longest); 0 for none.
-  int Match(const int32_t *tail, size_t size, int longest) const;
+  // min(max_order, size, longest); 0 for none. node, when given, receives its context's node.
+  int Match(const int32_t *tail, size_t size, int longest, uint32_t *node = nullptr) const;
   // The node of the context of tail's last n tokens (n at most Match's), 0 (the root) for n = 0.
   uint32_t Context(const int32_t *tail, size_t size, int n) const;
 

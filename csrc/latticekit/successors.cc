@@ -131,4 +131,33 @@ bool KatzState::Ranked(size_t r, int64_t *token, double *logprob) {
   return true;
 }
 
+void KatzStateMemo::Start(const KatzSuccessors &index) {
+  if (&index != index_ || states_.size() >= capacity_) {
+    index_ = &index;
+    states_.clear();
+    where_.Clear();
+  }
+}
+
+KatzState *KatzStateMemo::Get(const int32_t *context, size_t n) {
+  const KatzSuccessors &index = *index_;
+  const size_t keep = std::min<size_t>(n, static_cast<size_t>(index.order() - 1));
+  context += n - keep;
+  uint64_t hash = 0x9E3779B97F4A7C15ull ^ keep;
+  for (size_t j = 0; j < keep; ++j) hash = (hash ^ static_cast<uint32_t>(context[j])) * 0x100000001B3ull + j;
+  hash &= ~uint64_t(0) >> 1;  // never FlatMap64's free mark
+  bool inserted;
+  uint32_t *at = where_.FindOrInsert(hash, static_cast<uint32_t>(states_.size()), &inserted);
+  if (!inserted) {
+    Slot &slot = states_[*at];
+    if (slot.key.size() == keep && std::equal(slot.key.begin(), slot.key.end(), context)) return slot.state.get();
+    // another context with the same hash: a state of its own, outside the memo
+    states_.push_back({{}, std::unique_ptr<KatzState>(new KatzState(index, context, keep))});
+    return states_.back().state.get();
+  }
+  states_.push_back({std::vector<int32_t>(context, context + keep),
+                     std::unique_ptr<KatzState>(new KatzState(index, context, keep))});
+  return states_.back().state.get();
+}
+
 }  // namespace latticekit

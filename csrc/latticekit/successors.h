@@ -15,8 +15,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "latticekit/flat_map.h"
 #include "latticekit/model.h"
 
 namespace latticekit {
@@ -84,6 +86,32 @@ class KatzState {
   std::vector<Entry> heap_;
   bool started_ = false;
   std::vector<std::pair<int64_t, double>> ranked_;
+};
+
+// The states a request's searches visit, kept from one search to the next: the contexts of a
+// step's candidate tree mostly recur at the next step, their levels found and their tokens
+// ranked once. Bounded: beyond capacity states it starts empty again. Not shared between
+// threads (one per request).
+class KatzStateMemo {
+ public:
+  explicit KatzStateMemo(size_t capacity) : capacity_(capacity) {}
+
+  // Before a search under index: the memo is emptied if it holds another model's states or
+  // more than its capacity (a search's own states stay valid until the next Start).
+  void Start(const KatzSuccessors &index);
+  // The state after context[0 .. n) (only its last order - 1 tokens matter) under Start's index.
+  KatzState *Get(const int32_t *context, size_t n);
+  size_t size() const { return states_.size(); }
+
+ private:
+  struct Slot {
+    std::vector<int32_t> key;
+    std::unique_ptr<KatzState> state;
+  };
+  size_t capacity_;
+  const KatzSuccessors *index_ = nullptr;
+  std::vector<Slot> states_;
+  internal::FlatMap64 where_;  // hash of the key -> slot
 };
 
 }  // namespace latticekit

@@ -152,7 +152,7 @@ void TestSuccessors() {
   const std::vector<const KatzSuccessors *> static_models = {nullptr, &index};
   for (const KatzSuccessors *static_model : static_models) {
     Continuations out;
-    BestContinuations(cache, static_model, 5, words.data(), words.size(), 12, 4, &out);
+    BestContinuations(cache, static_model, nullptr, 5, words.data(), words.size(), 12, 4, &out);
     // without a static model only the cache's followers are proposed: fewer than 12 here
     CHECK((static_model != nullptr ? out.tokens.size() == 12 : !out.tokens.empty() && out.tokens.size() < 12));
     CHECK(out.tokens[0] == 2 && out.parents[0] == -1);
@@ -167,7 +167,7 @@ void TestSuccessors() {
     CHECK(tree);
   }
   Continuations out;
-  CHECK_THROWS(InvalidArgument, BestContinuations(cache, &index, 5, words.data(), words.size(), 0, 4, &out),
+  CHECK_THROWS(InvalidArgument, BestContinuations(cache, &index, nullptr, 5, words.data(), words.size(), 0, 4, &out),
                [](const InvalidArgument &) {});
 }
 
