@@ -287,11 +287,13 @@ def compare(before: dict[str, Any], after: dict[str, Any], names: tuple[str, str
              f"{names[1]}: latticekit {after['machine']['commit']}, `{after['machine']['command']}`  ",
              f"Machine: {after['machine']['cpu']} ({', '.join(after['machine']['isa'])}), "
              f"{after['machine']['threads']} drafting thread.", "",
-             "ms; `x` is before / after (how many times faster). Same chains: the digests of every chain "
-             "proposed are equal.", "",
+             "ms; `x` is before / after (how many times faster). RSS MB/request: the process's resident memory "
+             "after the requests read their prompts, less before, per request (rough: the allocator reuses freed "
+             "memory). Same chains: the digests of every chain proposed are equal.", "",
              "| domain | prompt | requests | ingest before | ingest after | x | step median before | after | x | "
-             "step p90 before | after | engine step median before | after | x | same chains |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "step p90 before | after | engine step median before | after | x | RSS MB/request before | after | "
+             "same chains |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in after["results"]:
         b = old.get(key(c))
         if b is None:
@@ -304,7 +306,8 @@ def compare(before: dict[str, Any], after: dict[str, Any], names: tuple[str, str
             f"{c['ingest_ms']['median']:.1f} | {b['ingest_ms']['median'] / c['ingest_ms']['median']:.0f} | "
             f"{b['step_ms']['median']:.3f} | {c['step_ms']['median']:.3f} | "
             f"{b['step_ms']['median'] / c['step_ms']['median']:.1f} | {b['step_ms']['p90']:.3f} | "
-            f"{c['step_ms']['p90']:.3f} | {engine} | {b['chains_digest'] == c['chains_digest']} |")
+            f"{c['step_ms']['p90']:.3f} | {engine} | {b['rss_growth_mb_per_request']:.1f} | "
+            f"{c['rss_growth_mb_per_request']:.1f} | {b['chains_digest'] == c['chains_digest']} |")
     return "\n".join(lines) + "\n"
 
 
