@@ -20,3 +20,4 @@ cdef class CoreKatzState:
 cdef class CoreNGramCache:
     cdef unique_ptr[NGramCache] cache
     cdef unique_ptr[KatzStateMemo] states  # the static model's states its searches visit
+    cdef CoreKatzSuccessors states_of  # the index those states read, kept alive with them

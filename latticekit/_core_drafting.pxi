@@ -153,6 +153,9 @@ cdef class CoreNGramCache:
         """(tokens, parents, depths, logprob, static_logprob, score) of the p best continuations."""
         cdef Continuations out
         cdef const KatzSuccessors* index = successors.index.get() if successors is not None else NULL
+        if successors is not None and successors is not self.states_of:  # states of another model: forgotten
+            self.states.reset(new KatzStateMemo(STATES_KEPT))
+            self.states_of = successors
         cdef size_t size = tail.shape[0]
         cdef const int32_t* ptr = &tail[0] if size > 0 else NULL
         with nogil:
