@@ -7,15 +7,19 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CORE_SOURCES = [
+    "csrc/latticekit/acceptance.cc",
     "csrc/latticekit/arpa.cc",
+    "csrc/latticekit/continuations.cc",
     "csrc/latticekit/corpus.cc",
     "csrc/latticekit/counting.cc",
     "csrc/latticekit/model.cc",
     "csrc/latticekit/model_build.cc",
     "csrc/latticekit/model_format.cc",
+    "csrc/latticekit/ngram_cache.cc",
     "csrc/latticekit/search.cc",
     "csrc/latticekit/search_batch.cc",
     "csrc/latticekit/storage.cc",
+    "csrc/latticekit/successors.cc",
     "csrc/latticekit/trie.cc",
 ]
 

@@ -29,7 +29,9 @@ from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountT
                               MergeCountOrder, Model, NGramTables, OrderTable, ParseArpa,
                               ParseArpaHeader,
                               LookupChildren, ParseIdLines, PBestBatch, PBestOne, LatticeView,
-                              LatticeBatchView, BatchPathsOut, PathsOut, StateId, Checksum64)
+                              LatticeBatchView, BatchPathsOut, PathsOut, StateId, Checksum64,
+                              BestContinuations, Continuations, KatzState, KatzStateMemo, KatzSuccessors, NGramCache,
+                              NGramCacheFollower, LogisticSgd)
 
 
 cdef string _path_bytes(path):
@@ -499,3 +501,6 @@ def release_free_memory():
     """Returns memory freed by worker threads to the operating system (see counting.h)."""
     with nogil:
         ReleaseFreeMemory()
+
+
+include "_core_drafting.pxi"

@@ -183,3 +183,60 @@ cdef extern from "latticekit/search.h" namespace "latticekit" nogil:
     void PBestBatch(const Model& model, const LatticeBatchView& lattices, const int32_t* context,
                     const int64_t* context_offsets, bool bos, int p, double alpha, int threads,
                     const BatchPathsOut& out) except +raise_core_error
+
+
+cdef extern from "latticekit/successors.h" namespace "latticekit" nogil:
+    cdef cppclass KatzSuccessors:
+        KatzSuccessors(const Model& model, const int64_t* token_of, size_t num_words) except +raise_core_error
+        size_t bytes()
+
+    cdef cppclass KatzState:
+        KatzState(const KatzSuccessors& index, const int32_t* context, size_t n) except +raise_core_error
+        double LogProb(int64_t token)
+        bool Ranked(size_t r, int64_t* token, double* logprob) except +raise_core_error
+
+    cdef cppclass KatzStateMemo:
+        KatzStateMemo(size_t capacity)
+        size_t size()
+
+
+cdef extern from "latticekit/ngram_cache.h" namespace "latticekit" nogil:
+    cdef cppclass NGramCacheFollower "latticekit::NGramCache::Follower":
+        int32_t token
+        uint32_t count
+
+    cdef cppclass NGramCache:
+        NGramCache(int max_order, const double* prior, double prior_positions) except +raise_core_error
+        int max_order()
+        const vector[int32_t]& text()
+        void Clear()
+        void Extend(const int32_t* tokens, const double* static_prob, size_t n) except +raise_core_error
+        double Weight(int n)
+        int Match(const int32_t* tail, size_t size, int longest)
+        uint32_t Context(const int32_t* tail, size_t size, int n)
+        uint32_t Total(uint32_t node)
+        size_t NumFollowers(uint32_t node)
+        NGramCacheFollower FollowerAt(uint32_t node, size_t i)
+        int64_t Position(uint32_t node, int32_t token)
+        vector[double]& responsibility()
+        vector[double]& positions()
+        size_t num_contexts()
+        size_t bytes()
+
+
+cdef extern from "latticekit/continuations.h" namespace "latticekit" nogil:
+    cdef cppclass Continuations:
+        vector[int32_t] tokens
+        vector[int32_t] parents
+        vector[int32_t] depths
+        vector[double] logprob
+        vector[double] static_logprob
+        vector[double] score
+
+    void BestContinuations(const NGramCache& cache, const KatzSuccessors* static_model, KatzStateMemo* states,
+                           int64_t vocab_size, const int32_t* tail, size_t size, int p, int max_depth,
+                           Continuations* out) except +raise_core_error
+
+
+cdef extern from "latticekit/acceptance.h" namespace "latticekit" nogil:
+    void LogisticSgd(const double* x, const double* y, size_t rows, size_t cols, double rate, double* w)

@@ -557,6 +557,7 @@ int main(int argc, char **argv) {
     TestCountNotAbove();
     TestArcSetLookup();
     testing::TestStampedMap();
+    testing::TestDrafting();
   } catch (const std::exception &e) {
     std::printf("unexpected exception: %s\n", e.what());
     return 1;

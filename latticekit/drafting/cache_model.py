@@ -28,22 +28,25 @@ that a probability distribution the p-best search can rank continuations under:
   an answer that copies it, raises the weights of the match lengths involved within a few
   tokens; text the cache does not predict lowers them.
 
-Plain Python and numpy; nothing here imports torch.
+The cache lives in the C++ core (``csrc/latticekit/ngram_cache.h``): a token is counted, and the
+weights' statistics updated, in O(``max_order``) whatever the text's length; the text is never
+re-read. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
+from latticekit import _core
 from latticekit.drafting.successors import KatzState, KatzSuccessors
 from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
 
-__all__ = ["CacheModel", "Children", "PRIOR_WEIGHTS", "MAX_ORDER"]
+__all__ = ["CacheModel", "PRIOR_WEIGHTS", "MAX_ORDER"]
 
 #: The longest context the cache matches (tokens).
 MAX_ORDER = 8
@@ -67,6 +70,7 @@ class CacheModel:
 
     Attributes:
         ids: the text the cache holds (prompt and decoded tokens).
+        cache: the core's n-gram cache of ``ids`` (the search reads it).
     """
 
     def __init__(self, static: Optional[NGramLM], vocab_size: int, max_order: int = MAX_ORDER,
@@ -87,95 +91,83 @@ class CacheModel:
         self.context_size = max(self.max_order, static.order - 1 if static is not None else 0)
         self.prior = np.array([prior[min(n, len(prior)) - 1] for n in range(1, self.max_order + 1)])
         self.prior_positions = float(prior_positions)
-        self._reset()
+        self.cache = _core.CoreNGramCache(self.max_order, self.prior, self.prior_positions)
+        self.ids: list[int] = []
 
     def _reset(self) -> None:
         """An empty cache and the weights back at the prior."""
-        self.responsibility = np.zeros(self.max_order)  # sum of posteriors per match length
-        self.positions = np.zeros(self.max_order)  # positions seen per match length
-        self.ids: list[int] = []
-        self._followers: dict[tuple[int, ...], dict[int, int]] = {}
-        self._totals: dict[tuple[int, ...], int] = {}
+        self.cache.clear()
+        self.ids = []
+
+    @property
+    def responsibility(self) -> np.ndarray:
+        """Sum of the cache's posteriors per match length (a copy)."""
+        return self.cache.responsibility
+
+    @responsibility.setter
+    def responsibility(self, values: Any) -> None:
+        self.cache.responsibility = np.ascontiguousarray(values, dtype=np.float64)
+
+    @property
+    def positions(self) -> np.ndarray:
+        """Positions seen per match length (a copy)."""
+        return self.cache.positions
+
+    @positions.setter
+    def positions(self, values: Any) -> None:
+        self.cache.positions = np.ascontiguousarray(values, dtype=np.float64)
 
     # -- the cache -------------------------------------------------------------------------------
 
     def weight(self, n: int) -> float:
         """lam(n): the cache's share for a match of ``n`` tokens (0 for no match)."""
-        if n <= 0:
-            return 0.0
-        i = min(n, self.max_order) - 1
-        return float((self.prior_positions * self.prior[i] + self.responsibility[i])
-                     / (self.prior_positions + self.positions[i]))
+        return float(self.cache.weight(n)) if n > 0 else 0.0
 
     def match(self, tail: Sequence[int], longest: Optional[int] = None) -> int:
         """The length n of the longest context ending ``tail`` that the cache has seen followed
         by a token (0: none). ``longest`` bounds it (a child's match is at most its parent's + 1)."""
-        n = min(self.max_order, len(tail), self.max_order if longest is None else longest)
-        followers = self._followers
-        size = len(tail)
-        while n > 0:
-            if tuple(tail[size - n:]) in followers:
-                return n
-            n -= 1
-        return 0
+        return int(self.cache.match(self._tail(tail), self.max_order if longest is None else longest))
 
     def followers(self, tail: Sequence[int], n: int) -> tuple[dict[int, int], int]:
-        """The tokens that followed the last ``n`` tokens of ``tail``, with counts, and their sum."""
-        key = tuple(tail[len(tail) - n:])
-        return self._followers[key], self._totals[key]
+        """The tokens that followed the last ``n`` tokens of ``tail``, with counts, and their sum
+        (``n`` at most :meth:`match`'s)."""
+        counts, total = self.cache.followers(self._tail(tail), n)
+        return counts, int(total)
 
-    def sync(self, ids: Sequence[int]) -> None:
-        """Brings the cache up to ``ids`` (the same text, longer): fits the weights on every new
-        position (posterior of the cache at its match length), then counts the new n-grams.
-        A text that is not an extension of the cached one starts the cache afresh."""
+    def _tail(self, tail: Sequence[int]) -> np.ndarray:
+        keep = min(len(tail), self.max_order)
+        return _token_array(tail[len(tail) - keep:] if keep else [])
+
+    def sync(self, ids: Sequence[int], start: int = 0) -> None:
+        """Brings the cache up to ``ids[start:]`` (the same text, longer): fits the weights on
+        every new position (posterior of the cache at its match length), then counts the new
+        n-grams. A text that is not an extension of the cached one starts the cache afresh.
+        Reads only the new tokens and the cached text's last 16 (never slices ``ids`` whole).
+
+        Raises:
+            DecoderConfigError: a token id outside int32.
+        """
         have = len(self.ids)
+        size = max(0, len(ids) - start)
         tail = min(have, _SYNC_CHECK)  # the cached text's last tokens must be where they were
-        if len(ids) < have or (tail and [int(t) for t in ids[have - tail:have]] != self.ids[-tail:]):
+        if size < have or (tail and [int(t) for t in ids[start + have - tail:start + have]] != self.ids[-tail:]):
             self._reset()
             have = 0
-        if len(ids) == have:
+        if size == have:
             return
-        new = [int(t) for t in ids[have:]]
-        static = None
+        new = _token_array(ids[start + have:])
         if self.static is not None:
-            static = np.exp(self.static.token_logprobs(new, context=self.ids[-self.context_size:] if have else ()))
-        text = self.ids
-        for i, token in enumerate(new):
-            if text:
-                n = self.match(text[-self.max_order:])
-                if n:
-                    counts, total = self.followers(text, n)
-                    lam = self.weight(n)
-                    p_cache = lam * counts.get(token, 0) / total
-                    p_static = (1.0 - lam) * (static[i] if static is not None else 1.0 / self.vocab_size)
-                    if p_cache + p_static > 0:
-                        self.responsibility[n - 1] += p_cache / (p_cache + p_static)
-                        self.positions[n - 1] += 1
-            text.append(token)
-            self._count(text)
-
-    def _count(self, text: list[int]) -> None:
-        """Counts the last token of ``text`` after each of its 1..max_order preceding contexts."""
-        token, end = text[-1], len(text) - 1
-        for n in range(1, min(self.max_order, end) + 1):
-            key = tuple(text[end - n:end])
-            counts = self._followers.get(key)
-            if counts is None:
-                counts = self._followers[key] = {}
-                self._totals[key] = 0
-            counts[token] = counts.get(token, 0) + 1
-            self._totals[key] += 1
+            context = self.ids[-self.context_size:] if have else ()
+            static = np.exp(self.static.token_logprobs(new, context=context))
+        else:
+            static = np.full(len(new), 1.0 / self.vocab_size)
+        self.cache.extend(new, static)
+        self.ids.extend(new.tolist())
 
     # -- the interpolated model ------------------------------------------------------------------
 
     def static_state(self, tail: Sequence[int]) -> Optional[KatzState]:
         return self.successors.state(tail) if self.successors is not None else None
-
-    def children(self, tail: Sequence[int], longest: Optional[int] = None) -> "Children":
-        """The next tokens after ``tail`` (the text's last tokens and a path after it), most
-        probable first, lazily (see :class:`Children`)."""
-        n = self.match(tail, longest)
-        return Children(self, tail, n)
 
     def conditional(self, tail: Sequence[int], token: int, longest: Optional[int] = None) -> tuple[float, float, int]:
         """``(log P(token | tail), log P_static(token | tail) (NaN without a static model), match
@@ -186,9 +178,26 @@ class CacheModel:
         reported = static if state is not None else math.nan
         if n == 0:
             return min(static, 0.0), reported, 0
-        counts, total = self.followers(tail, n)
+        count, total = self.cache.count(self._tail(tail), n, int(token))
         lam = self.weight(n)
-        return _mix(lam, counts.get(token, 0) / total, static), reported, n
+        return _mix(lam, count / total, static), reported, n
+
+
+def _token_array(tokens: Any) -> np.ndarray:
+    """Token ids as a contiguous int32 array (what the core's cache holds).
+
+    Raises:
+        DecoderConfigError: an id outside int32.
+    """
+    if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32:
+        return np.ascontiguousarray(tokens)
+    if isinstance(tokens, np.ndarray) and tokens.dtype.kind in "iu":
+        array = tokens.astype(np.int64) if tokens.dtype != np.uint64 else tokens
+    else:  # a list, or floats that hold ids: as int() reads them (a NaN is a ValueError)
+        array = np.asarray([int(t) for t in tokens], dtype=np.int64)
+    if array.size and (array.min() < -2**31 or array.max() >= 2**31):
+        raise DecoderConfigError(f"token ids must fit int32, got {int(array.min())} .. {int(array.max())}")
+    return array.astype(np.int32).reshape(-1)
 
 
 def _mix(lam: float, p_cache: float, static_logprob: float) -> float:
@@ -198,74 +207,3 @@ def _mix(lam: float, p_cache: float, static_logprob: float) -> float:
     if p_cache == 0.0:
         return math.log1p(-lam) + static_logprob
     return math.log(lam * p_cache + (1.0 - lam) * math.exp(static_logprob))
-
-
-class Children:
-    """The next tokens after one context under :class:`CacheModel`, most probable first.
-
-    A merge of two sorted streams: the cache's followers of the longest match (each scored
-    exactly, ``lam p_cache + (1 - lam) p_static``), and every other token the static model
-    proposes in its own order (:meth:`KatzState.ranked`), scored ``(1 - lam) p_static`` —
-    decreasing, so the merge is exact over the whole vocabulary (the static model's words below
-    the target's vocabulary size, and the cache's tokens). Ties by token id.
-
-    Attributes:
-        match: the match length n at this context (0: no match).
-    """
-
-    __slots__ = ("model", "tail", "match", "_cache", "_cached", "_state", "_weight", "_next_static",
-                 "_next_cache", "_ranked", "_log_rest")
-
-    def __init__(self, model: CacheModel, tail: Sequence[int], match: int) -> None:
-        self.model, self.tail, self.match = model, tail, match
-        state = self._state = model.static_state(tail)
-        cached: list[tuple[float, int, float]] = []
-        lam = model.weight(match)
-        if match:
-            counts, total = model.followers(tail, match)
-            uniform = -math.log(model.vocab_size)
-            for token, count in counts.items():
-                static = state.logprob(token) if state is not None else uniform
-                cached.append((-_mix(lam, count / total, static), token, static if state is not None else math.nan))
-            cached.sort()
-        self._cache = cached
-        self._cached = {token for _, token, _ in cached}
-        self._log_rest = math.log1p(-lam)
-        self._next_cache = 0
-        self._next_static = 0
-        self._ranked: list[tuple[int, float, float]] = []
-
-    def ranked(self, r: int) -> Optional[tuple[int, float, float]]:
-        """The r-th most probable next token (0-based): ``(token, log P, log P_static)`` (NaN
-        without a static model), or None past the last proposable one."""
-        ranked = self._ranked
-        while len(ranked) <= r:
-            nxt = self._advance()
-            if nxt is None:
-                return None
-            ranked.append(nxt)
-        return ranked[r]
-
-    def _peek_static(self) -> Optional[tuple[int, float]]:
-        state = self._state
-        if state is None:
-            return None
-        vocab_size = self.model.vocab_size
-        while True:
-            nxt = state.ranked(self._next_static)
-            if nxt is None or (nxt[0] not in self._cached and nxt[0] < vocab_size):
-                return nxt
-            self._next_static += 1
-
-    def _advance(self) -> Optional[tuple[int, float, float]]:
-        static = self._peek_static()
-        cache = self._cache[self._next_cache] if self._next_cache < len(self._cache) else None
-        if static is not None:
-            score = self._log_rest + min(static[1], 0.0)
-            if cache is None or (-score, static[0]) < (cache[0], cache[1]):
-                self._next_static += 1
-                return static[0], score, static[1]
-        if cache is None:
-            return None
-        self._next_cache += 1
-        return cache[1], -cache[0], cache[2]

@@ -36,6 +36,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from latticekit import _core
 from latticekit._files import atomic_write
 from latticekit.drafting.tree import trie
 from latticekit.errors import DecoderConfigError
@@ -52,7 +53,7 @@ _SCALE = 4.0  # features enter the model divided by this, so one learning rate s
 def logit(logprob: np.ndarray) -> np.ndarray:
     """``log(q / (1 - q))`` of log-probabilities, clipped to [-8, 8]."""
     lp = np.minimum(np.asarray(logprob, dtype=np.float64), -1e-12)
-    out: np.ndarray = np.clip(lp - np.log(-np.expm1(lp)), -_CLIP, _CLIP)
+    out: np.ndarray = np.maximum(np.minimum(lp - np.log(-np.expm1(lp)), _CLIP), -_CLIP)
     return out
 
 
@@ -103,11 +104,26 @@ class CandidateTree:
 
     def path_probability(self, conditional: np.ndarray) -> np.ndarray:
         """P(node accepted): the product of the conditionals from the root down to it."""
-        out = np.empty(self.size)
-        for i in range(self.size):
-            parent = self.parents[i]
-            out[i] = conditional[i] * (out[parent] if parent >= 0 else 1.0)
-        return out
+        out: list[float] = []
+        for p, parent in zip(np.asarray(conditional, dtype=np.float64).tolist(), self.parents.tolist()):
+            out.append(p * out[parent] if parent >= 0 else p)
+        return np.array(out, dtype=np.float64)
+
+    def best_chain(self, probability: np.ndarray) -> list[int]:
+        """The chain from the root that follows, at every node, its most probable child (the
+        first of equals): the nodes, top down."""
+        best: dict[int, int] = {}
+        values = probability.tolist()
+        for i, parent in enumerate(self.parents.tolist()):
+            j = best.get(parent)
+            if j is None or values[i] > values[j]:
+                best[parent] = i
+        chain: list[int] = []
+        node = best.get(-1)
+        while node is not None:
+            chain.append(node)
+            node = best.get(node)
+        return chain
 
     def paths_to(self, nodes: Sequence[int]) -> list[tuple[int, ...]]:
         """The token paths from the root to each of ``nodes``."""
@@ -132,8 +148,10 @@ def node_features(tree: CandidateTree, max_depth: int) -> np.ndarray:
     x = np.zeros((n, max_depth + len(FEATURES)))
     x[np.arange(n), np.minimum(tree.depths, max_depth) - 1] = 1.0
     assert tree.cache_logprob is not None  # set by CandidateTree.__post_init__
-    for j, values in enumerate((tree.head_logprob, tree.ngram_logprob, tree.cache_logprob)):
-        x[:, max_depth + j] = np.where(np.isnan(values), 0.0, logit(np.nan_to_num(values, nan=-1.0))) / _SCALE
+    values = np.empty((n, len(FEATURES)))
+    values[:, 0], values[:, 1], values[:, 2] = tree.head_logprob, tree.ngram_logprob, tree.cache_logprob
+    missing = np.isnan(values)
+    x[:, max_depth:] = np.where(missing, 0.0, logit(np.where(missing, -1.0, values))) / _SCALE
     return x
 
 
@@ -180,13 +198,20 @@ class AcceptanceModel:
         return out
 
     def update(self, features: np.ndarray, labels: np.ndarray) -> None:
-        """One SGD step of the logistic loss per labelled node (in order)."""
+        """One SGD step of the logistic loss per labelled node (in order), in the C++ core.
+
+        Raises:
+            DecoderConfigError: features that are not one row of the model's width per label.
+        """
         rate = self.learning_rate
         if rate == 0 or len(labels) == 0:
             return
-        for x, y in zip(features, labels):
-            p = 1.0 / (1.0 + np.exp(-float(x @ self.weights)))
-            self.weights += rate * (float(y) - p) * x
+        x = np.ascontiguousarray(features, dtype=np.float64)
+        y = np.ascontiguousarray(labels, dtype=np.float64).reshape(-1)
+        if x.shape != (y.shape[0], self.weights.shape[0]):
+            raise DecoderConfigError(f"features of shape {x.shape} for {y.shape[0]} labels and "
+                                     f"{self.weights.shape[0]} weights")
+        _core.logistic_sgd(x, y, rate, self.weights)
         self.updates += len(labels)
 
     @classmethod
@@ -260,37 +285,83 @@ class PendingLabels:
     A node at depth j below a root at position r is labelled once the text holds position
     r + j and its ancestors match the text: 1 if its token is the token there, 0 if not.
     Nodes below a mismatch carry no information about their own conditional and are dropped.
+    So the labelled nodes of a tree are the children of the path the text takes through it,
+    which :meth:`resolve` walks from the root (at most as deep as the tree): a step costs the
+    trees still open, never the text's length.
     """
 
     def __init__(self) -> None:
-        self._pending: list[tuple[int, CandidateTree, np.ndarray, np.ndarray]] = []
+        self._pending: list[_Pending] = []
 
     def add(self, root_index: int, tree: CandidateTree, features: np.ndarray) -> None:
         if tree.size:
-            self._pending.append((root_index, tree, features, np.zeros(tree.size, dtype=bool)))
+            self._pending.append(_Pending(root_index, tree, features))
 
-    def resolve(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Labels every node the text ``ids`` (prompt included) now decides; returns their
-        features and labels, and forgets trees with nothing left to learn."""
+    def resolve(self, ids: Sequence[int], more: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """Labels every node the text ``ids`` (prompt included), followed by ``more``, now
+        decides; returns their features and labels (tree by tree, nodes in order), and forgets
+        trees with nothing left to learn."""
+        size = len(ids)
+        text_size = size + len(more)
         feats, labels, keep = [], [], []
-        for root_index, tree, features, done in self._pending:
-            known = len(ids) - 1 - root_index  # text positions after the root
-            possible = np.zeros(tree.size, dtype=bool)  # ancestors on the text, or not known yet
-            matched = np.zeros(tree.size, dtype=bool)
-            for i in range(tree.size):
-                parent, depth = tree.parents[i], tree.depths[i]
-                possible[i] = parent < 0 or (possible[parent] and (tree.depths[parent] > known or matched[parent]))
-                if not possible[i] or depth > known:
-                    continue
-                matched[i] = tree.tokens[i] == ids[root_index + depth]
-                reachable = parent < 0 or matched[parent]
-                if reachable and not done[i]:
-                    done[i] = True
-                    feats.append(features[i])
-                    labels.append(float(matched[i]))
-            if (possible & ~done).any():
-                keep.append((root_index, tree, features, done))
+        for pending in self._pending:
+            labelled = pending.resolve(ids, more, size, text_size - 1 - pending.root_index)
+            if labelled:
+                nodes = sorted(labelled)
+                feats.append(pending.features[nodes])
+                labels += [labelled[i] for i in nodes]
+            if pending.open:
+                keep.append(pending)
         self._pending = keep
         if not labels:
             return np.zeros((0, 0)), np.zeros(0)
-        return np.asarray(feats), np.asarray(labels)
+        return np.concatenate(feats), np.asarray(labels)
+
+
+class _Pending:
+    """One candidate tree waiting for its labels: its trie as lists, and what is labelled."""
+
+    __slots__ = ("root_index", "features", "tokens", "parents", "children", "done", "open")
+
+    def __init__(self, root_index: int, tree: CandidateTree, features: np.ndarray) -> None:
+        self.root_index, self.features = root_index, features
+        self.tokens: list[int] = tree.tokens.tolist()
+        self.parents: list[int] = tree.parents.tolist()
+        self.children: list[list[int]] = [[] for _ in range(len(self.tokens) + 1)]  # by parent + 1
+        for i, parent in enumerate(self.parents):
+            self.children[parent + 1].append(i)
+        self.done = [False] * len(self.tokens)
+        self.open = True
+
+    def resolve(self, ids: Sequence[int], more: Sequence[int], size: int, known: int) -> dict[int, float]:
+        """Labels the children of the text's path through the tree down to depth ``known`` (the
+        text positions after the root): node -> label; ``open`` says whether any node below
+        the path's end may still be labelled."""
+        labelled: dict[int, float] = {}
+        node, depth = -1, 0
+        while depth < known:
+            depth += 1
+            at = self.root_index + depth
+            token = int(ids[at] if at < size else more[at - size])
+            on_path = -1
+            for child in self.children[node + 1]:
+                hit = self.tokens[child] == token
+                if not self.done[child]:
+                    self.done[child] = True
+                    labelled[child] = float(hit)
+                if hit:
+                    on_path = child
+            if on_path < 0:  # the text left the tree (or reached a leaf): nothing left to learn
+                self.open = False
+                return labelled
+            node = on_path
+        # the text ends inside the tree: open while a node below its path's end waits
+        below = {node}
+        self.open = False
+        for i in range(node + 1, len(self.tokens)):
+            if self.parents[i] in below:
+                if not self.done[i]:
+                    self.open = True
+                    break
+                below.add(i)
+        return labelled

@@ -29,14 +29,14 @@ from typing import Optional
 import numpy as np
 
 from latticekit.drafting.cache_model import CacheModel
-from latticekit.drafting.calibration import AcceptanceModel, CandidateTree, PendingLabels, node_features
+from latticekit.drafting.calibration import AcceptanceModel, PendingLabels, node_features
 from latticekit.drafting.continuations import best_continuations
 from latticekit.drafting.union import HeadScore, united_candidates
 from latticekit.errors import DecoderConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 
-__all__ = ["ChainDrafter", "BatchCosts", "allocate", "best_chain"]
+__all__ = ["ChainDrafter", "BatchCosts", "allocate"]
 
 
 class ChainDrafter:
@@ -70,8 +70,7 @@ class ChainDrafter:
 
     def observe(self, ids: Sequence[int]) -> None:
         """Brings the cache model up to ``ids`` and labels every candidate the text now decides."""
-        text = ids[self.start:]
-        self.model.sync(text)
+        self.model.sync(ids, self.start)
         features, labels = self.pending.resolve(self.model.ids)
         self.acceptance.update(features, labels)
 
@@ -88,7 +87,8 @@ class ChainDrafter:
         features = node_features(tree, self.acceptance.max_depth)
         probability = tree.path_probability(self.acceptance.conditional(features))
         self.pending.add(len(text) - 1, tree, features)
-        return best_chain(tree, probability)
+        chain = tree.best_chain(probability)
+        return tree.tokens[chain].astype(np.int64), probability[chain]
 
     def propose_lattice(self, max_length: int, lattice: SausageLattice, search_lm: NGramLM, p: int, alpha: float,
                         head_logprob: Optional[HeadScore] = None) -> tuple[np.ndarray, np.ndarray]:
@@ -108,21 +108,9 @@ class ChainDrafter:
         features = node_features(tree, self.acceptance.max_depth)
         probability = tree.path_probability(self.acceptance.conditional(features))
         self.pending.add(len(text) - 1, tree, features)
-        return best_chain(tree, probability)
+        chain = tree.best_chain(probability)
+        return tree.tokens[chain].astype(np.int64), probability[chain]
 
-
-def best_chain(tree: CandidateTree, probability: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The chain down ``tree`` through each node's most probable child: its tokens and each
-    position's probability of being accepted."""
-    chain: list[int] = []
-    node = -1
-    while True:
-        children = np.flatnonzero(tree.parents == node)
-        if not len(children):
-            break
-        node = int(children[np.argmax(probability[children])])
-        chain.append(node)
-    return tree.tokens[chain].astype(np.int64), probability[chain]
 
 
 class BatchCosts:

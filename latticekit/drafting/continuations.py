@@ -9,31 +9,37 @@ parent among them before it: a prefix-closed draft tree, the one with the most e
 accepted tokens were the model's probabilities the acceptance probabilities. Ties break by
 token sequence, ascending, as in :func:`latticekit.pbest`.
 
-Children are generated lazily: a popped node pushes its next sibling (its parent's next token
-in :class:`~latticekit.drafting.cache_model.Children` order) and a bound for its own children (its
-score: no child scores higher), which is expanded into the first child only when the bound
+Children are generated lazily: a popped node pushes its next sibling (its parent's next token,
+most probable first: a merge of the cache's followers of the longest match and the static
+model's ranked tokens, :mod:`~latticekit.drafting.successors`) and a bound for its own children
+(its score: no child scores higher), which is expanded into the first child only when the bound
 itself is popped; the frontier stays near p entries and no node's next-token distribution is
-read unless one of its children could still be among the best.
+read unless one of its children could still be among the best. Within one distribution the
+cache's followers are read by decreasing count and scored only while one could still rank next
+(its count's share plus the largest static probability an unread follower can have), so a
+context that thousands of tokens followed in a long text costs the few that matter.
 
 Why a direct search and not columns of candidates through the lattice search
 (:func:`latticekit.pbest`): the cache model's probabilities depend on the whole path (the match
 grows with every copied token), which a sausage lattice's per-position arc scores cannot hold,
-and the core search takes a compiled :class:`~latticekit.NGramLM`, which the cache (rebuilt
-every step) is not. The search visits about 2p nodes, in Python; ``tests/decoding/test_headsfree.py``
-checks it against brute-force enumeration.
+and the lattice search takes a compiled :class:`~latticekit.NGramLM`, which the cache (growing
+every step) is not. The search visits about 2p nodes, in the C++ core
+(``csrc/latticekit/continuations.h``, over the cache of ``csrc/latticekit/ngram_cache.h``);
+``tests/decoding/test_headsfree.py`` checks it against brute-force enumeration, and
+``tests/drafting/`` against the pure-Python search it replaced.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from latticekit.drafting.cache_model import CacheModel, Children
+from latticekit.drafting.cache_model import CacheModel, _token_array
 from latticekit.drafting.calibration import CandidateTree
+from latticekit.errors import DecoderConfigError
 
 __all__ = ["Continuations", "best_continuations"]
 
@@ -83,62 +89,17 @@ def best_continuations(model: CacheModel, ids: Sequence[int], p: int, max_depth:
         model: the cache model, synced to ``ids`` (:meth:`CacheModel.sync`) or not: the search
             reads its counts as they are.
         ids: the text (prompt and decoded tokens); only its last ``model.context_size`` matter.
-        p: nodes wanted (>= 1).
+        p: nodes wanted (none below 1).
         max_depth: the longest continuation (>= 1).
+
+    Raises:
+        DecoderConfigError: ``max_depth`` below 1.
     """
-    tail = tuple(int(t) for t in ids[len(ids) - min(len(ids), model.context_size):])
-    keep = model.context_size
-    tokens: list[int] = []
-    parents: list[int] = []
-    depths: list[int] = []
-    logprob: list[float] = []
-    static: list[float] = []
-    score: list[float] = []
-    paths: list[tuple[int, ...]] = []
-    tails: list[tuple[int, ...]] = []
-    bounds: list[int] = []  # a bound on each node's match length: its parent's plus one
-    expanded: list[Optional[Children]] = []
-    root = model.children(tail)
-    # Entries: (-score, path, parent node (-1: root), rank among the parent's children); a rank
-    # of -1 is the bound of a node's children (its own score), expanded when popped.
-    heap: list[tuple[float, tuple[int, ...], int, int]] = []
-
-    def push_child(parent: int, rank: int) -> None:
-        children = root if parent < 0 else expanded[parent]
-        assert children is not None
-        child = children.ranked(rank)
-        if child is not None:
-            base = score[parent] if parent >= 0 else 0.0
-            prefix = paths[parent] if parent >= 0 else ()
-            heapq.heappush(heap, (-(base + child[1]), prefix + (child[0],), parent, rank))
-
-    push_child(-1, 0)
-    while heap and len(tokens) < p:
-        neg, path, parent, rank = heapq.heappop(heap)
-        if rank < 0:  # the bound of a node's children: read its distribution now
-            node = parent
-            expanded[node] = model.children(tails[node], bounds[node])
-            push_child(node, 0)
-            continue
-        children = root if parent < 0 else expanded[parent]
-        assert children is not None
-        token, lp, lp_static = children.ranked(rank)  # type: ignore[misc]
-        node = len(tokens)
-        tokens.append(token)
-        parents.append(parent)
-        depths.append(len(path))
-        logprob.append(lp)
-        static.append(lp_static)
-        score.append(-neg)
-        paths.append(path)
-        tails.append((tails[parent] if parent >= 0 else tail)[-keep + 1:] + (token,) if keep > 1
-                     else (token,))
-        bounds.append(children.match + 1)
-        expanded.append(None)
-        push_child(parent, rank + 1)
-        if len(path) < max_depth:
-            heapq.heappush(heap, (neg, path, node, -1))
-    return Continuations(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
-                         np.asarray(depths, dtype=np.int64), np.asarray(logprob, dtype=np.float64),
-                         np.asarray(static, dtype=np.float64), np.asarray(score, dtype=np.float64))
-
+    if max_depth < 1:
+        raise DecoderConfigError(f"max_depth must be >= 1, got {max_depth}")
+    tail = _token_array(ids[len(ids) - min(len(ids), model.context_size):])
+    if p < 1:
+        empty = np.zeros(0, dtype=np.int64)
+        return Continuations(empty, empty, empty, np.zeros(0), np.zeros(0), np.zeros(0))
+    successors = model.successors.core if model.successors is not None else None
+    return Continuations(*model.cache.best_continuations(tail, successors, model.vocab_size, p, max_depth))

@@ -279,7 +279,7 @@ class AutoDrafter(Drafter):
         return self.realised / self.promised
 
     def observe(self, step: DraftInput, draft: Draft, emitted: Sequence[int]) -> None:
-        features, labels = self.pending.resolve(list(step.ids) + list(emitted))
+        features, labels = self.pending.resolve(step.ids, emitted)
         self.acceptance.update(features, labels)
         if self._outcome is not None:  # a step that read the lattice: what drafting gains
             expected, plain_s, spent_s, probing = self._outcome

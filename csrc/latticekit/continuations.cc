@@ -1,0 +1,271 @@
+// The heads-free search: the p most probable continuations of a text (continuations.h).
+#include "latticekit/continuations.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "latticekit/errors.h"
+
+namespace latticekit {
+namespace {
+
+// log(lam p_cache + (1 - lam) exp(static_logprob)), the static probability taken as at most 1.
+double Mix(double lam, double p_cache, double static_logprob) {
+  static_logprob = std::min(static_logprob, 0.0);
+  if (p_cache == 0.0) return std::log1p(-lam) + static_logprob;
+  return std::log(lam * p_cache + (1.0 - lam) * std::exp(static_logprob));
+}
+
+struct Child {
+  int32_t token;
+  double logprob;
+  double static_logprob;  // NaN without a static model
+};
+
+// The next tokens after one context, most probable first, ties by token id: the cache's
+// followers of the longest match, each scored lam p_cache + (1 - lam) p_static, merged with the
+// static model's other tokens below vocab_size, scored (1 - lam) p_static; the order is the full
+// sort's. Followers are scored lazily. Two cursors bound those not scored yet: by count (they
+// follow the context at most as often as the next one by count), and along the static model's
+// ranking (the walk: a follower it has not passed is at most as probable as the walk's next
+// token, or <unk>'s when the model lacks it). A token is emitted once its score beats that
+// bound; until then the cursor whose term dominates the bound moves: the next follower by count
+// is scored, or the walk passes one token (scoring a follower it meets, queueing a static one).
+class Children {
+ public:
+  Children(const NGramCache &cache, KatzState *state, const int32_t *tail, size_t size, int longest,
+           int64_t vocab_size, double uniform)
+      : cache_(cache), state_(state), vocab_size_(vocab_size), uniform_(uniform) {
+    match = cache.Match(tail, size, longest, &node_);
+    lam_ = cache.Weight(match);
+    log_rest_ = std::log1p(-lam_);
+    if (match > 0) {
+      total_ = static_cast<double>(cache.Total(node_));
+      followers_ = cache.NumFollowers(node_);
+      scored_.assign(followers_, 0);
+    }
+    if (state_ != nullptr && followers_ > 0) unk_ = state_->Log10Prob(0) * kLn10;
+    if (state_ != nullptr) Front();
+  }
+
+  int match = 0;
+
+  // The r-th next token, or null past the last proposable one.
+  const Child *Ranked(size_t r) {
+    while (ranked_.size() <= r) {
+      Child next;
+      if (!Advance(&next)) return nullptr;
+      ranked_.push_back(next);
+    }
+    return &ranked_[r];
+  }
+
+ private:
+  struct Scored {  // a follower scored, waiting its turn: min-heap on (neg, token)
+    double neg;
+    int32_t token;
+    double static_logprob;
+    bool operator>(const Scored &o) const { return neg != o.neg ? neg > o.neg : token > o.token; }
+  };
+
+  void Score(size_t position, double static_logprob) {
+    scored_[position] = 1;
+    const NGramCache::Follower f = cache_.FollowerAt(node_, position);
+    heap_.push_back({-Mix(lam_, f.count / total_, static_logprob), f.token,
+                     state_ != nullptr ? static_logprob : NAN});
+    std::push_heap(heap_.begin(), heap_.end(), std::greater<Scored>());
+  }
+
+  // The walk's next token (front_token_, front_) or its end.
+  void Front() {
+    int64_t token;
+    if (state_->Ranked(walk_, &token, &front_)) {
+      front_token_ = token;
+    } else {
+      exhausted_ = true;
+      front_ = -INFINITY;
+    }
+  }
+
+  // The walk passes one token: a follower is scored (its static probability is the walk's), a
+  // static token below the vocabulary queued; the front moves on.
+  void Walk() {
+    const int64_t at = followers_ > 0 && front_token_ >= INT32_MIN && front_token_ <= INT32_MAX
+                           ? cache_.Position(node_, static_cast<int32_t>(front_token_))
+                           : -1;
+    if (at >= 0) {
+      if (!scored_[at]) Score(static_cast<size_t>(at), front_);
+    } else if (front_token_ < vocab_size_) {
+      statics_.push_back({static_cast<int32_t>(front_token_), front_, front_});
+    }
+    ++walk_;
+    Front();
+  }
+
+  bool Advance(Child *out) {
+    while (true) {
+      if (state_ != nullptr) {  // the static candidate: the first queued, else the walk's next
+        while (next_static_ == statics_.size() && !exhausted_) Walk();
+      }
+      const bool has_static = next_static_ < statics_.size();
+      const Scored *cached = heap_.empty() ? nullptr : &heap_.front();
+      bool take_static = false;
+      double best = -INFINITY;
+      if (has_static) {
+        const Child &s = statics_[next_static_];
+        const double score = log_rest_ + std::min(s.static_logprob, 0.0);
+        take_static = cached == nullptr || -score < cached->neg || (-score == cached->neg && s.token < cached->token);
+        best = take_static ? score : -cached->neg;
+      } else if (cached != nullptr) {
+        best = -cached->neg;
+      }
+      while (next_ < followers_ && scored_[next_]) ++next_;
+      if (next_ < followers_) {  // could a follower not scored yet rank first?
+        const double share = lam_ * (cache_.FollowerAt(node_, next_).count / total_);
+        double rest;
+        bool walk = false;
+        if (state_ != nullptr) {
+          rest = (1.0 - lam_) * std::exp(std::min(std::max(front_, unk_), 0.0));
+          walk = !exhausted_ && front_ > unk_ && rest >= share;  // the walk's term dominates: move it
+        } else {
+          rest = (1.0 - lam_) * std::exp(std::min(uniform_, 0.0));
+        }
+        const double bound = std::log(share + rest);
+        if (!(best > bound + 1e-12 * (1.0 + std::fabs(bound)))) {
+          if (walk) Walk();
+          else Score(next_, state_ != nullptr ? state_->LogProb(cache_.FollowerAt(node_, next_).token) : uniform_);
+          continue;
+        }
+      }
+      if (take_static) {
+        const Child &s = statics_[next_static_++];
+        *out = {s.token, best, s.static_logprob};
+        return true;
+      }
+      if (cached == nullptr) return false;
+      *out = {cached->token, -cached->neg, cached->static_logprob};
+      std::pop_heap(heap_.begin(), heap_.end(), std::greater<Scored>());
+      heap_.pop_back();
+      return true;
+    }
+  }
+
+  const NGramCache &cache_;
+  KatzState *state_;
+  int64_t vocab_size_;
+  double uniform_, lam_ = 0.0, log_rest_ = 0.0, total_ = 0.0, unk_ = -INFINITY;
+  uint32_t node_ = 0;
+  size_t followers_ = 0, next_ = 0;  // next_: the first follower by count not scored yet
+  std::vector<uint8_t> scored_;
+  std::vector<Scored> heap_;
+  size_t walk_ = 0;  // the static model's ranked tokens passed
+  bool exhausted_ = false;
+  int64_t front_token_ = 0;
+  double front_ = -INFINITY;   // the walk's next token's log-probability
+  std::vector<Child> statics_;  // static tokens the walk passed, in its order (logprob unused)
+  size_t next_static_ = 0;
+  std::vector<Child> ranked_;
+};
+
+// A search entry: a node to add (rank >= 0: its parent's rank-th child) or the bound of a
+// node's children (rank -1, parent: the node), ordered as the reference's tuples
+// (-score, token path, parent, rank).
+struct Entry {
+  double neg;
+  uint32_t path, length;  // the token path: paths[path .. path + length)
+  int32_t parent, rank;
+};
+
+}  // namespace
+
+void BestContinuations(const NGramCache &cache, const KatzSuccessors *static_model, KatzStateMemo *states,
+                       int64_t vocab_size, const int32_t *tail, size_t size, int p, int max_depth,
+                       Continuations *out) {
+  if (p < 1 || max_depth < 1 || vocab_size < 1)
+    throw InvalidArgument("p, max_depth and vocab_size must be >= 1, got " + std::to_string(p) + ", " +
+                          std::to_string(max_depth) + ", " + std::to_string(vocab_size));
+  *out = Continuations();
+  const size_t keep = static_cast<size_t>(std::max(cache.max_order(), static_model ? static_model->order() - 1 : 0));
+  const size_t root_size = std::min(size, keep);
+  const std::vector<int32_t> root_tail(tail + (size - root_size), tail + size);
+  const double uniform = -std::log(static_cast<double>(vocab_size));
+  KatzStateMemo own(0);  // without the request's memo: one for this search
+  if (static_model != nullptr) {
+    if (states == nullptr) states = &own;
+    states->Start(*static_model);
+  }
+  std::vector<std::unique_ptr<Children>> pool;
+  auto children = [&](const int32_t *t, size_t n, int longest) -> Children * {
+    KatzState *state = static_model != nullptr ? states->Get(t, n) : nullptr;
+    pool.emplace_back(new Children(cache, state, t, n, longest, vocab_size, uniform));
+    return pool.back().get();
+  };
+
+  std::vector<int32_t> paths;  // every entry's token path
+  std::vector<Entry> heap;
+  auto later = [&](const Entry &a, const Entry &b) {  // a after b: the max-heap's "less"
+    if (a.neg != b.neg) return a.neg > b.neg;
+    const int32_t *pa = paths.data() + a.path, *pb = paths.data() + b.path;
+    if (std::lexicographical_compare(pa, pa + a.length, pb, pb + b.length)) return false;
+    if (std::lexicographical_compare(pb, pb + b.length, pa, pa + a.length)) return true;
+    if (a.parent != b.parent) return a.parent > b.parent;
+    return a.rank > b.rank;
+  };
+  std::vector<Children *> expanded;  // per node, its children once its bound was popped
+  std::vector<int> bounds;           // per node, a bound on its match: its parent's plus one
+  std::vector<uint32_t> node_path;   // per node, where its path starts in paths
+  Children *root = children(root_tail.data(), root_tail.size(), cache.max_order());
+
+  auto push_child = [&](int32_t parent, int32_t rank) {
+    Children *of = parent < 0 ? root : expanded[parent];
+    const Child *child = of->Ranked(static_cast<size_t>(rank));
+    if (child == nullptr) return;
+    const double base = parent >= 0 ? out->score[parent] : 0.0;
+    const uint32_t length = parent >= 0 ? static_cast<uint32_t>(out->depths[parent]) : 0;
+    const uint32_t at = static_cast<uint32_t>(paths.size());
+    paths.reserve(paths.size() + length + 1);  // no reallocation while the parent's path is copied
+    for (uint32_t j = 0; j < length; ++j) paths.push_back(paths[node_path[parent] + j]);
+    paths.push_back(child->token);
+    heap.push_back({-(base + child->logprob), at, length + 1, parent, rank});
+    std::push_heap(heap.begin(), heap.end(), later);
+  };
+
+  std::vector<int32_t> scratch;
+  push_child(-1, 0);
+  while (!heap.empty() && out->tokens.size() < static_cast<size_t>(p)) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const Entry e = heap.back();
+    heap.pop_back();
+    if (e.rank < 0) {  // the bound of a node's children: read its distribution now
+      const int32_t node = e.parent;
+      scratch.assign(root_tail.begin(), root_tail.end());  // its tail: the text's and its path's last tokens
+      scratch.insert(scratch.end(), paths.begin() + e.path, paths.begin() + e.path + e.length);
+      const size_t n = std::min(scratch.size(), keep);
+      expanded[node] = children(scratch.data() + (scratch.size() - n), n, bounds[node]);
+      push_child(node, 0);
+      continue;
+    }
+    Children *of = e.parent < 0 ? root : expanded[e.parent];
+    const Child child = *of->Ranked(static_cast<size_t>(e.rank));
+    const int32_t node = static_cast<int32_t>(out->tokens.size());
+    out->tokens.push_back(child.token);
+    out->parents.push_back(e.parent);
+    out->depths.push_back(static_cast<int32_t>(e.length));
+    out->logprob.push_back(child.logprob);
+    out->static_logprob.push_back(child.static_logprob);
+    out->score.push_back(-e.neg);
+    node_path.push_back(e.path);
+    bounds.push_back(of->match + 1);
+    expanded.push_back(nullptr);
+    push_child(e.parent, e.rank + 1);
+    if (e.length < static_cast<uint32_t>(max_depth)) {
+      heap.push_back({e.neg, e.path, e.length, node, -1});
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
+  }
+}
+
+}  // namespace latticekit

@@ -1,0 +1,46 @@
+// The p most probable continuations of a text under the heads-free drafting model, as a tree:
+// the search of latticekit/drafting/continuations.py (whose docstring describes it), over the
+// request's n-gram cache (ngram_cache.h) interpolated with a Katz model (successors.h):
+//
+//   P(w | text) = lam(n) P_cache(w | the longest match, n tokens) + (1 - lam(n)) min(1, P_static(w | text)).
+//
+// A best-first search over token sequences pops nodes in decreasing probability; a popped node
+// pushes its next sibling and a bound for its children, expanded only when popped. The next
+// tokens after one context come lazily, most probable first, as a merge of the cache's followers
+// and the static model's ranked tokens; a context followed by thousands of tokens costs only
+// the followers that could still rank first: they are read by decreasing count, and one is
+// scored only while its bound (its count's share plus the static probability that no unread
+// follower can exceed) is not below the best candidate. Ties break as the reference's do, by
+// token sequence (search) and token id (siblings), so the result equals it exactly.
+#ifndef LATTICEKIT_CONTINUATIONS_H_
+#define LATTICEKIT_CONTINUATIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "latticekit/ngram_cache.h"
+#include "latticekit/successors.h"
+
+namespace latticekit {
+
+// The nodes found, best first (parents before children); natural logs.
+struct Continuations {
+  std::vector<int32_t> tokens, parents, depths;  // parents: -1 under the root
+  std::vector<double> logprob;         // the node's conditional under the interpolated model
+  std::vector<double> static_logprob;  // under the static model alone (NaN without one)
+  std::vector<double> score;           // the path's log-probability
+};
+
+// The p most probable continuations of 1..max_depth tokens after tail (the text's last tokens:
+// its last max(max_order, order - 1) matter). static_model null: the uniform distribution over
+// vocab_size instead, which proposes nothing of its own. Static tokens at or above vocab_size
+// are never proposed. states: the request's memo of the static model's states (null: none kept
+// beyond this search). Throws InvalidArgument for p < 1, max_depth < 1 or vocab_size < 1.
+void BestContinuations(const NGramCache &cache, const KatzSuccessors *static_model, KatzStateMemo *states,
+                       int64_t vocab_size, const int32_t *tail, size_t size, int p, int max_depth,
+                       Continuations *out);
+
+}  // namespace latticekit
+
+#endif  // LATTICEKIT_CONTINUATIONS_H_

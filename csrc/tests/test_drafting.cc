@@ -1,0 +1,183 @@
+// Unit tests of the heads-free drafting core: FlatMap64 against std::unordered_map, the n-gram
+// cache's counts, order and weights against a recount of the whole text, the Katz successors
+// against the model's own scores and a brute-force ranking, and the search's basic promises.
+// test_core.cc's main runs them; tests/drafting checks the same code against the Python it
+// replaced, on random models and texts.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "latticekit/arpa.h"
+#include "latticekit/continuations.h"
+#include "latticekit/errors.h"
+#include "latticekit/flat_map.h"
+#include "latticekit/model.h"
+#include "latticekit/ngram_cache.h"
+#include "latticekit/successors.h"
+
+#include "check.h"
+
+namespace latticekit {
+namespace testing {
+namespace {
+
+void TestFlatMap() {
+  internal::FlatMap64 map;
+  std::unordered_map<uint64_t, uint32_t> want;
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 20000; ++i) {
+    const uint64_t key = rng() % 5000 + (rng() % 3 == 0 ? (uint64_t(rng() % 4) << 32) : 0);
+    bool inserted;
+    uint32_t *value = map.FindOrInsert(key, static_cast<uint32_t>(i), &inserted);
+    const bool fresh = want.emplace(key, static_cast<uint32_t>(i)).second;
+    CHECK(inserted == fresh);
+    if (!fresh && rng() % 2 == 0) {
+      *value = static_cast<uint32_t>(i);
+      want[key] = static_cast<uint32_t>(i);
+    }
+  }
+  CHECK(map.size() == want.size());
+  bool all = true;
+  for (const auto &kv : want) all = all && map.Find(kv.first) != nullptr && *map.Find(kv.first) == kv.second;
+  CHECK(all);
+  CHECK(map.Find(uint64_t(1) << 40) == nullptr);
+  map.Clear();
+  CHECK(map.size() == 0 && map.Find(want.begin()->first) == nullptr);
+}
+
+void TestNGramCache() {
+  const int max_order = 4;
+  const std::vector<double> prior = {0.2, 0.4, 0.6, 0.8};
+  NGramCache cache(max_order, prior.data(), 2.0);
+  std::mt19937 rng(3);
+  std::vector<int32_t> text;
+  for (int i = 0; i < 3000; ++i) text.push_back(i > 50 && rng() % 3 == 0 ? text[i - 37] : static_cast<int32_t>(rng() % 40));
+  const std::vector<double> uniform(text.size(), 1.0 / 40);
+  cache.Extend(text.data(), uniform.data(), 1000);  // in two pieces
+  cache.Extend(text.data() + 1000, uniform.data() + 1000, text.size() - 1000);
+  CHECK(cache.text() == text);
+  std::map<std::vector<int32_t>, std::map<int32_t, uint32_t>> recount;
+  for (size_t end = 1; end < text.size(); ++end)
+    for (size_t n = 1; n <= std::min<size_t>(max_order, end); ++n)
+      ++recount[std::vector<int32_t>(text.begin() + (end - n), text.begin() + end)][text[end]];
+  bool counts = true, sorted = true, match = true;
+  for (const auto &kv : recount) {
+    const std::vector<int32_t> &context = kv.first;
+    const int n = static_cast<int>(context.size());
+    match = match && cache.Match(context.data(), context.size(), max_order) == n;
+    const uint32_t node = cache.Context(context.data(), context.size(), n);
+    uint32_t total = 0;
+    std::map<int32_t, uint32_t> got;
+    for (size_t i = 0; i < cache.NumFollowers(node); ++i) {
+      const NGramCache::Follower f = cache.FollowerAt(node, i);
+      got[f.token] = f.count;
+      total += f.count;
+      if (i > 0) sorted = sorted && cache.FollowerAt(node, i - 1).count >= f.count;
+      counts = counts && cache.Position(node, f.token) == static_cast<int64_t>(i);
+    }
+    counts = counts && got == kv.second && total == cache.Total(node);
+  }
+  CHECK(counts);
+  CHECK(sorted);
+  CHECK(match);
+  const int32_t unseen[] = {41, 42};
+  CHECK(cache.Match(unseen, 2, max_order) == 0);
+  CHECK(cache.Match(text.data(), 100, 2) == 2 && cache.Match(text.data(), 100, 9) == max_order);  // at most longest
+  double sum = 0;
+  for (double p : cache.positions()) sum += p;
+  CHECK(sum > 0 && sum <= text.size() - 1);
+  CHECK(cache.Weight(0) == 0.0);
+  CHECK_NEAR(cache.Weight(9), (2.0 * 0.8 + cache.responsibility()[3]) / (2.0 + cache.positions()[3]), 1e-15);
+  cache.Clear();
+  CHECK(cache.text().empty() && cache.num_contexts() == 0 && cache.Weight(1) == 0.2);
+  CHECK_THROWS(InvalidArgument, (void)NGramCache(0, prior.data(), 1.0), [](const InvalidArgument &) {});
+}
+
+// A model over the token ids 0..4 (words spelled as decimals).
+const char kIdArpa[] =
+    "\\data\\\nngram 1=8\nngram 2=4\nngram 3=1\n\n"
+    "\\1-grams:\n-1.5\t<unk>\n-99\t<s>\t-0.5\n-0.9\t</s>\n-0.6\t0\t-0.3\n-0.7\t1\t-0.2\n-0.7\t2\t0.1\n"
+    "-1.1\t3\n-0.8\t4\t-0.4\n\n"
+    "\\2-grams:\n-0.2\t0 1\t-0.1\n-0.4\t0 3\n-0.3\t1 0\n-0.1\t4 4\n\n"
+    "\\3-grams:\n-0.05\t0 1 2\n\n\\end\\\n";
+
+void TestSuccessors() {
+  const std::string text = kIdArpa;
+  std::unique_ptr<Model> model = Model::Build(ParseArpa(text.data(), text.size(), "id.arpa"), {}, false, "id.arpa");
+  std::vector<int64_t> token_of(model->num_words(), -1);
+  for (WordId w = 0; w < model->num_words(); ++w) {
+    const std::string s = model->WordText(w);
+    if (!s.empty() && std::isdigit(static_cast<unsigned char>(s[0]))) token_of[w] = std::stoll(s);
+  }
+  KatzSuccessors index(*model, token_of.data(), token_of.size());
+  const std::vector<std::vector<int32_t>> contexts = {{}, {0}, {0, 1}, {3, 0, 1}, {4}, {2, 4, 4}, {7, 9}};
+  bool scores = true, ranks = true;
+  for (const std::vector<int32_t> &context : contexts) {
+    KatzState state(index, context.data(), context.size());
+    const StateId s = model->ContextState(context.data(), context.size(), false);
+    std::vector<std::pair<double, int64_t>> want;
+    for (int32_t t = 0; t < 7; ++t) {
+      double lp;
+      model->Score(s, &t, 1, &lp, nullptr);
+      scores = scores && state.LogProb(t) == lp * kLn10;
+      if (t < 5) want.emplace_back(-lp * kLn10, t);
+    }
+    std::sort(want.begin(), want.end());
+    for (size_t r = 0; r <= want.size(); ++r) {
+      int64_t token;
+      double logprob;
+      const bool found = state.Ranked(r, &token, &logprob);
+      ranks = ranks && (r == want.size() ? !found : found && token == want[r].second && logprob == -want[r].first);
+    }
+  }
+  CHECK(scores);
+  CHECK(ranks);
+  CHECK_THROWS(InvalidArgument, (void)KatzSuccessors(*model, token_of.data(), token_of.size() - 1),
+               [](const InvalidArgument &) {});
+
+  // The search: "0 1" was followed by 2 twice; the first continuation copies it, every node's
+  // parent comes first, scores only fall, and the conditionals add up.
+  const std::vector<double> prior = {0.5, 0.6, 0.7};
+  NGramCache cache(3, prior.data(), 1.0);
+  const std::vector<int32_t> words = {0, 1, 2, 3, 0, 1, 2, 4, 0, 1};
+  const std::vector<double> p(words.size(), 0.1);
+  cache.Extend(words.data(), p.data(), words.size());
+  const std::vector<const KatzSuccessors *> static_models = {nullptr, &index};
+  for (const KatzSuccessors *static_model : static_models) {
+    Continuations out;
+    BestContinuations(cache, static_model, nullptr, 5, words.data(), words.size(), 12, 4, &out);
+    // without a static model only the cache's followers are proposed: fewer than 12 here
+    CHECK((static_model != nullptr ? out.tokens.size() == 12 : !out.tokens.empty() && out.tokens.size() < 12));
+    CHECK(out.tokens[0] == 2 && out.parents[0] == -1);
+    bool tree = true;
+    for (size_t i = 0; i < out.tokens.size(); ++i) {
+      const int32_t parent = out.parents[i];
+      tree = tree && parent < static_cast<int32_t>(i) && (i == 0 || out.score[i] <= out.score[i - 1]);
+      tree = tree && out.depths[i] == (parent < 0 ? 1 : out.depths[parent] + 1) && out.depths[i] <= 4;
+      tree = tree && std::fabs(out.score[i] - ((parent < 0 ? 0.0 : out.score[parent]) + out.logprob[i])) < 1e-12;
+      tree = tree && (static_model == nullptr) == std::isnan(out.static_logprob[i]);
+    }
+    CHECK(tree);
+  }
+  Continuations out;
+  CHECK_THROWS(InvalidArgument, BestContinuations(cache, &index, nullptr, 5, words.data(), words.size(), 0, 4, &out),
+               [](const InvalidArgument &) {});
+}
+
+}  // namespace
+
+void TestDrafting() {
+  TestFlatMap();
+  TestNGramCache();
+  TestSuccessors();
+}
+
+}  // namespace testing
+}  // namespace latticekit

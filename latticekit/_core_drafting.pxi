@@ -1,0 +1,173 @@
+# The drafting core's part of the binding (included by _core.pyx): a request's n-gram cache, a
+# model's ranked successors, the search of the most probable continuations and the acceptance
+# model's update (csrc/latticekit/ngram_cache.h, successors.h, continuations.h, acceptance.h).
+# latticekit/drafting validates the arguments; the C++ calls run without the GIL.
+
+cdef class CoreKatzSuccessors:
+    """The ranked next tokens of one model (successors.h); keeps the model alive."""
+
+    def __cinit__(self, CoreModel model, const int64_t[::1] token_of):
+        self.model = model
+        cdef const int64_t* ptr = &token_of[0] if token_of.shape[0] > 0 else NULL
+        cdef size_t n = token_of.shape[0]
+        with nogil:
+            self.index.reset(new KatzSuccessors(model.model.get()[0], ptr, n))
+
+    def state(self, const int32_t[::1] context):
+        """The model after ``context`` (its last order - 1 tokens)."""
+        cdef CoreKatzState out = CoreKatzState.__new__(CoreKatzState)
+        out.successors = self
+        cdef size_t n = context.shape[0]
+        out.state.reset(new KatzState(self.index.get()[0], &context[0] if n > 0 else NULL, n))
+        return out
+
+    @property
+    def bytes(self):
+        return int(self.index.get().bytes())
+
+
+cdef class CoreKatzState:
+    """The model after one context (successors.h's KatzState)."""
+
+    def logprob(self, int64_t token):
+        return self.state.get().LogProb(token)
+
+    def ranked(self, size_t r):
+        cdef int64_t token
+        cdef double logprob
+        if self.state.get().Ranked(r, &token, &logprob):
+            return int(token), logprob
+        return None
+
+
+cdef _doubles(const vector[double]& values):
+    out = np.empty(values.size(), dtype=np.float64)
+    cdef double[::1] o = out
+    if values.size() > 0:
+        memcpy(&o[0], values.data(), values.size() * sizeof(double))
+    return out
+
+
+cdef _int64s(const vector[int32_t]& values):
+    out = np.empty(values.size(), dtype=np.int64)
+    cdef int64_t[::1] o = out
+    cdef size_t i
+    for i in range(values.size()):
+        o[i] = values[i]
+    return out
+
+
+cdef _copy_into(vector[double]& target, const double[::1] values):
+    if <size_t> values.shape[0] != target.size():
+        raise ValueError(f"{target.size()} values needed, got {values.shape[0]}")
+    cdef size_t i
+    for i in range(target.size()):
+        target[i] = values[i]
+
+
+# The static model's states a request's searches keep (successors.h's KatzStateMemo): a step's
+# candidate tree visits about 30 contexts, most of them again at the next steps.
+cdef size_t STATES_KEPT = 1024
+
+
+cdef class CoreNGramCache:
+    """One request's n-gram cache (ngram_cache.h), and the static model's states its searches
+    keep."""
+
+    def __cinit__(self, int max_order, const double[::1] prior, double prior_positions):
+        if prior.shape[0] < max_order:
+            raise ValueError(f"prior needs {max_order} weights, got {prior.shape[0]}")
+        self.cache.reset(new NGramCache(max_order, &prior[0] if prior.shape[0] > 0 else NULL, prior_positions))
+        self.states.reset(new KatzStateMemo(STATES_KEPT))
+
+    def __len__(self):
+        return self.cache.get().text().size()
+
+    def clear(self):
+        self.cache.get().Clear()
+
+    def extend(self, const int32_t[::1] tokens, const double[::1] static_prob):
+        """Appends tokens (static_prob: the static model's probability of each where it stands)."""
+        cdef size_t n = tokens.shape[0]
+        if <size_t> static_prob.shape[0] != n:
+            raise ValueError(f"{n} tokens and {static_prob.shape[0]} static probabilities")
+        if n == 0:
+            return
+        with nogil:
+            self.cache.get().Extend(&tokens[0], &static_prob[0], n)
+
+    def weight(self, int n):
+        return self.cache.get().Weight(n)
+
+    def match(self, const int32_t[::1] tail, int longest):
+        cdef size_t n = tail.shape[0]
+        return self.cache.get().Match(&tail[0] if n > 0 else NULL, n, longest)
+
+    def followers(self, const int32_t[::1] tail, int n):
+        """({token: count}, total) after the last n tokens of tail (n at most its match)."""
+        cdef NGramCache* cache = self.cache.get()
+        cdef size_t size = tail.shape[0]
+        cdef uint32_t node = cache.Context(&tail[0] if size > 0 else NULL, size, n)
+        cdef size_t i
+        cdef NGramCacheFollower f
+        counts = {}
+        for i in range(cache.NumFollowers(node)):
+            f = cache.FollowerAt(node, i)
+            counts[f.token] = f.count
+        return counts, cache.Total(node)
+
+    def count(self, const int32_t[::1] tail, int n, int64_t token):
+        """(count of token, total) after the last n tokens of tail (n at most its match)."""
+        cdef NGramCache* cache = self.cache.get()
+        cdef size_t size = tail.shape[0]
+        cdef uint32_t node = cache.Context(&tail[0] if size > 0 else NULL, size, n)
+        cdef int64_t at = cache.Position(node, <int32_t> token) if -2**31 <= token < 2**31 else -1
+        return (cache.FollowerAt(node, at).count if at >= 0 else 0), cache.Total(node)
+
+    @property
+    def responsibility(self):
+        return _doubles(self.cache.get().responsibility())
+
+    @responsibility.setter
+    def responsibility(self, const double[::1] values):
+        _copy_into(self.cache.get().responsibility(), values)
+
+    @property
+    def positions(self):
+        return _doubles(self.cache.get().positions())
+
+    @positions.setter
+    def positions(self, const double[::1] values):
+        _copy_into(self.cache.get().positions(), values)
+
+    @property
+    def num_contexts(self):
+        return int(self.cache.get().num_contexts())
+
+    @property
+    def bytes(self):
+        return int(self.cache.get().bytes())
+
+    def best_continuations(self, const int32_t[::1] tail, CoreKatzSuccessors successors, int64_t vocab_size,
+                           int p, int max_depth):
+        """(tokens, parents, depths, logprob, static_logprob, score) of the p best continuations."""
+        cdef Continuations out
+        cdef const KatzSuccessors* index = successors.index.get() if successors is not None else NULL
+        if successors is not None and successors is not self.states_of:  # states of another model: forgotten
+            self.states.reset(new KatzStateMemo(STATES_KEPT))
+            self.states_of = successors
+        cdef size_t size = tail.shape[0]
+        cdef const int32_t* ptr = &tail[0] if size > 0 else NULL
+        with nogil:
+            BestContinuations(self.cache.get()[0], index, self.states.get(), vocab_size, ptr, size, p, max_depth,
+                              &out)
+        return (_int64s(out.tokens), _int64s(out.parents), _int64s(out.depths), _doubles(out.logprob),
+                _doubles(out.static_logprob), _doubles(out.score))
+
+
+def logistic_sgd(const double[:, ::1] x, const double[::1] y, double rate, double[::1] w):
+    """One logistic-loss SGD step per row of x, in order, on w (in place); shapes checked by the caller."""
+    if x.shape[0] == 0:
+        return
+    with nogil:
+        LogisticSgd(&x[0, 0], &y[0], x.shape[0], x.shape[1], rate, &w[0])

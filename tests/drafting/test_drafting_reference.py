@@ -1,0 +1,210 @@
+"""The drafting state's fast path (the C++ core's n-gram cache, successors and search, and the
+Python around them) against the pure-Python implementation it replaced
+(``reference_drafting.py``) and against a from-scratch recount of the whole text, on random token
+streams that arrive in random pieces, including texts that stop extending the old one."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import latticekit as lk
+from arpa_gen import arpa_models, to_arpa
+from latticekit.drafting.cache_model import CacheModel
+from latticekit.drafting.calibration import AcceptanceModel, CandidateTree, PendingLabels
+from latticekit.drafting.chains import ChainDrafter
+from latticekit.drafting.continuations import best_continuations
+from reference_drafting import (
+    ReferenceCacheModel,
+    ReferenceChainDrafter,
+    ReferencePendingLabels,
+    reference_best_continuations,
+)
+
+VOCAB = 7  # the random models' words are 0..5 at most; 6 is never a static token, 7 and 8 lie beyond the vocabulary
+
+
+def model_of(tmp_path_factory: Any, ngrams: Any) -> lk.NGramLM:
+    path: Path = tmp_path_factory.mktemp("m") / "m.arpa"
+    path.write_text(to_arpa(ngrams))
+    return lk.NGramLM.from_arpa(path)
+
+
+@st.composite
+def streams(draw: Any, max_size: int = 60) -> tuple[list[int], list[int]]:
+    """A token stream that repeats itself (so that the cache matters), and where it is cut
+    into the pieces that arrive."""
+    alphabet = draw(st.integers(2, VOCAB + 2))
+    text = draw(st.lists(st.integers(0, alphabet - 1), min_size=1, max_size=max_size))
+    for _ in range(draw(st.integers(0, 3))):  # copies of earlier stretches
+        a = draw(st.integers(0, len(text) - 1))
+        b = draw(st.integers(a, min(len(text), a + 12)))
+        text += text[a:b]
+    cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    return text, cuts + [len(text)]
+
+
+def followers_recounted(text: list[int], max_order: int) -> dict[tuple[int, ...], Counter[int]]:
+    """Every context of 1..max_order tokens of the text and what followed it, counted afresh."""
+    out: dict[tuple[int, ...], Counter[int]] = {}
+    for end in range(1, len(text)):
+        for n in range(1, min(max_order, end) + 1):
+            out.setdefault(tuple(text[end - n:end]), Counter())[text[end]] += 1
+    return out
+
+
+def assert_same_continuations(fast: Any, slow: Any) -> None:
+    for name in ("tokens", "parents", "depths", "logprob", "static_logprob", "score"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+
+
+@settings(max_examples=300)
+@given(model=st.one_of(st.none(), arpa_models(max_order=4, max_vocab=6)), stream=streams(),
+       other=st.lists(st.integers(0, VOCAB), max_size=8), max_order=st.integers(1, 5), p=st.integers(1, 24),
+       max_depth=st.integers(1, 5))
+def test_cache_model_and_search_equal_the_reference(tmp_path_factory: Any, model: Any,
+                                                   stream: tuple[list[int], list[int]], other: list[int],
+                                                   max_order: int, p: int, max_depth: int) -> None:
+    lm = model_of(tmp_path_factory, model[0]) if model is not None else None
+    text, cuts = stream
+    fast = CacheModel(lm, VOCAB, max_order=max_order, prior=(0.3, 0.5, 0.7), prior_positions=3.0)
+    slow = ReferenceCacheModel(lm, VOCAB, max_order=max_order, prior=(0.3, 0.5, 0.7), prior_positions=3.0)
+    pieces = [text[:cut] for cut in cuts]
+    pieces.insert(len(pieces) // 2, other)  # a text that does not extend the old one: both start afresh
+    pieces.append(text)
+    for piece in pieces:
+        fast.sync(np.asarray(piece, dtype=np.int32) if len(piece) % 2 else piece)
+        slow.sync(piece)
+        assert fast.ids == slow.ids == [int(t) for t in piece]
+        np.testing.assert_array_equal(fast.responsibility, slow.responsibility)
+        np.testing.assert_array_equal(fast.positions, slow.positions)
+        for n in range(0, max_order + 2):
+            assert fast.weight(n) == slow.weight(n)
+        assert_same_continuations(best_continuations(fast, piece, p, max_depth),
+                                  reference_best_continuations(slow, piece, p, max_depth))
+    # the counts equal a recount of the whole text, context by context
+    recount = followers_recounted(text, max_order)
+    for context, counts in recount.items():
+        assert fast.match(list(context)) == len(context)
+        got, total = fast.followers(list(context), len(context))
+        assert got == dict(counts) and total == sum(counts.values())
+    for tail in (text[-4:], other, text[:3] + [VOCAB + 1]):
+        assert fast.match(tail) == slow.match(tail)
+        for token in range(VOCAB + 2):
+            got_lp, got_static, got_n = fast.conditional(tail, token)
+            want_lp, want_static, want_n = slow.conditional(tail, token)
+            assert (got_lp, got_n) == (want_lp, want_n)
+            assert got_static == want_static or (math.isnan(got_static) and math.isnan(want_static))
+
+
+@settings(max_examples=200)
+@given(data=st.data(), alphabet=st.integers(1, 4))
+def test_pending_labels_equal_the_reference(data: Any, alphabet: int) -> None:
+    """Trees added at the text's end, labelled as the text grows, is cut back or replaced; the
+    text handed over whole or in two parts (ids, then the tokens just emitted)."""
+    fast, slow = PendingLabels(), ReferencePendingLabels()
+    text = data.draw(st.lists(st.integers(0, alphabet), min_size=1, max_size=6))
+    tokens = st.integers(0, alphabet)
+    for _ in range(data.draw(st.integers(1, 12))):
+        paths = data.draw(st.lists(st.lists(tokens, min_size=1, max_size=5), min_size=1, max_size=6))
+        tree = CandidateTree.from_paths(paths, [[0.0] * len(path) for path in paths])
+        features = np.arange(tree.size * 3, dtype=np.float64).reshape(tree.size, 3) + len(text)
+        fast.add(len(text) - 1, tree, features)
+        slow.add(len(text) - 1, tree, features)
+        change = data.draw(st.sampled_from(["grow", "grow", "grow", "cut", "replace"]))
+        if change == "grow":
+            text = text + data.draw(st.lists(tokens, max_size=6))
+        elif change == "cut":
+            text = text[:data.draw(st.integers(1, len(text)))]
+        else:
+            text = data.draw(st.lists(tokens, min_size=1, max_size=12))
+        split = data.draw(st.integers(0, len(text)))
+        got = fast.resolve(np.asarray(text[:split]) if split % 2 else text[:split], text[split:])
+        want = slow.resolve(text)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        assert len(fast._pending) == len(slow._pending)
+
+
+def drive(drafter: Any, stream: list[int], prompt: int, steps: int, k: int, restart: Optional[int],
+          as_array: bool) -> list[tuple[list[int], np.ndarray]]:
+    """Greedy verification against ``stream``: each step emits the chain's longest prefix that the
+    stream continues with, plus one token. At step ``restart`` the request's text is replaced by
+    the stream's second half (a row reused by another request)."""
+    out = []
+    length, offset = prompt, 0
+    for step in range(steps):
+        if step == restart:
+            offset, length = len(stream) // 2, max(1, prompt // 2)
+        if offset + length >= len(stream):
+            break
+        ids = stream[offset:offset + length]
+        drafter.observe(np.asarray(ids, dtype=np.int32) if as_array else ids)
+        chain, probability = drafter.propose(k)
+        out.append((chain.tolist(), probability))
+        accepted = 0
+        while accepted < len(chain) and offset + length + accepted < len(stream) \
+                and chain[accepted] == stream[offset + length + accepted]:
+            accepted += 1
+        length += accepted + 1
+    return out
+
+
+@settings(max_examples=60)
+@given(model=st.one_of(st.none(), arpa_models(max_order=3, max_vocab=6)), stream=streams(max_size=80),
+       prompt=st.integers(1, 40), k=st.integers(1, 8), start=st.integers(0, 6), candidates=st.integers(1, 40),
+       restart=st.one_of(st.none(), st.integers(1, 20)), as_array=st.booleans())
+def test_chain_drafter_drafts_as_the_reference(tmp_path_factory: Any, model: Any, stream: tuple[list[int], list[int]],
+                                              prompt: int, k: int, start: int, candidates: int,
+                                              restart: Optional[int], as_array: bool) -> None:
+    lm = model_of(tmp_path_factory, model[0]) if model is not None else None
+    text = stream[0]
+    fast_acceptance, slow_acceptance = AcceptanceModel.prior(trust="cache"), AcceptanceModel.prior(trust="cache")
+    fast = ChainDrafter(lm, VOCAB, fast_acceptance, candidates=candidates, max_depth=12, start=start)
+    slow = ReferenceChainDrafter(lm, VOCAB, slow_acceptance, candidates=candidates, max_depth=12, start=start)
+    got = drive(fast, text, prompt, 30, k, restart, as_array)
+    want = drive(slow, text, prompt, 30, k, restart, False)
+    assert [chain for chain, _ in got] == [chain for chain, _ in want]
+    for (_, p), (_, q) in zip(got, want):
+        np.testing.assert_allclose(p, q, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(fast_acceptance.weights, slow_acceptance.weights, rtol=1e-12, atol=1e-15)
+    assert fast_acceptance.updates == slow_acceptance.updates
+    assert fast.length == slow.length
+
+
+@pytest.fixture(scope="module")
+def embedded() -> lk.NGramLM:
+    from latticekit.demo import embedded_token_lm
+
+    return embedded_token_lm()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_chain_drafter_drafts_as_the_reference_with_the_shipped_model(embedded: lk.NGramLM, seed: int) -> None:
+    """A long text over a real vocabulary: contexts followed by hundreds of tokens, where the
+    search reads only the followers that could rank (the reference scores every one)."""
+    rng = np.random.default_rng(seed)
+    common = rng.integers(0, 49152, 4)  # a few frequent tokens, each followed by many others
+    segments = [rng.integers(0, 49152, int(rng.integers(3, 20))) for _ in range(300)]
+    pieces = []
+    while sum(len(x) for x in pieces) < 6000:
+        pieces.append(rng.choice(common, 1))
+        pieces.append(segments[int(rng.integers(0, 300))] if rng.random() < 0.7 else rng.integers(0, 49152, 6))
+    text = np.concatenate(pieces).astype(np.int32).tolist()
+    fast_acceptance, slow_acceptance = AcceptanceModel.prior(trust="cache"), AcceptanceModel.prior(trust="cache")
+    fast = ChainDrafter(embedded, 49152, fast_acceptance)
+    slow = ReferenceChainDrafter(embedded, 49152, slow_acceptance)
+    got = drive(fast, text, 4000, 120, 8, None, True)
+    want = drive(slow, text, 4000, 120, 8, None, False)
+    assert [chain for chain, _ in got] == [chain for chain, _ in want]
+    for (_, p), (_, q) in zip(got, want):
+        np.testing.assert_allclose(p, q, rtol=1e-12, atol=1e-15)
+    busiest = max(len(fast.model.followers([int(t)], 1)[0]) for t in common if fast.model.match([int(t)]))
+    assert busiest > 80  # the lazy path was taken: a context with that many followers
