@@ -21,7 +21,7 @@ from typing import Any, Literal, Optional, Union
 import numpy as np
 import torch
 
-from latticekit.errors import CacheError, DeviceMismatchError, DraftError, UnsupportedModelError, VocabularyError
+from latticekit.errors import CacheError, DeviceMismatchError, DraftError, VocabularyError
 from latticekit.torch.acceptance import (
     AcceptedPath,
     block_verify,
@@ -30,7 +30,7 @@ from latticekit.torch.acceptance import (
     token_verify,
     tree_sampling_accept,
 )
-from latticekit.torch.cache import KVCache, cache_device, cache_length, check_committable, commit_accepted
+from latticekit.torch.cache import cache_length, commit_accepted
 from latticekit.torch.logits import ArgmaxRows, TreeLogits, first_block_rows
 from latticekit.torch.target import HEAD_IS_LAST_STEP, Target
 from latticekit.torch.tree import ROOT, DraftTree, mask_from_visibility

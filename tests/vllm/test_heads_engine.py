@@ -26,14 +26,9 @@ from latticekit.heads.medusa import load_medusa, write_medusa  # noqa: E402
 from latticekit.heads.modules import DEFAULT_HEADS_PATH, BlockHeads  # noqa: E402
 from latticekit.vllm import ENV, LATTICE_PROPOSER, NGramProposer, ProposerConfig, speculative_config  # noqa: E402
 from latticekit.vllm.heads import load_heads_for  # noqa: E402
-from vllm_helpers import QUESTIONS, engine, model_folder  # noqa: E402
+from vllm_helpers import QUESTIONS, chat, engine, ids  # noqa: E402
 
 K = 4
-
-
-@pytest.fixture(scope="module")
-def folder() -> Path:
-    return model_folder()
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +70,6 @@ def engines(folder: Path, medusa_folder: Path, tmp_path_factory: pytest.TempPath
         os.environ.pop(ENV, None)
     else:
         os.environ[ENV] = before
-
-
-def chat(llm: Any, questions: list[str]) -> list[str]:
-    tok = llm.get_tokenizer()
-    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-            for q in questions]
-
-
-def ids(outputs: Any) -> list[list[int]]:
-    return [list(o.outputs[0].token_ids) for o in outputs]
 
 
 def test_exported_heads_load_in_vllms_medusa_and_decode_losslessly(engines: Any) -> None:

@@ -46,6 +46,18 @@ def engine(folder: Path, **kwargs: Any) -> Any:
     return vllm.LLM(**settings)
 
 
+def chat(llm: Any, questions: list[str]) -> list[str]:
+    """Each question through the engine's chat template, as a prompt."""
+    tok = llm.get_tokenizer()
+    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+            for q in questions]
+
+
+def ids(outputs: Any) -> list[list[int]]:
+    """The token ids of each request's (first) output."""
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
 def rss_mb(pid: int) -> float:
     """A process's resident memory, MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
