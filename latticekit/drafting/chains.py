@@ -29,7 +29,7 @@ from typing import Optional
 import numpy as np
 
 from latticekit.drafting.cache_model import CacheModel
-from latticekit.drafting.calibration import AcceptanceModel, PendingLabels, node_features
+from latticekit.drafting.calibration import AcceptanceModel, CandidateTree, PendingLabels, node_features
 from latticekit.drafting.continuations import best_continuations
 from latticekit.drafting.union import HeadScore, united_candidates
 from latticekit.errors import DecoderConfigError
@@ -83,12 +83,7 @@ class ChainDrafter:
         found = best_continuations(self.model, text, self.candidates, min(self.max_depth, max_length))
         if not found.size:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        tree = found.tree()
-        features = node_features(tree, self.acceptance.max_depth)
-        probability = tree.path_probability(self.acceptance.conditional(features))
-        self.pending.add(len(text) - 1, tree, features)
-        chain = tree.best_chain(probability)
-        return tree.tokens[chain].astype(np.int64), probability[chain]
+        return self._chain(found.tree(), len(text) - 1)
 
     def propose_lattice(self, max_length: int, lattice: SausageLattice, search_lm: NGramLM, p: int, alpha: float,
                         head_logprob: Optional[HeadScore] = None) -> tuple[np.ndarray, np.ndarray]:
@@ -105,9 +100,14 @@ class ChainDrafter:
                                      lattice.widths[:depth + 1])
         tree = united_candidates(self.model, text, found, lattice, search_lm, p, alpha, self.model.static,
                                  head_logprob)
+        return self._chain(tree, len(text) - 1)
+
+    def _chain(self, tree: CandidateTree, root_index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The tree's best chain and each position's acceptance probability; its candidates wait
+        for their labels."""
         features = node_features(tree, self.acceptance.max_depth)
         probability = tree.path_probability(self.acceptance.conditional(features))
-        self.pending.add(len(text) - 1, tree, features)
+        self.pending.add(root_index, tree, features)
         chain = tree.best_chain(probability)
         return tree.tokens[chain].astype(np.int64), probability[chain]
 
