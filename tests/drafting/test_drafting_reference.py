@@ -21,11 +21,14 @@ from latticekit.drafting.cache_model import CacheModel
 from latticekit.drafting.calibration import AcceptanceModel, CandidateTree, PendingLabels
 from latticekit.drafting.chains import ChainDrafter
 from latticekit.drafting.continuations import best_continuations
+from latticekit.drafting.successors import KatzSuccessors
 from reference_drafting import (
     ReferenceCacheModel,
     ReferenceChainDrafter,
+    ReferenceKatzSuccessors,
     ReferencePendingLabels,
     reference_best_continuations,
+    reference_update,
 )
 
 VOCAB = 7  # the random models' words are 0..5 at most; 6 is never a static token, 7 and 8 lie beyond the vocabulary
@@ -208,3 +211,40 @@ def test_chain_drafter_drafts_as_the_reference_with_the_shipped_model(embedded: 
         np.testing.assert_allclose(p, q, rtol=1e-12, atol=1e-15)
     busiest = max(len(fast.model.followers([int(t)], 1)[0]) for t in common if fast.model.match([int(t)]))
     assert busiest > 80  # the lazy path was taken: a context with that many followers
+
+
+@settings(max_examples=60, deadline=None)
+@given(model=arpa_models(max_order=4, max_vocab=6),
+       contexts=st.lists(st.lists(st.integers(0, VOCAB + 1), max_size=5), min_size=1, max_size=6))
+def test_katz_successors_equal_the_reference(tmp_path_factory: Any, model: Any, contexts: list[list[int]]) -> None:
+    # the C++ states (kept between calls in the core's memo) rank and score as the Python index did
+    lm = model_of(tmp_path_factory, model[0])
+    fast, slow = KatzSuccessors.of(lm), ReferenceKatzSuccessors(lm)
+    for context in contexts + contexts[::-1]:  # each context again, after others: the memo's reuse
+        a, b = fast.state(context), slow.state(context)
+        for token in range(VOCAB + 2):
+            assert a.logprob(token) == pytest.approx(b.logprob(token), abs=1e-9)
+        r = 0
+        while True:
+            want, got = b.ranked(r), a.ranked(r)
+            if want is None:
+                assert got is None
+                break
+            assert got is not None and got[0] == want[0] and got[1] == pytest.approx(want[1], abs=1e-9)
+            r += 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), depth=st.integers(1, 6), rate=st.sampled_from([0.0, 0.01, 0.15, 1.0]))
+def test_acceptance_update_equals_the_reference(data: Any, depth: int, rate: float) -> None:
+    n = data.draw(st.integers(0, 12))
+    width = depth + 3
+    values = st.floats(-3, 3, allow_nan=False)
+    features = np.array(data.draw(st.lists(st.lists(values, min_size=width, max_size=width), min_size=n,
+                                           max_size=n)), dtype=np.float64).reshape(n, width)
+    labels = np.array(data.draw(st.lists(st.sampled_from([0.0, 1.0]), min_size=n, max_size=n)), dtype=np.float64)
+    fast, slow = AcceptanceModel.prior(depth, rate), AcceptanceModel.prior(depth, rate)
+    fast.update(features, labels)
+    reference_update(slow, features, labels)
+    np.testing.assert_allclose(fast.weights, slow.weights, rtol=1e-12, atol=1e-12)
+    assert fast.updates == slow.updates
