@@ -105,7 +105,9 @@ def main() -> None:
     started = time.time()
     train_windows = token_windows(tokenizer, False, args.train_tokens, args.window, args.seed)
     held_windows = token_windows(tokenizer, True, args.heldout_tokens, args.window, args.seed)
-    cached = Path(args.out).with_name(Path(args.out).name + "-hidden.pt")  # the states, kept for reruns
+    # the states, kept for reruns with the same windows (named by what chose them)
+    key = f"{args.train_tokens}-{args.heldout_tokens}-{args.window}-{args.seed}"
+    cached = Path(args.out).with_name(f"{Path(args.out).name}-hidden-{key}.pt")
     if cached.exists():
         x_train, x_held = torch.load(cached, weights_only=True)
     else:

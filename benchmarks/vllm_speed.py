@@ -179,7 +179,7 @@ def main() -> None:
         "vllm-ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
         "suffix": {"method": "suffix", "num_speculative_tokens": args.suffix_k},
         "medusa": {"method": "medusa", "model": args.medusa, "num_speculative_tokens": medusa_heads},
-        **{name: {"latticekit": {**s, "k": args.k}} for name, s in settings.items()},
+        **{name: None for name in settings},  # made as the engine starts (its settings go to its worker then)
     }
     specs = {name: spec for name, spec in specs.items() if name == "none" or name in args.engines}
     if "suffix" in specs and (missing := suffix_decoding_missing()):
@@ -197,7 +197,7 @@ def main() -> None:
     for name, spec in specs.items():
         t0 = time.perf_counter()
         if name in LATTICEKIT:
-            spec = speculative_config(args.k, **settings[name], stats=str(stats_paths[name]))
+            spec = specs[name] = speculative_config(args.k, **settings[name], stats=str(stats_paths[name]))
         engines[name] = vllm.LLM(**common, **({"speculative_config": spec} if spec else {}))
         print(f"engine {name}: started in {time.perf_counter() - t0:.0f} s", flush=True)
     tok = engines["none"].get_tokenizer()
@@ -213,7 +213,8 @@ def main() -> None:
         llm.generate([warmups[args.domains[0]]], vllm.SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
 
     results: dict[str, Any] = {"machine": machine(), "args": vars(args), "vllm": vllm.__version__,
-                               "engines": {k: v for k, v in specs.items()}, "runs": []}
+                               "engines": {k: v for k, v in specs.items()},
+                               "latticekit_settings": {k: v for k, v in settings.items() if k in specs}, "runs": []}
     names = list(engines)
     for phase, concurrency in enumerate(args.concurrency):
         for domain, per_phase in phases.items():

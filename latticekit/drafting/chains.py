@@ -31,7 +31,7 @@ import numpy as np
 from latticekit.drafting.cache_model import CacheModel
 from latticekit.drafting.calibration import AcceptanceModel, CandidateTree, PendingLabels, node_features
 from latticekit.drafting.continuations import best_continuations
-from latticekit.drafting.union import HeadScore, united_candidates
+from latticekit.drafting.union import united_candidates
 from latticekit.errors import DecoderConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
@@ -85,8 +85,8 @@ class ChainDrafter:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         return self._chain(found.tree(), len(text) - 1)
 
-    def propose_lattice(self, max_length: int, lattice: SausageLattice, search_lm: NGramLM, p: int, alpha: float,
-                        head_logprob: Optional[HeadScore] = None) -> tuple[np.ndarray, np.ndarray]:
+    def propose_lattice(self, max_length: int, lattice: SausageLattice, search_lm: NGramLM, p: int,
+                        alpha: float) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`propose` from the text's continuations united with the p best paths of the
         heads' lattice (:func:`~latticekit.drafting.union.united_candidates`); the lattice's root
         is the text's last token and its rows past ``max_length`` drafts are not read."""
@@ -98,8 +98,7 @@ class ChainDrafter:
         if lattice.h > depth + 1:
             lattice = SausageLattice(lattice.tokens[:depth + 1], lattice.scores[:depth + 1],
                                      lattice.widths[:depth + 1])
-        tree = united_candidates(self.model, text, found, lattice, search_lm, p, alpha, self.model.static,
-                                 head_logprob)
+        tree = united_candidates(self.model, text, found, lattice, search_lm, p, alpha, self.model.static)
         return self._chain(tree, len(text) - 1)
 
     def _chain(self, tree: CandidateTree, root_index: int) -> tuple[np.ndarray, np.ndarray]:

@@ -26,14 +26,10 @@ from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 from latticekit.search import pbest
 
-__all__ = ["united_candidates", "arc_score"]
-
-#: ``head_logprob(depth, token)``: the heads' log-probability of ``token`` at draft depth
-#: ``depth`` (1 = the first token after the root), NaN where they cannot say.
-HeadScore = Callable[[int, int], float]
+__all__ = ["united_candidates"]
 
 
-def arc_score(lattice: SausageLattice) -> HeadScore:
+def arc_score(lattice: SausageLattice) -> Callable[[int, int], float]:
     """A token's score among the arcs of the lattice at a draft depth, or NaN (off the lattice,
     or past its reach)."""
 
@@ -48,8 +44,7 @@ def arc_score(lattice: SausageLattice) -> HeadScore:
 
 
 def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuations, lattice: SausageLattice,
-                      search_lm: NGramLM, p: int, alpha: float, lm: Optional[NGramLM],
-                      head_logprob: Optional[HeadScore] = None) -> CandidateTree:
+                      search_lm: NGramLM, p: int, alpha: float, lm: Optional[NGramLM]) -> CandidateTree:
     """The p best paths of ``lattice`` and the continuations ``found``, merged into one trie.
 
     Args:
@@ -61,7 +56,6 @@ def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuation
         p: lattice paths searched.
         alpha: the n-gram weight of the search.
         lm: the static n-gram model, or None (no n-gram feature).
-        head_logprob: the heads' score of any token at a depth; default: its lattice arc's score.
 
     Returns:
         The trie, lattice paths first, with each node's head, n-gram and cache log-probabilities.
@@ -76,7 +70,7 @@ def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuation
     known = dict(zip(found_paths, range(found.size)))
     everything = drafts + found_paths
     tree = CandidateTree.from_paths(everything, [[np.nan] * len(d) for d in everything])
-    score = head_logprob if head_logprob is not None else arc_score(lattice)
+    score = arc_score(lattice)
     tail = list(ids[len(ids) - min(len(ids), model.context_size):])
     assert tree.cache_logprob is not None  # set by CandidateTree.__post_init__
     for i, path in enumerate(tree.paths_to(range(tree.size))):

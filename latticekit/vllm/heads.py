@@ -51,14 +51,13 @@ def load_heads_for(path: Any, model: Any, vocab_size: int) -> Any:
     Raises:
         ProposerConfigError: the heads cannot be read, or were made for another model.
     """
-    from latticekit.heads.medusa import load_medusa
+    from latticekit.heads.medusa import _WEIGHT_FILES, load_medusa
     from latticekit.heads.modules import BlockHeads
 
     target = _Target(model, vocab_size)
     path = Path(os.fspath(path))
     try:
-        if path.is_dir() or path.name in ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors",
-                                          "pytorch_model.bin", "model.pt"):
+        if path.is_dir() or any(path.name in names for names in _WEIGHT_FILES.values()):
             heads = load_medusa(path, target)
         else:
             heads = BlockHeads.load(path, target)

@@ -112,11 +112,10 @@ class LatticeProposer(NGramProposer):
             return
         runner = self._runner() if self._runner is not None else None
         spec = getattr(getattr(runner, "input_batch", None), "spec_token_ids", None)
-        if spec is None or len(spec) < len(sampled):
-            raise ProposerConfigError("latticekit vLLM lattice proposer: the model runner's input batch does not "
-                                      "say which draft tokens each request verified")
-        drafts = [len(spec[i]) for i in range(len(sampled))]
-        if sum(drafts) + len(sampled) != int(hidden.shape[0]):  # not this step's states: draft without heads
+        # which drafts each request verified, and states that add up to them, or n-grams alone this step
+        drafts = [len(spec[i]) for i in range(len(sampled))] if spec is not None and len(spec) >= len(sampled) \
+            else None
+        if drafts is None or sum(drafts) + len(sampled) != int(hidden.shape[0]):
             self.counters["hidden_mismatch"] += 1
             return
         for i, row in enumerate(hidden_rows([len(s) for s in sampled], drafts)):

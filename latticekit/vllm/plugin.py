@@ -14,8 +14,8 @@ that is a new int64 copy, so the output it returns is never written (uninitialis
 temperatures such as 6473.97) and the inputs are truncated to integers. Every sampled request
 with a draft then samples from garbage (any proposer: ``ngram`` too). :func:`register`
 replaces ``expand_batch_to_tokens`` on the CPU platform with the same expansion in plain torch
-(``repeat_interleave``), only when a check shows the installed one is wrong, so a fixed vLLM is
-left alone.
+(``repeat_interleave``), unconditionally: that expansion is correct whatever the installed
+kernel does, so a vLLM that fixes its own is not harmed by it.
 """
 
 from __future__ import annotations
