@@ -116,9 +116,9 @@ def run_one(name: str, model: Any, heads: Any, lm: Any, costs: Any, counter: Cal
         wall = time.perf_counter() - t0
         tokens = out[0, len(ids):].tolist()
         return {"tokens": tokens, "wall_s": wall, "calls": counter.calls - before, "steps": None}
-    config = DecoderConfig.parse(name)
-    d = decode(model, heads if name != "headsfree" else None, ids, config, max_new_tokens=new, lms=lm,
-               eos_token_id=eos, costs=costs)
+    spec, _, which = name.partition("@")  # auto@untrained: with untrained heads; auto@noheads: without heads
+    use = None if spec == "headsfree" or which == "noheads" else heads[which or "default"]
+    d = decode(model, use, ids, DecoderConfig.parse(spec), max_new_tokens=new, lms=lm, eos_token_id=eos, costs=costs)
     steps = [{"nodes": s.tree_nodes,
               "accepted": s.num_accepted, "draft_s": s.heads_s + s.search_s, "model_s": s.model_s}
              for s in d.steps]
@@ -139,8 +139,11 @@ def run_chunk(args: argparse.Namespace) -> int:
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
     model, tokenizer, description = load_target("smollm2")
-    heads = load_heads("default", model)
-    prepare_target(model, heads=heads)
+    heads = {"default": load_heads("default", model)}
+    if any(name.endswith("@untrained") for name in args.decoders):
+        heads["untrained"] = load_heads(f"untrained:{heads['default'].num_heads}", model)
+        prepare_target(model, heads=heads["untrained"])
+    prepare_target(model, heads=heads["default"])
     counter = CallCounter(model)
     lm = embedded_token_lm()
     out = Path(args.out)

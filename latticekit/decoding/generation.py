@@ -3,10 +3,11 @@
 In the spirit of HF ``model.generate``: one call prepares the target for its device
 (:func:`latticekit.torch.prepare_target`, idempotent), measures what its steps cost (once per
 model and device, cached), and decodes with the ``auto`` drafter, which chooses every step the
-draft tree with the most expected tokens per second, down to no draft at all. Without draft
-heads it drafts from the n-gram models alone (``headsfree``: the prompt's and the decoded
-text's own n-grams, and the static model when one is given), so any causal LM speeds up with
-no training, where the text repeats itself or the prompt. Under greedy
+draft tree with the most expected tokens per second, down to no draft at all, from every source
+it has: the prompt's and the decoded text's own n-grams (and the static model when one is
+given), so any causal LM speeds up with no training where the text repeats itself or the
+prompt; and with draft heads, their lattice united with those n-grams, read only while the
+heads pay for themselves. Under greedy
 decoding the tokens are exactly the prepared model's own greedy tokens; with ``temperature > 0``
 they are distributed exactly like its samples (lossless tree sampling).
 
@@ -107,9 +108,9 @@ def generate(
             ``latticekit.torch.protocol``, in eval mode, on its device.
         input_ids (`torch.LongTensor` of shape `(1, L)` or `(L,)`, or a list of ids): the prompt
             (for an instruction model, its chat template applied).
-        heads: draft heads (``latticekit.heads.BlockHeads``, e.g. ``default_heads(model)``).
-            None drafts without heads (``headsfree``: continuations of the decoded text under
-            its own n-gram cache and ``lm``).
+        heads: draft heads (``latticekit.heads.BlockHeads``, e.g. ``default_heads(model)``):
+            their lattice joins the text's candidates where it pays. None drafts from the text
+            alone (continuations of the decoded text under its own n-gram cache and ``lm``).
         lm: a Katz n-gram model over the model's token ids (e.g.
             ``latticekit.demo.embedded_token_lm()`` for SmolLM2): rescores the heads'
             candidates, or drafts with the cache when there are no heads, and feeds the
@@ -126,7 +127,8 @@ def generate(
             False decodes the model as it is.
         costs: the model's :class:`~latticekit.decoding.costs.StepCosts`; default measured once and
             cached (``~/.cache/latticekit``).
-        acceptance: the :class:`~latticekit.drafting.calibration.AcceptanceModel` to start from.
+        acceptance: the :class:`~latticekit.drafting.calibration.AcceptanceModel` to start the
+            heads' estimates from (without heads, the text's).
 
     Returns:
         The sequences (prompt + new tokens) and the decode's per-step records.
@@ -143,11 +145,7 @@ def generate(
         prepare_target(model, heads=heads)
     if eos_token_id is None:
         eos_token_id = _default_eos(model)
-    if heads is None:
-        config = DecoderConfig("headsfree", alpha=1.0 if lm is not None else 0.0, temperature=temperature,
-                               top_p=top_p)
-    else:
-        config = DecoderConfig("auto", alpha=1.0 if lm is not None else 0.0, temperature=temperature, top_p=top_p)
+    config = DecoderConfig("auto", alpha=1.0 if lm is not None else 0.0, temperature=temperature, top_p=top_p)
     decoding = decode(model, heads, prompt, config, max_new_tokens=max_new_tokens, lms=lm,
                       eos_token_id=eos_token_id, generator=generator, costs=costs, acceptance=acceptance,
                       streamer=streamer, record_lattices=False)

@@ -41,13 +41,17 @@ from latticekit._files import atomic_write
 from latticekit.drafting.tree import trie
 from latticekit.errors import DecoderConfigError
 
-__all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "FEATURES", "node_features", "logit",
-           "shipped_acceptance"]
+__all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "SourceAcceptance", "FEATURES", "SOURCES",
+           "node_features", "logit", "shipped_acceptance"]
 
 #: One path's per-token values: a sequence of floats or a float array.
 _Floats = Union[Sequence[float], np.ndarray]
 _CLIP = 8.0  # logits are clipped to [-8, 8] (probabilities 3e-4 .. 0.9997)
 _SCALE = 4.0  # features enter the model divided by this, so one learning rate suits them all
+
+#: The candidate sources, as the bits of :attr:`CandidateTree.sources`: the heads' lattice, the
+#: text's own continuations (prompt and output), the store of earlier answers.
+SOURCES = {"heads": 1, "text": 2, "memory": 4}
 
 
 def logit(logprob: np.ndarray) -> np.ndarray:
@@ -70,6 +74,8 @@ class CandidateTree:
             without a model.
         cache_logprob (`(n,)` float64): the cache model's conditional log-probability, or NaN
             (None: NaN everywhere).
+        sources (`(n,)` int64): the sources whose candidates hold the node, as bits of
+            :data:`SOURCES` (None: 0 everywhere, no source named).
     """
 
     tokens: np.ndarray
@@ -78,10 +84,13 @@ class CandidateTree:
     head_logprob: np.ndarray
     ngram_logprob: np.ndarray
     cache_logprob: Optional[np.ndarray] = None
+    sources: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         if self.cache_logprob is None:
             self.cache_logprob = np.full(self.tokens.shape[0], np.nan)
+        if self.sources is None:
+            self.sources = np.zeros(self.tokens.shape[0], dtype=np.int64)
 
     @property
     def size(self) -> int:
@@ -90,17 +99,28 @@ class CandidateTree:
     @classmethod
     def from_paths(cls, paths: Sequence[Sequence[int]], head_logprobs: Sequence[_Floats],
                    ngram_logprobs: Optional[Sequence[_Floats]] = None,
-                   cache_logprobs: Optional[Sequence[_Floats]] = None) -> "CandidateTree":
+                   cache_logprobs: Optional[Sequence[_Floats]] = None,
+                   path_sources: Optional[Sequence[int]] = None) -> "CandidateTree":
         """Merges candidate paths (token sequences after the root, best first) into a trie;
-        each path's per-token features come along (equal prefixes have equal features)."""
+        each path's per-token features come along (equal prefixes have equal features), and a
+        node's sources are those of every path through it (``path_sources``: bits of
+        :data:`SOURCES` per path)."""
         tokens, parents, first = trie(paths)
         depths = [j + 1 for _, j in first]
         head = [float(head_logprobs[p][j]) for p, j in first]
         ngram = [float(ngram_logprobs[p][j]) if ngram_logprobs is not None else np.nan for p, j in first]
         cache = [float(cache_logprobs[p][j]) if cache_logprobs is not None else np.nan for p, j in first]
+        sources = np.zeros(len(tokens), dtype=np.int64)
+        if path_sources is not None:
+            node_of = {(parent, token): i for i, (token, parent) in enumerate(zip(tokens, parents))}
+            for path, bits in zip(paths, path_sources):
+                node = -1
+                for token in path:
+                    node = node_of[(node, int(token))]
+                    sources[node] |= int(bits)
         return cls(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
                    np.asarray(depths, dtype=np.int64), np.asarray(head, dtype=np.float64),
-                   np.asarray(ngram, dtype=np.float64), np.asarray(cache, dtype=np.float64))
+                   np.asarray(ngram, dtype=np.float64), np.asarray(cache, dtype=np.float64), sources)
 
     def path_probability(self, conditional: np.ndarray) -> np.ndarray:
         """P(node accepted): the product of the conditionals from the root down to it."""
@@ -256,6 +276,55 @@ class AcceptanceModel:
             return cls(weights, float(data["learning_rate"]))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise DecoderConfigError(f"{path} is not a readable acceptance model: {exc}") from exc
+
+
+class SourceAcceptance:
+    """Acceptance estimates calibrated per candidate source: one :class:`AcceptanceModel` per
+    source, each learnt online from the nodes its source proposed.
+
+    Sources differ in how far their probabilities can be trusted (heads sure of the wrong
+    position, a copy that the text abandons), and one model over all of them learns an average
+    that suits none. A node proposed by several sources takes the most confident of their
+    estimates: each source's estimate is calibrated on its own proposals, so a node one source
+    knows well is not pulled down by another that does not. A node with no source named
+    (``sources == 0``) counts as every source's.
+
+    Args:
+        models: source name (a key of :data:`SOURCES`) -> its model; all of one width.
+    """
+
+    def __init__(self, models: "dict[str, AcceptanceModel]") -> None:
+        if not models or any(name not in SOURCES for name in models):
+            raise DecoderConfigError(f"acceptance models must be keyed by sources of {tuple(SOURCES)}, "
+                                     f"got {sorted(models)}")
+        if len({model.weights.shape[0] for model in models.values()}) != 1:
+            raise DecoderConfigError("the sources' acceptance models must have one width (max_depth)")
+        self.models = dict(models)
+
+    @property
+    def max_depth(self) -> int:
+        return next(iter(self.models.values())).max_depth
+
+    def _members(self, sources: np.ndarray) -> "list[tuple[AcceptanceModel, np.ndarray]]":
+        sources = np.asarray(sources, dtype=np.int64)
+        return [(model, ((sources & SOURCES[name]) != 0) | (sources == 0)) for name, model in self.models.items()]
+
+    def conditional(self, features: np.ndarray, sources: np.ndarray) -> np.ndarray:
+        """P(accepted | parent accepted) per row of :func:`node_features`: the largest estimate
+        among the models of the node's sources."""
+        out = np.zeros(features.shape[0])
+        for model, member in self._members(sources):
+            if member.any():
+                out[member] = np.maximum(out[member], model.conditional(features[member]))
+        return out
+
+    def update(self, features: np.ndarray, labels: np.ndarray, sources: np.ndarray) -> None:
+        """Teaches each source's model the labelled nodes it proposed."""
+        if len(labels) == 0:
+            return
+        for model, member in self._members(sources):
+            if member.any():
+                model.update(features[member], np.asarray(labels)[member])
 
 
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "acceptance"

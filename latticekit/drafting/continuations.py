@@ -38,7 +38,7 @@ from typing import Optional
 import numpy as np
 
 from latticekit.drafting.cache_model import CacheModel, _token_array
-from latticekit.drafting.calibration import CandidateTree
+from latticekit.drafting.calibration import SOURCES, CandidateTree
 from latticekit.errors import DecoderConfigError
 
 __all__ = ["Continuations", "best_continuations"]

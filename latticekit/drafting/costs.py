@@ -29,8 +29,11 @@ class StepCosts:
         prefix_tokens: cached tokens during the measurement.
         row_token_s: extra seconds per pass row and cached token beyond ``prefix_tokens``
             (attention reads every cached key for every row); 0 when not measured.
-        draft_s: seconds a drafting step spends in the lattice and the search, when fixed
-            in advance (replays, tests); None: the drafter measures its own as it runs.
+        draft_s: seconds a drafting step spends searching its candidates, when fixed in advance
+            (replays, tests); None: the drafter measures its own as it runs.
+        heads_s: seconds reading the heads' lattice adds to a drafting step (the heads forward,
+            their projection), when fixed in advance (tests); None: the loop's measure of each
+            lattice it builds (a replay's: the trace's heads seconds per position).
         description: what was measured (model, device, threads, torch version, when).
     """
 
@@ -40,6 +43,7 @@ class StepCosts:
     row_token_s: float = 0.0
     draft_s: Optional[float] = None
     description: dict[str, Any] = field(default_factory=dict)
+    heads_s: Optional[float] = None
 
     def __post_init__(self) -> None:
         if len(self.nodes) != len(self.seconds) or len(self.nodes) < 2 or self.nodes[0] != 0 \
@@ -68,10 +72,10 @@ class StepCosts:
     def from_json(cls, data: dict[str, Any]) -> "StepCosts":
         if data.get("version") != COSTS_VERSION:
             raise DecoderConfigError(f"step costs of version {data.get('version')!r}, expected {COSTS_VERSION}")
-        draft_s = data.get("draft_s")
+        draft_s, heads_s = data.get("draft_s"), data.get("heads_s")
         return cls([int(n) for n in data["nodes"]], [float(s) for s in data["seconds"]], int(data["prefix_tokens"]),
                    float(data.get("row_token_s", 0.0)), None if draft_s is None else float(draft_s),
-                   dict(data.get("description", {})))
+                   dict(data.get("description", {})), None if heads_s is None else float(heads_s))
 
 
 def monotone(values: Sequence[float]) -> list[float]:

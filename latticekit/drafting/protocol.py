@@ -82,6 +82,12 @@ class DraftInput:
         return self._lattice
 
     @property
+    def lattice_s(self) -> float:
+        """Seconds this step's lattice cost (0 while unread): what the loop measured, or a
+        trace's fixed heads seconds."""
+        return float(getattr(self._make_lattice, "seconds", 0.0)) if self._lattice is not None else 0.0
+
+    @property
     def has_lattice(self) -> bool:
         """Whether :attr:`lattice` was built (read) this step."""
         return self._lattice is not None

@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 
 from latticekit.drafting.cache_model import CacheModel
-from latticekit.drafting.calibration import CandidateTree
+from latticekit.drafting.calibration import SOURCES, CandidateTree
 from latticekit.drafting.continuations import Continuations
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
@@ -58,7 +58,8 @@ def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuation
         lm: the static n-gram model, or None (no n-gram feature).
 
     Returns:
-        The trie, lattice paths first, with each node's head, n-gram and cache log-probabilities.
+        The trie, lattice paths first, with each node's head, n-gram and cache log-probabilities
+        and its sources (the heads' paths, the text's continuations).
         A node the heads cannot score (a continuation off the lattice, or past its reach) takes
         the cache model's word in the head's place: an absent feature would pull its estimate
         to 1/2.
@@ -69,7 +70,8 @@ def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuation
     found_paths = found.paths()
     known = dict(zip(found_paths, range(found.size)))
     everything = drafts + found_paths
-    tree = CandidateTree.from_paths(everything, [[np.nan] * len(d) for d in everything])
+    tree = CandidateTree.from_paths(everything, [[np.nan] * len(d) for d in everything],
+                                    path_sources=[SOURCES["heads"]] * len(drafts) + [SOURCES["text"]] * len(found_paths))
     score = arc_score(lattice)
     tail = list(ids[len(ids) - min(len(ids), model.context_size):])
     assert tree.cache_logprob is not None  # set by CandidateTree.__post_init__

@@ -27,10 +27,13 @@ H = 5
 NEW = 40
 
 
-def flat_costs(plain: float = 0.010, per_node: float = 0.001, draft_s: float = 0.001) -> StepCosts:
-    """A made-up device: a tree pass costs a plain step plus ``per_node`` seconds per node."""
+def flat_costs(plain: float = 0.010, per_node: float = 0.001, draft_s: float = 0.001,
+               heads_s: float = 0.001) -> StepCosts:
+    """A made-up device: a tree pass costs a plain step plus ``per_node`` seconds per node; a
+    drafting step ``draft_s``, and ``heads_s`` more when it reads the heads."""
     nodes = [0, 1, 2, 4, 8, 16, 32, 64]
-    return StepCosts(nodes, [plain] + [plain + per_node * n for n in nodes[1:]], 100, draft_s=draft_s)
+    return StepCosts(nodes, [plain] + [plain + per_node * n for n in nodes[1:]], 100, draft_s=draft_s,
+                     heads_s=heads_s)
 
 
 # -- step costs --------------------------------------------------------------------------------
@@ -206,14 +209,24 @@ def test_auto_decodes_exactly_the_greedy_tokens(setup: Any, lm: lk.NGramLM, spec
     assert out.block_efficiency > 1.2
 
 
-def test_auto_stops_drafting_when_drafts_do_not_pay(setup: Any, lm: lk.NGramLM) -> None:
+def test_auto_stops_reading_heads_that_do_not_pay(setup: Any, lm: lk.NGramLM) -> None:
     model, reference, _ = setup
     bad = RandomHeads(model, num_heads=H)
     out = decode(model, bad, PROMPT, DecoderConfig.parse("auto"), max_new_tokens=60, lms=lm,
-                 costs=flat_costs(per_node=0.002, draft_s=0.003))
+                 costs=flat_costs(per_node=0.002, draft_s=0.001, heads_s=0.003))
     assert out.tokens == greedy_decode(model, PROMPT, 60).tokens
-    drafted = [i for i, s in enumerate(out.steps) if s.lattice_tokens is not None]
-    assert len(drafted) < 20 and max(drafted) > 30  # it stops, and keeps probing now and then
+    read = [i for i, s in enumerate(out.steps) if s.lattice_tokens is not None]
+    assert len(read) <= len(out.steps) // 3  # it stops reading them ...
+    assert read[-1] > 20 and read[-1] - read[-2] >= 8  # ... and probes them less and less often
+    assert sum(1 for s in out.steps if s.drafts and s.lattice_tokens is None) >= 8  # the text drafts on
+
+
+def test_auto_reads_heads_that_pay(setup: Any, lm: lk.NGramLM) -> None:
+    model, _, heads = setup  # heads that know the continuation: the union's candidates
+    out = decode(model, heads, PROMPT, DecoderConfig.parse("auto"), max_new_tokens=NEW, lms=lm,
+                 costs=flat_costs(per_node=0.002, draft_s=0.001, heads_s=0.003))
+    read = [i for i, s in enumerate(out.steps) if s.lattice_tokens is not None]
+    assert len(read) >= len(out.steps) * 2 // 3
 
 
 def test_auto_samples_losslessly_enough_to_run(setup: Any, lm: lk.NGramLM) -> None:
@@ -224,9 +237,12 @@ def test_auto_samples_losslessly_enough_to_run(setup: Any, lm: lk.NGramLM) -> No
     assert len(out.tokens) == 20
 
 
-def test_replayed_auto_takes_the_decoded_steps(setup: Any, lm: lk.NGramLM) -> None:
+@pytest.mark.parametrize("method", ["heads", "headsfree"])
+def test_replayed_cost_aware_drafting_takes_the_decoded_steps(setup: Any, lm: lk.NGramLM, method: str) -> None:
+    # (auto and heads+ngram unite the lattice's columns with the text's tokens, scored by the
+    # heads, which a trace's top-k lattices cannot: their replay is close, not exact)
     model, _, heads = setup
-    config = DecoderConfig.parse("auto:k=4,p=8")
+    config = DecoderConfig.parse(f"{method}:k=4,p=8")
     trace = trace_prompts(model, heads, [PROMPT], NEW + H - 1, k=4)[0]
     real = decode(model, heads, PROMPT, config, max_new_tokens=NEW, lms=lm, costs=flat_costs())
     again = replay(trace, config, NEW, lms=lm, costs=flat_costs())
@@ -254,7 +270,7 @@ def test_shipped_acceptance_models_match_their_heads(setup: Any, tmp_path: Path,
     assert calibration.shipped_acceptance(None) is None
 
 
-def test_auto_starts_from_the_acceptance_shipped_for_its_heads_and_headsfree_does_not(
+def test_the_heads_estimates_start_from_the_acceptance_shipped_for_them(
         setup: Any, lm: lk.NGramLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from latticekit.drafting import calibration, make_drafter
     from latticekit.heads import heads_fingerprint
@@ -264,12 +280,14 @@ def test_auto_starts_from_the_acceptance_shipped_for_its_heads_and_headsfree_doe
     fitted = AcceptanceModel(np.linspace(-1, 1, H - 1 + 3), learning_rate=0.01)
     fitted.save(tmp_path / "these-heads.json", {"heads_fingerprint": heads_fingerprint(heads)})
     fingerprint = heads_fingerprint(heads)
-    auto = make_drafter(DecoderConfig.parse("auto"), lms=lm, has_heads=True, heads_fingerprint=fingerprint,
-                        costs=flat_costs())  # what a decode with heads builds
-    np.testing.assert_array_equal(auto.acceptance.weights, fitted.weights)
-    for spec in ("headsfree", "heads+ngram"):  # the fitted model knows nothing of the cache feature
-        other = make_drafter(DecoderConfig.parse(spec), lms=lm, has_heads=True, heads_fingerprint=fingerprint,
-                             costs=flat_costs())
-        assert not np.array_equal(other.acceptance.weights, fitted.weights)
-    plain = make_drafter(DecoderConfig.parse("auto"), lms=lm, heads_fingerprint=fingerprint, costs=flat_costs())
-    assert plain.acceptance.weights[-1] > 0  # without a lattice read: the cache model at its word
+    for spec in ("auto", "heads", "heads+ngram"):  # what a decode with heads builds
+        drafter = make_drafter(DecoderConfig.parse(spec), lms=lm, has_heads=True, heads_fingerprint=fingerprint,
+                               costs=flat_costs())
+        models = drafter.acceptance.models
+        np.testing.assert_array_equal(models["heads"].weights, fitted.weights)  # the heads' own nodes
+        assert set(models) == ({"heads"} if spec == "heads" else {"heads", "text"})
+        if "text" in models:  # the text's nodes: the cache model at its word
+            assert models["text"].weights[-1] > 0 and not np.array_equal(models["text"].weights, fitted.weights)
+    for spec in ("auto", "headsfree"):  # no heads: no heads' model
+        plain = make_drafter(DecoderConfig.parse(spec), lms=lm, heads_fingerprint=fingerprint, costs=flat_costs())
+        assert set(plain.acceptance.models) == {"text"} and plain.acceptance.models["text"].weights[-1] > 0

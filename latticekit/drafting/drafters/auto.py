@@ -1,12 +1,21 @@
-"""``auto``: the draft tree with the most expected tokens per second, chosen every step.
+"""``auto``: one drafter for every case, the draft tree with the most expected tokens per second.
 
 Every step the drafter weighs what a tree costs against what it is expected to bring:
 
-1. **Candidates.** The p best paths of the heads' lattice under ``draft + alpha * n-gram``
-   (latticekit's exact search), merged into a trie (:class:`~latticekit.drafting.calibration.CandidateTree`).
-2. **Acceptance estimates.** Each node's probability of being accepted, the product along its
-   path of :class:`~latticekit.drafting.calibration.AcceptanceModel`'s conditionals (head and n-gram
-   log-probabilities, depth), learnt online from the decode's own text.
+1. **Candidates, from every source available.** The text's own continuations (prompt and
+   output) under the n-gram cache model, interpolated with the static Katz model
+   (:func:`~latticekit.drafting.continuations.best_continuations`, what ``headsfree`` drafts);
+   with heads, the p best paths of the heads' lattice under ``draft + alpha * n-gram``
+   (latticekit's exact search), the lattice's columns united with the continuations' tokens,
+   all merged into one trie (:func:`~latticekit.drafting.union.united_candidates`, what
+   ``heads+ngram`` drafts). Every node knows which sources proposed it.
+2. **Acceptance estimates, calibrated per source.** Each node's probability of being accepted
+   is the product along its path of conditionals; each source has its own
+   :class:`~latticekit.drafting.calibration.AcceptanceModel` (head, n-gram and cache
+   log-probabilities, depth), learnt online from the decode's own text on the nodes that
+   source proposed (:class:`~latticekit.drafting.calibration.SourceAcceptance`); a node
+   several sources proposed takes the most confident. The heads' model starts from the one
+   fitted for them where latticekit ships it.
 3. **Costs.** :class:`~latticekit.decoding.costs.StepCosts`: the seconds of a target call verifying
    n nodes, measured on this device.
 4. **The tree.** Nodes sorted by acceptance probability form, for every n, the prefix-closed
@@ -14,23 +23,24 @@ Every step the drafter weighs what a tree costs against what it is expected to b
    parent); the step verifies the n maximising ``(1 + expected accepted) / target seconds(n)``.
    n = 0 is a plain greedy step.
 
-The heads' lattice and the search cost time of their own (measured as the decode runs). The
-drafter keeps a running estimate of what drafting gains: per step that read the lattice, the
-chosen tree's expected tokens over its cost (the tree's target seconds and the drafting
-seconds), against a plain step's one token in a plain step's seconds. Where recent trees
-bore out less than half their estimates (accepted over expected tokens, decayed), the expected
-accepted tokens are scaled down accordingly (by twice that ratio), so that heads confidently
-wrong (untrained ones copy head 1: sure of the wrong position) are found out by their outcomes
-within a few trees, before the acceptance model has learnt why. When even the best tree does
-not repay them (untrained heads, a domain the heads do not know), the drafter stops reading the
-lattice and decodes plainly, probing now and then (every 2, 4, ..., 32 steps) whether drafting
-pays again; a probe's outcome alone decides whether drafting resumes, and every probe's
-candidates still teach the acceptance model once the text reaches them.
+**Which sources to read** is decided by outcomes, not estimates. Reading the heads costs a
+heads forward, a projection and the lattice search every step, and estimates can be wrong in
+ways only outcomes show (untrained heads are sure of the wrong position). So each way of
+drafting (an *arm*: with heads, the union of heads and text, and the text alone; without, the
+text alone) keeps the tokens it really emitted per second it really cost (the verified tree's
+target seconds and its drafting seconds, heads included), decayed over the arm's recent steps.
+Each step takes the arm worth the most, or a plain step when none beats a plain step's one
+token in its seconds. Every arm is tried twice first; an arm that is not the best is probed
+after 2 steps, then 4, 8, ... up to 32 while it keeps losing, and its probe's outcome outweighs
+its stale history. So heads that do not pay (an unknown domain, untrained heads, a machine
+where their projection is dear) stop being read within a few steps, their cost counted, and
+are read again when a probe finds them paying; and the union is read where heads and text
+complement each other (heads know what the text does not; the text knows what is being
+copied). Every tree's nodes, verified or not, teach their sources' models once the text
+reaches them.
 
-**Without heads** (a decode given none, so the drafter is built without them and reads no
-lattice) the candidates are the heads-free drafter's (``headsfree``,
-:mod:`latticekit.drafting.drafters.headsfree`): the most probable continuations of the decoded text
-under the n-gram cache model, steps 2-4 unchanged.
+The single-source drafters are the same class with one arm: ``heads`` (the heads' lattice
+alone), ``headsfree`` (the text alone) and ``heads+ngram`` (the union always).
 """
 
 from __future__ import annotations
@@ -44,9 +54,11 @@ import numpy as np
 
 from latticekit.drafting.cache_model import CacheModel
 from latticekit.drafting.calibration import (
+    SOURCES,
     AcceptanceModel,
     CandidateTree,
     PendingLabels,
+    SourceAcceptance,
     node_features,
     shipped_acceptance,
 )
@@ -56,6 +68,7 @@ from latticekit.drafting.config import DecoderConfig
 from latticekit.drafting.protocol import Draft, Drafter, DraftInput, DraftResources
 from latticekit.drafting.registry import register
 from latticekit.drafting.drafters.ngram import select_lm, uniform_lm
+from latticekit.drafting.union import united_candidates
 from latticekit.errors import DecoderConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
@@ -65,14 +78,18 @@ __all__ = ["AutoDrafter", "choose_nodes", "lm_candidates"]
 
 #: Static candidate vocabulary of the heads' lattice: the n-gram model's most probable tokens.
 CANDIDATE_TOKENS = 8192
-#: Probing while drafting does not pay: after 2 plain steps, then 4, ... up to this many.
+#: An arm that is not the best is probed after this many steps, then twice as many while it keeps losing...
+_FIRST_PROBE = 2
+#: ... up to this many.
 MAX_PROBE_INTERVAL = 32
-#: Weight of the newest step in the running estimate of what drafting gains.
-_GAIN_SMOOTHING = 0.3
-#: Decay per verified tree of the sums behind :attr:`AutoDrafter.realisation` (a memory of ~20 trees).
-_REALISED_DECAY = 0.95
+#: Steps every arm is read before the outcomes choose.
+_WARMUP_STEPS = 2
+#: Decay per decode step of an arm's outcome sums (a memory of ~10 of its steps).
+_ARM_DECAY = 0.9
 #: The longest continuation the n-gram models draft (heads-free candidates).
 MAX_NGRAM_DEPTH = 12
+#: Continuations of the text searched per step by drafters whose ``p`` counts lattice paths.
+_TEXT_CANDIDATES = 32
 
 
 _RANKED: "weakref.WeakKeyDictionary[NGramLM, np.ndarray]" = weakref.WeakKeyDictionary()
@@ -109,21 +126,20 @@ def choose_nodes(probability: np.ndarray, depths: np.ndarray, costs: StepCosts, 
 
 @register
 class AutoDrafter(Drafter):
-    """Cost-aware drafting: see the module docstring.
+    """Cost-aware drafting from every source available: see the module docstring.
 
     Args:
-        config: an ``auto`` config (k arcs per lattice column, p candidate paths, alpha).
-        lm: the n-gram model (token-id words), or None: candidates ranked by the heads alone,
-            no n-gram feature (without heads: the decoded text's cache alone).
+        config: the config (k arcs per lattice column, p lattice paths, alpha).
+        lm: the n-gram model (token-id words), or None: candidates ranked by the heads and the
+            decoded text's cache alone, no n-gram feature.
         costs: the target's measured step costs.
-        acceptance: the acceptance model to start from (copied); default
-            :meth:`AcceptanceModel.prior` trusting what drafts (the heads, or the cache model);
-            ``from_config`` first looks for one shipped for the heads (used when the heads draft
-            alone, ``auto`` with heads).
+        acceptance: the acceptance model to start the first source from (copied: the heads'
+            when they are read, else the text's); default the one shipped for the heads
+            (``heads_fingerprint``), else :meth:`AcceptanceModel.prior` trusting the source.
         max_nodes: the largest tree considered.
         vocab_size: the target's vocabulary (the cache model's uniform fallback without ``lm``).
-        reads_heads: candidates come from the heads' lattice (heads were given, or a replay's
-            trace holds their lattices); otherwise from the n-gram models alone.
+        reads_heads: the heads' lattice is there to read (heads were given, or a replay's trace
+            holds their lattices); otherwise the text alone drafts.
         heads_fingerprint: the heads' :func:`~latticekit.heads.heads_fingerprint`, to start from
             the acceptance model shipped for them.
     """
@@ -132,7 +148,7 @@ class AutoDrafter(Drafter):
     default_k = 16
     default_p = 16
     knobs = frozenset({"k", "p", "alpha", "lm"})
-    needs_heads = False  # without heads it drafts from the n-gram models (see the module docstring)
+    needs_heads = False  # without heads it drafts from the text (see the module docstring)
     needs_costs = True
 
     def __init__(self, config: DecoderConfig, lm: Optional[NGramLM], costs: StepCosts,
@@ -146,18 +162,16 @@ class AutoDrafter(Drafter):
         self.costs = costs
         self.vocab_size = vocab_size
         self.given_acceptance = acceptance
-        self._acceptance: Optional[AcceptanceModel] = None
+        self._acceptance: Optional[SourceAcceptance] = None
         self._cache_model: Optional[CacheModel] = None
         self.reads_heads = self.reads_lattice = reads_heads
         self.heads_fingerprint = heads_fingerprint
         self.max_nodes = int(max_nodes)
         self.pending = PendingLabels()
-        self.gain = 1.0  # running estimate: drafting's tokens/s over plain steps' (1: break even)
-        self.overhead_s = 0.0  # running mean of a drafting step's lattice + search seconds
-        self.probe_interval = 2
-        self.plain_run = 0
-        self._outcome: Optional[tuple[float, float, float, bool]] = None  # (expected, plain s, step s, probing)
-        self.realised = self.promised = 1.0  # decayed sums of accepted and expected accepted tokens
+        self.arms = self.arms_for(reads_heads)
+        self.arm_stats = {arm: _Arm() for arm in self.arms}
+        self.steps = 0
+        self._outcome: Optional[tuple[str, float]] = None  # (arm, seconds it cost), until observed
 
     @classmethod
     def from_config(cls, config: DecoderConfig, resources: DraftResources) -> "AutoDrafter":
@@ -175,8 +189,20 @@ class AutoDrafter(Drafter):
 
     @classmethod
     def drafts_from_heads(cls, resources: DraftResources) -> bool:
-        """Whether its candidates come from the heads' lattice: the loop has heads."""
+        """Whether its candidates may come from the heads' lattice: the loop has heads."""
         return resources.has_heads
+
+    @classmethod
+    def arms_for(cls, reads_heads: bool) -> tuple[str, ...]:
+        """The ways of drafting it chooses among (see the module docstring): with heads the
+        union of heads and text, and the text alone; without, the text alone."""
+        return ("union", "text") if reads_heads else ("text",)
+
+    @property
+    def text_candidates(self) -> int:
+        """Continuations of the text searched per step (``headsfree``'s default; ``p`` counts
+        the lattice's paths)."""
+        return _TEXT_CANDIDATES
 
     def lattice_vocabulary(self) -> Optional[np.ndarray]:
         """The n-gram model's :data:`CANDIDATE_TOKENS` most probable tokens, when it has one over
@@ -187,20 +213,31 @@ class AutoDrafter(Drafter):
         return static if len(static) else None
 
     @property
-    def trust(self) -> str:
-        """What the acceptance prior takes at its word (:meth:`AcceptanceModel.prior`)."""
-        return "head" if self.reads_heads else "cache"
+    def sources(self) -> tuple[str, ...]:
+        """The candidate sources its arms read (keys of :data:`SOURCES`)."""
+        read = set()
+        for arm in self.arms:
+            read |= {"heads", "text"} if arm == "union" else {arm}
+        return tuple(name for name in SOURCES if name in read)
 
     @property
-    def acceptance(self) -> AcceptanceModel:
-        """The online acceptance model (a copy of the one given, or the prior of :attr:`trust`)."""
+    def acceptance(self) -> SourceAcceptance:
+        """The online acceptance estimates, one model per source: the heads' starts from the
+        model given, else the one shipped for them, else the prior taking the heads at their
+        word; the text's from the model given when the heads are not read, else the prior
+        taking the cache model at its word."""
         if self._acceptance is None:
-            base = self.given_acceptance
-            if base is None and self.trust == "head" and self.heads_fingerprint is not None:
-                base = shipped_acceptance(self.heads_fingerprint)  # fitted for the heads drafting alone
-            if base is None:
-                base = AcceptanceModel.prior(trust=self.trust)
-            self._acceptance = AcceptanceModel(base.weights, base.learning_rate)
+            first = "heads" if "heads" in self.sources else "text"
+            given = self.given_acceptance
+            if given is None and first == "heads" and self.heads_fingerprint is not None:
+                given = shipped_acceptance(self.heads_fingerprint)
+            depth = given.max_depth if given is not None else AcceptanceModel.prior().max_depth
+            models = {}
+            for name in self.sources:
+                base = given if name == first and given is not None else \
+                    AcceptanceModel.prior(depth, trust="head" if name == "heads" else "cache")
+                models[name] = AcceptanceModel(base.weights, base.learning_rate)
+            self._acceptance = SourceAcceptance(models)
         return self._acceptance
 
     def cache_model(self, ids: Sequence[int]) -> CacheModel:
@@ -211,19 +248,20 @@ class AutoDrafter(Drafter):
         self._cache_model.sync(ids)
         return self._cache_model
 
-    # -- one step --------------------------------------------------------------------------
+    # -- candidates, per arm ------------------------------------------------------------------
 
-    def _wants_lattice(self) -> bool:
-        if self.gain >= 1.0:
-            return True
-        self.plain_run += 1
-        return self.plain_run >= self.probe_interval
+    def candidates(self, step: DraftInput, arm: Optional[str] = None) -> CandidateTree:
+        """The candidate trie of an arm (default its first): ``heads`` the p best lattice paths,
+        ``text`` the text's continuations, ``union`` both."""
+        arm = self.arms[0] if arm is None else arm
+        if arm == "heads":
+            return self.lattice_candidates(step)
+        if arm == "union":
+            return self.union_candidates(step)
+        return self.ngram_candidates(step)
 
-    def candidates(self, step: DraftInput) -> CandidateTree:
-        """The trie of the p best lattice paths, with each node's head and n-gram log-probabilities;
-        without heads, :meth:`ngram_candidates`."""
-        if not self.reads_heads:
-            return self.ngram_candidates(step)
+    def lattice_candidates(self, step: DraftInput) -> CandidateTree:
+        """The trie of the p best lattice paths, with each node's head and n-gram log-probabilities."""
         lattice = step.lattice
         p = cast(int, self.config.p)  # set by DecoderConfig.__post_init__
         paths = pbest(lattice, self.search_lm, p, self.alpha,
@@ -234,66 +272,118 @@ class AutoDrafter(Drafter):
         if self.lm is not None:
             context = step.context(self.lm.order)
             ngram = [self.lm.token_logprobs(path.tokens, context=context)[1:] for path in paths]
-        return CandidateTree.from_paths(drafts, head, ngram)
+        return CandidateTree.from_paths(drafts, head, ngram, path_sources=[SOURCES["heads"]] * len(drafts))
 
     def ngram_candidates(self, step: DraftInput) -> CandidateTree:
-        """The p most probable continuations of the decoded text under the cache model
+        """The most probable continuations of the decoded text under the cache model
         (:func:`~latticekit.drafting.continuations.best_continuations`), with each node's n-gram and
         cache log-probabilities."""
         model = self.cache_model(step.ids)
+        return best_continuations(model, step.ids, self.text_candidates, MAX_NGRAM_DEPTH).tree()
+
+    def union_candidates(self, step: DraftInput) -> CandidateTree:
+        """The text's continuations and the p best paths of the heads' lattice, its columns
+        united with the continuations' tokens (scored by the heads like their own arcs), in one
+        trie (:func:`~latticekit.drafting.union.united_candidates`)."""
+        model = self.cache_model(step.ids)
         p = cast(int, self.config.p)  # set by DecoderConfig.__post_init__
-        return best_continuations(model, step.ids, p, MAX_NGRAM_DEPTH).tree()
+        found = best_continuations(model, step.ids, self.text_candidates, MAX_NGRAM_DEPTH)
+        columns: list[list[int]] = [[] for _ in range(MAX_NGRAM_DEPTH)]
+        for path in found.paths():
+            columns[len(path) - 1].append(path[-1])
+        lattice = step.united_lattice(columns)
+        return united_candidates(model, step.ids, found, lattice, self.search_lm, p, self.alpha, self.lm)
+
+    # -- one step --------------------------------------------------------------------------
+
+    def choose_arm(self, plain_s: float) -> Optional[str]:
+        """This step's arm, or None for a plain step (see the module docstring)."""
+        stats = self.arm_stats
+        for arm in self.arms:  # every arm tried twice first
+            if stats[arm].steps < _WARMUP_STEPS:
+                return arm
+        best: Optional[str] = max(self.arms, key=lambda a: stats[a].rate)
+        if stats[best].rate <= 1.0 / plain_s:
+            best = None
+        for arm in self.arms:
+            if arm != best and self.steps - stats[arm].last >= stats[arm].interval:
+                stats[arm].probing = True
+                return arm
+        return best
 
     def draft(self, step: DraftInput) -> Draft:
-        if self._cache_model is None and self.trust != "head":
+        if self._cache_model is None and "text" in self.sources:
             # the first sync reads the whole prompt once: not a per-step cost of drafting
             self.cache_model(step.ids)
         t0 = time.perf_counter()
-        if not self._wants_lattice():
-            return Draft.none()
-        probing = self.gain < 1.0
-        self.plain_run = 0
-        tree = self.candidates(step)
-        features = node_features(tree, self.acceptance.max_depth)
-        probability = tree.path_probability(self.acceptance.conditional(features))
+        self.steps += 1
         cached = step.root_index
-        chosen, expected, target_s = choose_nodes(probability, tree.depths, self.costs, cached, self.max_nodes)
-        self.pending.add(step.root_index, tree, features)
-        if self.costs.draft_s is not None:
-            self.overhead_s = self.costs.draft_s
-        else:
-            overhead = time.perf_counter() - t0
-            self.overhead_s = overhead if self.overhead_s == 0 else 0.8 * self.overhead_s + 0.2 * overhead
-        # what the step is worth is weighed once it is verified (observe)
-        self._outcome = (expected, self.costs.target_s(0, cached), target_s + self.overhead_s, probing)
+        arm = self.choose_arm(self.costs.target_s(0, cached))
+        if arm is None:
+            return Draft.none()
+        tree = self.candidates(step, arm)
+        estimates = self.acceptance
+        features = node_features(tree, estimates.max_depth)
+        assert tree.sources is not None  # set by CandidateTree.__post_init__
+        probability = tree.path_probability(estimates.conditional(features, tree.sources))
+        chosen, _, target_s = choose_nodes(probability, tree.depths, self.costs, cached, self.max_nodes)
+        self.pending.add(step.root_index, tree, np.column_stack([features, tree.sources]))
+        heads_s = step.lattice_s if self.costs.heads_s is None or not step.has_lattice else self.costs.heads_s
+        search_s = self.costs.draft_s if self.costs.draft_s is not None else time.perf_counter() - t0 - step.lattice_s
+        drafting_s = search_s + heads_s
+        self._outcome = (arm, target_s + drafting_s)  # what the arm was worth is known once verified
         # most probable first, so parents precede children: the chosen nodes are the draft's trie
         position = np.full(tree.size, -1, dtype=np.int64)
         position[chosen] = np.arange(len(chosen))
         parents = tree.parents[chosen]
         return Draft(tree.tokens[chosen], np.where(parents >= 0, position[np.maximum(parents, 0)], -1))
 
-    @property
-    def realisation(self) -> float:
-        """Recently accepted tokens over the tokens the acceptance estimates expected (1: as
-        expected): the gain's correction for estimates the outcomes do not bear out."""
-        return self.realised / self.promised
-
     def observe(self, step: DraftInput, draft: Draft, emitted: Sequence[int]) -> None:
-        features, labels = self.pending.resolve(step.ids, emitted)
-        self.acceptance.update(features, labels)
-        if self._outcome is not None:  # a step that read the lattice: what drafting gains
-            expected, plain_s, spent_s, probing = self._outcome
+        labelled, labels = self.pending.resolve(step.ids, emitted)
+        if len(labels):
+            self.acceptance.update(labelled[:, :-1], labels, labelled[:, -1].astype(np.int64))
+        if self._outcome is not None:
+            arm, seconds = self._outcome
             self._outcome = None
-            if expected > 1.0:  # a tree was verified: do accepted tokens keep up with expectations?
-                self.realised = _REALISED_DECAY * self.realised + (len(emitted) - 1)
-                self.promised = _REALISED_DECAY * self.promised + (expected - 1)
-            # estimates off by more than half are wrong about these heads: outcomes correct them
-            correction = min(1.0, 2.0 * self.realisation)
-            gain = (1.0 + correction * (expected - 1.0)) * plain_s / spent_s
-            # a probe's outcome decides alone: the estimate it replaces is stale by many steps
-            self.gain = gain if probing else (1 - _GAIN_SMOOTHING) * self.gain + _GAIN_SMOOTHING * gain
-            if probing:
-                self.probe_interval = 2 if self.gain >= 1.0 else min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
+            self.record(arm, len(emitted), seconds, self.costs.target_s(0, step.root_index))
+
+    def record(self, arm: str, tokens: int, seconds: float, plain_s: float) -> None:
+        """What a step of ``arm`` brought: ``tokens`` emitted for ``seconds`` (its tree's target
+        seconds and its drafting's); ``plain_s``: a plain step's seconds at that point. A probe
+        that wins is read again soon; one that loses, half as often as before."""
+        stats = self.arm_stats[arm]
+        stats.add(tokens, seconds, self.steps)
+        if stats.probing:
+            stats.probing = False
+            others = [self.arm_stats[a].rate for a in self.arms if a != arm]
+            wins = stats.rate > max(others + [1.0 / plain_s])
+            stats.interval = _FIRST_PROBE if wins else min(2 * stats.interval, MAX_PROBE_INTERVAL)
+
+
+class _Arm:
+    """One way of drafting's outcomes: tokens emitted and seconds spent, each decayed by
+    :data:`_ARM_DECAY` per step of the decode since the arm was last read (a probe after a long
+    pause outweighs the stale history), and when to probe it next."""
+
+    __slots__ = ("tokens", "seconds", "steps", "last", "interval", "probing")
+
+    def __init__(self) -> None:
+        self.tokens = self.seconds = 0.0
+        self.steps = self.last = 0
+        self.interval = _FIRST_PROBE
+        self.probing = False
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second (0 before any outcome)."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def add(self, tokens: int, seconds: float, step: int) -> None:
+        decay = _ARM_DECAY ** (step - self.last) if self.steps else 0.0
+        self.tokens = decay * self.tokens + tokens
+        self.seconds = decay * self.seconds + seconds
+        self.steps += 1
+        self.last = step
 
 
 def _arc_scores(lattice: SausageLattice, drafts: Sequence[Sequence[int]]) -> list[np.ndarray]:

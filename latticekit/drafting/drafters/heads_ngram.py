@@ -1,7 +1,6 @@
-"""``heads+ngram``: ``auto`` with the heads' lattice united with the n-gram models' continuations.
+"""``heads+ngram``: ``auto``'s union of the heads' lattice and the text's continuations, always read.
 
-Draft heads miss what only the text itself knows: the name defined three lines up, the function
-the answer is copying. Every step this drafter
+Every step this drafter
 
 1. finds the p most probable continuations of the decoded text under the n-gram cache model
    (as ``headsfree`` does: :func:`~latticekit.drafting.continuations.best_continuations`);
@@ -10,8 +9,12 @@ the answer is copying. Every step this drafter
    top-k arcs), and takes the p best paths of the united lattice under
    ``draft + alpha * n-gram`` (the exact search, as ``auto`` does);
 3. merges both sets of paths into one candidate trie, every node with its head, n-gram and
-   cache-model log-probabilities, and lets ``auto``'s chooser pick the tree (acceptance
-   estimates starting from the mean of the heads' and the cache model's logits).
+   cache-model log-probabilities and its sources, and lets ``auto``'s chooser pick the tree
+   (acceptance estimates calibrated per source).
+
+``auto`` reads this union too, and the text alone where the heads do not pay; this drafter
+never stops reading the heads (the union as a fixed strategy, for comparisons). Without heads
+it drafts like ``headsfree``.
 
 A replay (:mod:`latticekit.eval.replay`) reads the trace's lattices, which hold the heads' top k
 alone: its columns are not united (the n-gram continuations still join the trie, without a
@@ -22,35 +25,37 @@ from __future__ import annotations
 
 from typing import cast
 
-from latticekit.drafting.calibration import CandidateTree
-from latticekit.drafting.continuations import best_continuations
-from latticekit.drafting.drafters.auto import MAX_NGRAM_DEPTH, AutoDrafter
-from latticekit.drafting.protocol import DraftInput
+from latticekit.drafting.drafters.auto import AutoDrafter
 from latticekit.drafting.registry import register
-from latticekit.drafting.union import united_candidates
 
 __all__ = ["HeadsNGramDrafter"]
 
 
 @register
 class HeadsNGramDrafter(AutoDrafter):
-    """``auto`` over the heads' lattice united with the n-gram continuations (see the module
-    docstring). Without heads it drafts like ``headsfree``."""
+    """``auto``'s union arm alone (see the module docstring); ``p`` lattice paths and ``p``
+    continuations. Without heads it drafts like ``headsfree``."""
 
     method = "heads+ngram"
 
-    @property
-    def trust(self) -> str:
-        return "head+cache" if self.reads_heads else "cache"
+    @classmethod
+    def arms_for(cls, reads_heads: bool) -> tuple[str, ...]:
+        return ("union",) if reads_heads else ("text",)
 
-    def candidates(self, step: DraftInput) -> CandidateTree:
-        if not self.reads_heads:
-            return self.ngram_candidates(step)
-        model = self.cache_model(step.ids)
-        p = cast(int, self.config.p)  # set by DecoderConfig.__post_init__
-        found = best_continuations(model, step.ids, p, MAX_NGRAM_DEPTH)
-        columns: list[list[int]] = [[] for _ in range(MAX_NGRAM_DEPTH)]
-        for path in found.paths():
-            columns[len(path) - 1].append(path[-1])
-        lattice = step.united_lattice(columns)
-        return united_candidates(model, step.ids, found, lattice, self.search_lm, p, self.alpha, self.lm)
+    @property
+    def text_candidates(self) -> int:
+        return cast(int, self.config.p)  # set by DecoderConfig.__post_init__
+
+
+@register
+class HeadsDrafter(AutoDrafter):
+    """``heads``: ``auto``'s chooser over the heads' lattice alone, the p best paths under
+    ``draft + alpha * n-gram`` (what ``auto`` drafted before it read the text too: the heads
+    as the only source, for comparisons)."""
+
+    method = "heads"
+    needs_heads = True
+
+    @classmethod
+    def arms_for(cls, reads_heads: bool) -> tuple[str, ...]:
+        return ("heads",)

@@ -23,10 +23,10 @@ and :func:`latticekit.generate` without heads draft this way.
 
 from __future__ import annotations
 
+from typing import cast
 
-from latticekit.drafting.calibration import CandidateTree
 from latticekit.drafting.drafters.auto import AutoDrafter
-from latticekit.drafting.protocol import DraftInput, DraftResources
+from latticekit.drafting.protocol import DraftResources
 from latticekit.drafting.registry import register
 
 __all__ = ["HeadsFreeDrafter"]
@@ -50,9 +50,10 @@ class HeadsFreeDrafter(AutoDrafter):
     def drafts_from_heads(cls, resources: DraftResources) -> bool:
         return False  # this drafter reads no heads' lattice
 
-    @property
-    def trust(self) -> str:
-        return "cache"
+    @classmethod
+    def arms_for(cls, reads_heads: bool) -> tuple[str, ...]:
+        return ("text",)
 
-    def candidates(self, step: DraftInput) -> CandidateTree:
-        return self.ngram_candidates(step)
+    @property
+    def text_candidates(self) -> int:
+        return cast(int, self.config.p)  # set by DecoderConfig.__post_init__
