@@ -41,7 +41,7 @@ from latticekit.drafting.cache_model import MAX_ORDER, CacheModel, _token_array
 from latticekit.drafting.continuations import Continuations, best_continuations
 from latticekit.errors import DecoderConfigError
 
-__all__ = ["AnswerMemory", "memory_continuations", "default_memory", "DEFAULT_MAX_TOKENS"]
+__all__ = ["AnswerMemory", "memory_continuations", "united_with_memory", "default_memory", "DEFAULT_MAX_TOKENS"]
 
 #: The process-wide memory's size (tokens): about 45 MB (some 360 bytes a token in the cache).
 DEFAULT_MAX_TOKENS = 1 << 17
@@ -148,6 +148,35 @@ def memory_continuations(memory: AnswerMemory, ids: Sequence[int], p: int, max_d
     """
     with memory.lock:
         return best_continuations(memory.model, ids, p, max_depth)
+
+
+def united_with_memory(found: Continuations, recalled: Continuations) -> Continuations:
+    """The text's continuations and the memory's in one tree: ``found``'s nodes first, then the
+    memory's others (parents before children). A node both hold takes the larger of its two
+    conditionals (the stronger evidence); a node only the memory holds has no static
+    log-probability (NaN). Scores are the sums of the conditionals down each path.
+    """
+    paths = found.paths()
+    index = {path: i for i, path in enumerate(paths)}
+    tokens, parents, depths = found.tokens.tolist(), found.parents.tolist(), found.depths.tolist()
+    logprob, static = found.logprob.tolist(), found.static_logprob.tolist()
+    for j, path in enumerate(recalled.paths()):
+        i = index.get(path)
+        if i is not None:
+            logprob[i] = max(logprob[i], float(recalled.logprob[j]))
+            continue
+        index[path] = len(tokens)
+        tokens.append(path[-1])
+        parents.append(index[path[:-1]] if len(path) > 1 else -1)
+        depths.append(len(path))
+        logprob.append(float(recalled.logprob[j]))
+        static.append(float("nan"))
+    score: list[float] = []
+    for parent, lp in zip(parents, logprob):
+        score.append((score[parent] if parent >= 0 else 0.0) + lp)
+    return Continuations(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
+                         np.asarray(depths, dtype=np.int64), np.asarray(logprob, dtype=np.float64),
+                         np.asarray(static, dtype=np.float64), np.asarray(score, dtype=np.float64))
 
 
 _default: Optional[AnswerMemory] = None

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from latticekit.drafting.memory import AnswerMemory, default_memory, memory_continuations
+from latticekit.drafting.memory import AnswerMemory, default_memory, memory_continuations, united_with_memory
 from latticekit.errors import DecoderConfigError
 
 ORDER = 3
@@ -162,3 +162,45 @@ def test_threads_share_a_memory() -> None:
     assert not errors
     assert len(memory) == sum(map(len, memory.answers)) == len(memory.model.cache)
     assert math.isfinite(memory.model.weight(1))
+
+
+@settings(max_examples=60)
+@given(text=st.lists(st.integers(0, 4), min_size=1, max_size=30), added=answers_st)
+def test_united_tree_holds_both_sources(text: list[int], added: list[list[int]]) -> None:
+    from latticekit.drafting.cache_model import CacheModel
+    from latticekit.drafting.continuations import best_continuations
+
+    memory = AnswerMemory(1000, max_order=ORDER)
+    for answer in added:
+        memory.add(answer)
+    model = CacheModel(None, 5, max_order=ORDER)
+    model.sync(text)
+    found, recalled = best_continuations(model, text, 12, 4), memory_continuations(memory, text, 12, 4)
+    united = united_with_memory(found, recalled)
+    paths = united.paths()
+    assert len(set(paths)) == len(paths) and set(paths) == set(found.paths()) | set(recalled.paths())
+    assert paths[:found.size] == found.paths()
+    best = {p: lp for p, lp in zip(found.paths(), found.logprob)}
+    for p, lp in zip(recalled.paths(), recalled.logprob):
+        best[p] = max(best.get(p, -math.inf), lp)
+    for i, p in enumerate(paths):
+        assert united.logprob[i] == best[p] and united.depths[i] == len(p)
+        parent = int(united.parents[i])
+        assert parent < i and united.score[i] == pytest.approx((united.score[parent] if parent >= 0 else 0) + best[p])
+
+
+def test_chain_drafter_drafts_from_an_earlier_answer() -> None:
+    from latticekit.drafting.calibration import AcceptanceModel
+    from latticekit.drafting.chains import ChainDrafter
+
+    memory, acceptance = AnswerMemory(1000), AcceptanceModel.prior(trust="cache")
+    first = ChainDrafter(None, 100, acceptance, memory=memory, prompt_length=3)
+    first.observe([1, 2, 3, 10, 11, 12, 13, 14])
+    first.remember()
+    assert memory.answers == [(10, 11, 12, 13, 14)]  # the answer, not the prompt
+    second = ChainDrafter(None, 100, acceptance, memory=memory, prompt_length=3)
+    second.observe([4, 5, 6, 10, 11])
+    assert second.propose(5)[0].tolist() == [12, 13, 14]
+    alone = ChainDrafter(None, 100, acceptance, prompt_length=3)
+    alone.observe([4, 5, 6, 10, 11])
+    assert alone.propose(5)[0].size == 0
