@@ -96,6 +96,10 @@ cdef class CoreNGramCache:
         with nogil:
             self.cache.get().Extend(&tokens[0], &static_prob[0], n)
 
+    def break_segment(self):
+        """Ends a segment: later tokens' contexts never reach back past it (ngram_cache.h)."""
+        self.cache.get().Break()
+
     def weight(self, int n):
         return self.cache.get().Weight(n)
 

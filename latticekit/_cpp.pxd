@@ -211,6 +211,7 @@ cdef extern from "latticekit/ngram_cache.h" namespace "latticekit" nogil:
         const vector[int32_t]& text()
         void Clear()
         void Extend(const int32_t* tokens, const double* static_prob, size_t n) except +raise_core_error
+        void Break()
         double Weight(int n)
         int Match(const int32_t* tail, size_t size, int longest)
         uint32_t Context(const int32_t* tail, size_t size, int n)

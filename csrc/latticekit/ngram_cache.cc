@@ -20,6 +20,7 @@ void NGramCache::Clear() {
   positions_.assign(max_order_, 0.0);
   text_.clear();
   text_.shrink_to_fit();
+  segment_ = 0;
   nodes_.assign(1, Node());
   nodes_.shrink_to_fit();
   children_.Clear();
@@ -121,7 +122,7 @@ void NGramCache::Count(uint32_t node, int32_t token) {
 void NGramCache::Append(int32_t token) {
   text_.push_back(token);
   const size_t end = text_.size() - 1;
-  const size_t most = std::min<size_t>(static_cast<size_t>(max_order_), end);
+  const size_t most = std::min<size_t>(static_cast<size_t>(max_order_), end - segment_);
   uint32_t node = 0;
   bool inserted;
   for (size_t n = 1; n <= most; ++n) {
@@ -139,7 +140,7 @@ void NGramCache::Extend(const int32_t *tokens, const double *static_prob, size_t
     const int32_t token = tokens[i];
     const size_t size = text_.size();
     uint32_t node;
-    const int match = Match(text_.data(), size, max_order_, &node);
+    const int match = Match(text_.data() + segment_, size - segment_, max_order_, &node);
     if (match > 0) {
       const int64_t at = Position(node, token);
       const double count = at >= 0 ? static_cast<double>(FollowerAt(node, static_cast<size_t>(at)).count) : 0.0;

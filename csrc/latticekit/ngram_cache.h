@@ -44,6 +44,10 @@ class NGramCache {
   // lam(n) p_cache + (1 - lam(n)) static_prob[i]) is added to lam(n)'s; then the token is
   // counted after each of its 1..max_order preceding contexts.
   void Extend(const int32_t *tokens, const double *static_prob, size_t n);
+  // Ends a segment of the text: no later token is counted after, or fitted on, a context that
+  // reaches back past this point (several texts in one cache, such as the answers of an
+  // AnswerMemory, never run into each other). Clear starts one segment.
+  void Break() { segment_ = text_.size(); }
 
   // lam(n): the cache's share for a match of n tokens (0 for n <= 0).
   double Weight(int n) const;
@@ -86,6 +90,7 @@ class NGramCache {
   double prior_positions_;
   std::vector<double> responsibility_, positions_;
   std::vector<int32_t> text_;
+  size_t segment_ = 0;                          // where the text's last segment starts
   std::vector<Node> nodes_;                     // nodes_[0]: the empty context
   internal::FlatMap64 children_;                // (node, token on the left) -> node
   std::vector<std::vector<Follower>> lists_;    // followers of contexts with several

@@ -6,7 +6,9 @@ forward pass. Two things decide what a chain should be:
 1. **Per request** (:class:`ChainDrafter`): the most probable continuations of the request's
    own text (prompt and output) under the n-gram cache model, interpolated with a Katz model
    when one is given (:class:`~latticekit.drafting.cache_model.CacheModel`,
-   :func:`~latticekit.drafting.continuations.best_continuations`), each node's acceptance
+   :func:`~latticekit.drafting.continuations.best_continuations`), in one tree with those of
+   earlier answers where a memory is given (:class:`~latticekit.drafting.memory.AnswerMemory`,
+   :func:`~latticekit.drafting.memory.united_with_memory`), each node's acceptance
    probability from the acceptance estimates (:class:`~latticekit.drafting.calibration.AcceptanceModel`,
    learnt online from every request's outcomes); the chain follows the most probable child
    down the candidate tree, with each position's probability of being accepted.
@@ -30,7 +32,8 @@ import numpy as np
 
 from latticekit.drafting.cache_model import CacheModel
 from latticekit.drafting.calibration import AcceptanceModel, CandidateTree, PendingLabels, node_features
-from latticekit.drafting.continuations import best_continuations
+from latticekit.drafting.continuations import Continuations, best_continuations
+from latticekit.drafting.memory import AnswerMemory, memory_continuations, united_with_memory
 from latticekit.drafting.union import united_candidates
 from latticekit.errors import DecoderConfigError
 from latticekit.lattice import SausageLattice
@@ -51,16 +54,22 @@ class ChainDrafter:
         max_depth: the longest chain.
         start: the text starts here in the ids handed over (a long prompt's head is left out:
             the cache model reads ``ids[start:]``).
+        memory: earlier answers it drafts from too (its candidates searched as the text's),
+            shared with other requests; None: the request's own text alone.
+        prompt_length: the prompt's tokens in the ids handed over: the answer :meth:`remember`
+            adds to the memory starts there.
     """
 
     def __init__(self, lm: Optional[NGramLM], vocab_size: int, acceptance: AcceptanceModel,
-                 candidates: int = 32, max_depth: int = 12, start: int = 0) -> None:
-        if candidates < 1 or max_depth < 1 or start < 0:
-            raise DecoderConfigError(f"candidates, max_depth must be >= 1 and start >= 0, got "
-                                     f"{candidates}, {max_depth}, {start}")
+                 candidates: int = 32, max_depth: int = 12, start: int = 0,
+                 memory: Optional[AnswerMemory] = None, prompt_length: int = 0) -> None:
+        if candidates < 1 or max_depth < 1 or start < 0 or prompt_length < 0:
+            raise DecoderConfigError(f"candidates, max_depth must be >= 1 and start, prompt_length >= 0, got "
+                                     f"{candidates}, {max_depth}, {start}, {prompt_length}")
         self.model = CacheModel(lm, vocab_size)
         self.acceptance = acceptance
         self.candidates, self.max_depth, self.start = candidates, max_depth, start
+        self.memory, self.prompt_length = memory, prompt_length
         self.pending = PendingLabels()
 
     @property
@@ -80,14 +89,30 @@ class ChainDrafter:
         text = self.model.ids
         if max_length < 1 or not text:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        found = best_continuations(self.model, text, self.candidates, min(self.max_depth, max_length))
-        if not found.size:
+        depth = min(self.max_depth, max_length)
+        found = best_continuations(self.model, text, self.candidates, depth)
+        recalled = self._recalled(text, depth)
+        if not found.size and (recalled is None or not recalled.size):
             return np.zeros(0, dtype=np.int64), np.zeros(0)
+        if recalled is not None:
+            found = united_with_memory(found, recalled)
         return self._chain(found.tree(), len(text) - 1)
+
+    def _recalled(self, text: Sequence[int], depth: int) -> Optional[Continuations]:
+        """The memory's continuations of the text, or None without a memory."""
+        return memory_continuations(self.memory, text, self.candidates, depth) if self.memory is not None else None
+
+    def remember(self) -> None:
+        """Adds the request's answer (its text after the prompt, as far as :meth:`observe` saw
+        it) to the memory, if any: call it once, when the request ends."""
+        if self.memory is not None:
+            answer = self.model.ids[max(0, self.prompt_length - self.start):]
+            if answer:
+                self.memory.add(answer)
 
     def propose_lattice(self, max_length: int, lattice: SausageLattice, search_lm: NGramLM, p: int,
                         alpha: float) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`propose` from the text's continuations united with the p best paths of the
+        """:meth:`propose` from the text's (and the memory's) continuations united with the p best paths of the
         heads' lattice (:func:`~latticekit.drafting.union.united_candidates`); the lattice's root
         is the text's last token and its rows past ``max_length`` drafts are not read."""
         text = self.model.ids
@@ -95,6 +120,9 @@ class ChainDrafter:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         depth = min(self.max_depth, max_length)
         found = best_continuations(self.model, text, self.candidates, depth)
+        recalled = self._recalled(text, depth)
+        if recalled is not None:
+            found = united_with_memory(found, recalled)
         if lattice.h > depth + 1:
             lattice = SausageLattice(lattice.tokens[:depth + 1], lattice.scores[:depth + 1],
                                      lattice.widths[:depth + 1])

@@ -59,6 +59,10 @@ class ProposerConfig:
         k: arcs per lattice position (each head's top k).
         p: lattice paths searched per request and step.
         alpha: the n-gram model's weight in the lattice search (``draft + alpha * n-gram``).
+        memory_tokens: 0, or the size (tokens) of the engine's memory of earlier answers
+            (:class:`~latticekit.drafting.memory.AnswerMemory`): every finished request's output
+            goes into it, and every request drafts from it beside its own text. One memory per
+            engine process (its proposer), shared by all its requests.
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -79,8 +83,12 @@ class ProposerConfig:
     p: int = 16
     alpha: float = 1.0
     check_hidden: bool = False
+    memory_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.memory_tokens, bool) or not isinstance(self.memory_tokens, int) or self.memory_tokens < 0:
+            raise ProposerConfigError(f"latticekit vLLM proposer: memory_tokens must be an integer >= 0, "
+                                      f"got {self.memory_tokens!r}")
         for key in ("candidates", "max_depth", "max_context", "max_requests", "k", "p"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

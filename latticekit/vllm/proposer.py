@@ -14,6 +14,9 @@ length for the most expected tokens per second under the step costs it measures 
 engine's own steps (:func:`~latticekit.drafting.chains.allocate`): drafts shrink as the batch
 grows, down to none. Request state follows the batch: it is created when a request first
 appears, kept while a preempted request waits (bounded), and freed when the request finishes.
+With ``memory_tokens`` set, a finished request's output goes into the engine's memory of
+earlier answers (:class:`~latticekit.drafting.memory.AnswerMemory`), which every request drafts
+from beside its own text; vLLM calls the proposer from one thread.
 
 It never takes the engine down: an exception becomes empty drafts for the rows it touched,
 logged once per kind with its cause and counted.
@@ -36,6 +39,7 @@ import numpy as np
 
 from latticekit.drafting.calibration import AcceptanceModel
 from latticekit.drafting.chains import BatchCosts, ChainDrafter, allocate
+from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
 from latticekit.vllm.config import ProposerConfig
@@ -122,6 +126,8 @@ class NGramProposer:
                 raise ProposerConfigError(f"latticekit vLLM proposer: lm {self.config.lm!r} holds token id {largest}, "
                                           f"outside the model's vocabulary of {self.vocab_size}")
         self.acceptance = AcceptanceModel.prior(trust="cache")
+        self.memory = AnswerMemory(self.config.memory_tokens, vocab_size=self.vocab_size) \
+            if self.config.memory_tokens else None
         self.costs = BatchCosts(prior_ratio=self.config.prior_ratio)
         runner = _find_runner()
         self._runner = weakref.ref(runner) if runner is not None else None
@@ -230,12 +236,13 @@ class NGramProposer:
         state = self.states.get(key)
         if state is not None and state.length and (length - state.start < state.length or int(
                 ids[state.start + state.length - 1]) != state.model.ids[-1]):
-            del self.states[key]  # the row holds another text now (a row index key, reused)
+            self.states.pop(key).remember()  # the row holds another text now (a row index key, reused)
             state = None
         if state is None:
             prompt = self._prompt_length(key, length - emitted)
             state = ChainDrafter(self.lm, self.vocab_size, self.acceptance, candidates=self.config.candidates,
-                                 max_depth=self.config.max_depth, start=max(0, prompt - self.config.max_context))
+                                 max_depth=self.config.max_depth, start=max(0, prompt - self.config.max_context),
+                                 memory=self.memory, prompt_length=prompt)
             self.states[key] = state
             self.counters["requests_started"] += 1
             while len(self.states) > self.config.max_requests:
@@ -260,7 +267,7 @@ class NGramProposer:
         live = getattr(runner, "requests", None)
         if isinstance(live, dict):
             for key in [k for k in self.states if not isinstance(k, int) and k not in live]:
-                del self.states[key]  # finished: a preempted request stays in runner.requests
+                self.states.pop(key).remember()  # finished: a preempted request stays in runner.requests
                 self.counters["requests_finished"] += 1
         return req_ids
 
@@ -283,7 +290,9 @@ class NGramProposer:
     def stats(self) -> dict[str, Any]:
         """The counters, the fitted step costs and the request states held."""
         a, b = self.costs.coefficients()
-        return {**self.counters, "step_costs": [a, b], "states": len(self.states), "pid": os.getpid()}
+        memory = {"memory_tokens": len(self.memory), "memory_answers": self.memory.added} if self.memory is not None \
+            else {}
+        return {**self.counters, "step_costs": [a, b], "states": len(self.states), "pid": os.getpid(), **memory}
 
     def _write_stats(self, now: float) -> None:
         self._stats_written = now

@@ -213,3 +213,34 @@ def test_a_confident_lattice_leads_the_chain_where_the_text_knows_nothing() -> N
     assert np.all(np.diff(probability) <= 0) and probability[0] > 0.5
     short, _ = drafter.propose_lattice(2, lattice, uniform_lm(), p=4, alpha=0.0)
     assert short.tolist() == [61, 63]  # rows past max_length are not read
+
+
+class Runner:
+    """The two things the proposer reads of vLLM's model runner: each row's request id and the
+    live requests (with their prompts)."""
+
+    def __init__(self) -> None:
+        self.input_batch = SimpleNamespace(req_ids=[])
+        self.requests: dict[str, Any] = {}
+
+
+def test_finished_answers_feed_the_engines_memory() -> None:
+    import weakref
+
+    proposer = NGramProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.0), memory_tokens=64))
+    runner = Runner()
+    proposer._runner = weakref.ref(runner)
+    batch = Batch(1)
+    runner.input_batch.req_ids, runner.requests = ["a"], {"a": SimpleNamespace(prompt_token_ids=[1, 2, 3])}
+    batch.put(0, [1, 2, 3, 10, 11, 12, 13, 14])
+    proposer.propose([[14]], batch.lengths, batch.ids)
+    runner.input_batch.req_ids, runner.requests = ["b"], {"b": SimpleNamespace(prompt_token_ids=[4, 5, 6])}
+    batch.put(0, [4, 5, 6, 10, 11])
+    # "a"'s answer, not its prompt (after the 2 steps' pause that "a"'s draftless step began)
+    assert [proposer.propose([[11]], batch.lengths, batch.ids) for _ in range(3)] == [[[]], [[]], [[12, 13, 14]]]
+    assert proposer.memory is not None and proposer.memory.answers == [(10, 11, 12, 13, 14)]
+    assert proposer.stats()["memory_answers"] == 1 and proposer.stats()["errors"] == 0
+    without = NGramProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.0)))
+    assert without.memory is None and without.propose([[11]], batch.lengths, batch.ids) == [[]]  # b's text alone
+    with pytest.raises(ProposerConfigError, match="memory_tokens"):
+        ProposerConfig(memory_tokens=-1)

@@ -1,0 +1,192 @@
+"""Memory across requests: a bounded store of earlier answers that drafting reads.
+
+An agent's loop, templated answers, the same question over new documents: a request's answer
+often repeats what earlier answers said, which its own text (prompt and output) cannot know.
+SuffixDecoding (Oliaro et al., 2024; Snowflake's ``arctic-inference``) drafts from a global
+suffix tree of past answers for that reason. :class:`AnswerMemory` is latticekit's: the
+n-gram cache of the heads-free model (:class:`~latticekit.drafting.cache_model.CacheModel`,
+the C++ ``csrc/latticekit/ngram_cache.h``) over earlier answers (or any texts: a corpus is
+added the same way), each its own segment, so that no context reaches from one answer into the
+next; and :func:`memory_continuations` searches it for the most probable continuations of a
+request's text, matched on the request's own last tokens, as the same
+:class:`~latticekit.drafting.continuations.Continuations` that
+:func:`~latticekit.drafting.continuations.best_continuations` gives for the request's text: one
+more candidate source for a drafter.
+
+* **Scope is the caller's**: a memory is an object; one passed to several drafters (a session,
+  an engine's requests) is shared by them; :func:`default_memory` is the process's own.
+* **Bounded**: it never holds more than ``max_tokens`` tokens. An answer that would pass the
+  limit first evicts the oldest answers, down to half the limit, and the cache is rebuilt from
+  the answers kept: O(``max_order``) per token, amortised (a rebuild re-reads at most
+  ``max_tokens / 2`` tokens, and follows at least as many new ones). A longer answer than the
+  limit keeps its last ``max_tokens`` tokens.
+* **The weights** ``lam(n)`` are fitted on the answers as they come (how well the earlier
+  answers predicted each new one), as a request's cache model fits them on its own text.
+* **Threads**: adding and searching hold the memory's lock (the search runs in C++ without the
+  GIL), so threads may share a memory. vLLM's proposer calls it from one thread.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+
+from latticekit.drafting.cache_model import MAX_ORDER, CacheModel, _token_array
+from latticekit.drafting.continuations import Continuations, best_continuations
+from latticekit.errors import DecoderConfigError
+
+__all__ = ["AnswerMemory", "memory_continuations", "united_with_memory", "default_memory", "DEFAULT_MAX_TOKENS"]
+
+#: The process-wide memory's size (tokens): about 45 MB (some 360 bytes a token in the cache).
+DEFAULT_MAX_TOKENS = 1 << 17
+#: The vocabulary of the memory's uniform fallback when none is given: only the share of a
+#: probability outside the memory's followers depends on it (the memory proposes its followers only).
+DEFAULT_VOCAB_SIZE = 1 << 16
+
+
+class AnswerMemory:
+    """Earlier answers, for drafting (see the module docstring).
+
+    Args:
+        max_tokens: the most tokens it holds at any time (>= 1).
+        max_order: the longest context matched (tokens).
+        vocab_size: the target's vocabulary (the uniform fallback's; see :data:`DEFAULT_VOCAB_SIZE`).
+
+    Raises:
+        DecoderConfigError: a bad argument.
+    """
+
+    def __init__(self, max_tokens: int, max_order: int = MAX_ORDER, vocab_size: int = DEFAULT_VOCAB_SIZE) -> None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+            raise DecoderConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        self.max_tokens = int(max_tokens)
+        # the cache model's search reads its cache; its own text (``ids``) stays empty: the
+        # memory's text is its answers, each a segment of the cache
+        self.model = CacheModel(None, vocab_size, max_order=max_order)
+        self._answers: deque[np.ndarray] = deque()
+        self._tokens = 0
+        self.lock = threading.Lock()
+        self.added = self.evicted = 0  # answers, ever
+
+    def __len__(self) -> int:
+        """Tokens held (at most ``max_tokens``)."""
+        return self._tokens
+
+    @property
+    def answers(self) -> list[tuple[int, ...]]:
+        """The answers held, oldest first."""
+        with self.lock:
+            return [tuple(a.tolist()) for a in self._answers]
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """Remembers one answer (or a document of a corpus): its n-grams, none reaching into
+        another's. Evicts the oldest answers first where it would pass ``max_tokens``.
+
+        Raises:
+            DecoderConfigError: a token id outside int32, or a negative one.
+        """
+        answer = _token_array(tokens)
+        if answer.size and int(answer.min()) < 0:
+            raise DecoderConfigError(f"token ids must be >= 0, got {int(answer.min())}")
+        if not answer.size:
+            return
+        answer = answer[-self.max_tokens:].copy()
+        with self.lock:
+            self.added += 1
+            if self._tokens + answer.size > self.max_tokens:
+                self._evict(answer)
+            else:
+                self._count(answer)
+            self._answers.append(answer)
+            self._tokens += answer.size
+
+    def clear(self) -> None:
+        """Forgets every answer."""
+        with self.lock:
+            self.model.cache.clear()
+            self._answers.clear()
+            self._tokens = 0
+
+    def _evict(self, newcomer: np.ndarray) -> None:
+        """Keeps the newest answers that fit half the limit with ``newcomer`` (or none), and
+        rebuilds the cache from them."""
+        budget = max(self.max_tokens // 2, newcomer.size) - newcomer.size
+        kept: list[np.ndarray] = []
+        for answer in reversed(self._answers):
+            if answer.size > budget:
+                break
+            kept.append(answer)
+            budget -= answer.size
+        self.evicted += len(self._answers) - len(kept)
+        self._answers = deque(reversed(kept))
+        self._tokens = sum(a.size for a in kept)
+        self.model.cache.clear()
+        for answer in self._answers:
+            self._count(answer)
+        self._count(newcomer)
+
+    def _count(self, answer: np.ndarray) -> None:
+        cache = self.model.cache
+        cache.break_segment()
+        cache.extend(answer, np.full(answer.size, 1.0 / self.model.vocab_size))
+
+
+def memory_continuations(memory: AnswerMemory, ids: Sequence[int], p: int, max_depth: int) -> Continuations:
+    """The ``p`` most probable continuations of ``ids`` of 1..``max_depth`` tokens under the
+    memory's answers, matched on the last tokens of ``ids`` (as
+    :func:`~latticekit.drafting.continuations.best_continuations`; nodes only where an answer
+    continues the match: none when no answer holds the text's last token).
+
+    Raises:
+        DecoderConfigError: ``max_depth`` below 1.
+    """
+    with memory.lock:
+        return best_continuations(memory.model, ids, p, max_depth)
+
+
+def united_with_memory(found: Continuations, recalled: Continuations) -> Continuations:
+    """The text's continuations and the memory's in one tree: ``found``'s nodes first, then the
+    memory's others (parents before children). A node both hold takes the larger of its two
+    conditionals (the stronger evidence); a node only the memory holds has no static
+    log-probability (NaN). Scores are the sums of the conditionals down each path.
+    """
+    paths = found.paths()
+    index = {path: i for i, path in enumerate(paths)}
+    tokens, parents, depths = found.tokens.tolist(), found.parents.tolist(), found.depths.tolist()
+    logprob, static = found.logprob.tolist(), found.static_logprob.tolist()
+    for j, path in enumerate(recalled.paths()):
+        i = index.get(path)
+        if i is not None:
+            logprob[i] = max(logprob[i], float(recalled.logprob[j]))
+            continue
+        index[path] = len(tokens)
+        tokens.append(path[-1])
+        parents.append(index[path[:-1]] if len(path) > 1 else -1)
+        depths.append(len(path))
+        logprob.append(float(recalled.logprob[j]))
+        static.append(float("nan"))
+    score: list[float] = []
+    for parent, lp in zip(parents, logprob):
+        score.append((score[parent] if parent >= 0 else 0.0) + lp)
+    return Continuations(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
+                         np.asarray(depths, dtype=np.int64), np.asarray(logprob, dtype=np.float64),
+                         np.asarray(static, dtype=np.float64), np.asarray(score, dtype=np.float64))
+
+
+_default: Optional[AnswerMemory] = None
+_default_lock = threading.Lock()
+
+
+def default_memory() -> AnswerMemory:
+    """The process's own memory (:data:`DEFAULT_MAX_TOKENS` tokens), made on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = AnswerMemory(DEFAULT_MAX_TOKENS)
+        return _default

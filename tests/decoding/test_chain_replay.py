@@ -1,0 +1,89 @@
+"""Chain replay: the steps replayed from greedy streams equal real greedy verification of the same
+chains on a tiny model (latticekit's chain drafter, with a memory of the earlier answer), and the
+replays of vLLM's ``ngram`` and SuffixDecoding count what they should on hand-made streams."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from decoding_helpers import VOCAB, tiny_llama
+from latticekit.decoding import greedy_decode
+from latticekit.drafting.memory import AnswerMemory
+from latticekit.eval.chain_replay import LatticekitChains, accepted_prefix, replay_chains
+
+PROMPTS = [[3, 17, 42, 8, 25, 60, 11], [5, 9, 33, 2, 47, 19, 30], [3, 17, 42, 8, 25, 60, 12]]
+NEW_TOKENS = 40
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "replay_drafters.py"
+
+
+def real_decode(model: Any, prompts: Sequence[list[int]], source: Any, max_length: int) -> tuple[list[list[int]], int]:
+    """Each prompt decoded by verifying ``source``'s chains with the model (one full forward pass
+    a step, no cache: the plainest greedy verification); the tokens and the target calls."""
+    outputs, calls = [], 0
+    with torch.no_grad():
+        for prompt in prompts:
+            source.start(prompt)
+            ids = prompt + [int(model(torch.tensor([prompt])).logits[0, -1].argmax())]
+            emitted, calls = ids[-1:], calls + 1
+            while len(ids) - len(prompt) < NEW_TOKENS:
+                chain = list(source.propose(ids, emitted, max_length))[:max_length]
+                greedy = model(torch.tensor([ids + chain])).logits[0, len(ids) - 1:].argmax(-1).tolist()
+                accepted = accepted_prefix(chain, greedy, 0)
+                emitted = greedy[:accepted + 1][:NEW_TOKENS - (len(ids) - len(prompt))]
+                ids, calls = ids + emitted, calls + 1
+            source.finish(ids)
+            outputs.append(ids[len(prompt):])
+    return outputs, calls
+
+
+@pytest.mark.parametrize("memory", [False, True])
+def test_replay_equals_real_verification(memory: bool) -> None:
+    model = tiny_llama()
+    streams = [(p, greedy_decode(model, p, NEW_TOKENS).tokens) for p in PROMPTS]
+
+    def source() -> LatticekitChains:
+        return LatticekitChains(VOCAB, memory=AnswerMemory(1000) if memory else None)
+
+    outputs, calls = real_decode(model, PROMPTS, source(), 6)
+    assert outputs == [list(c) for _, c in streams]
+    replayed = replay_chains(streams, source(), 6)
+    assert replayed.calls == calls and replayed.tokens == len(PROMPTS) * NEW_TOKENS
+    assert replayed.tokens_per_call > 1.2  # the random model loops: chains are accepted
+
+
+def load_benchmark() -> Any:
+    spec = importlib.util.spec_from_file_location("replay_drafters", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ngram_replay_counts_a_repeating_stream() -> None:
+    pytest.importorskip("vllm.v1.spec_decode.ngram_proposer")
+    bench = load_benchmark()
+    # the prompt holds the whole answer after "1 2": prompt lookup copies it, 4 drafts a step
+    prompt, answer = [1, 2, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 9], [1, 2, 10, 11, 12, 13, 14, 15, 16, 17]
+    got = replay_chains([(prompt, answer)], bench.VllmNgram(2, 4), 4)
+    # prefill: "1"; then "2" matches nothing of length 2 ([9, 1] is new), one token: "2"; then
+    # [1, 2] matches: 10..13 accepted and 14; then [13, 14] (a 2-gram of the prompt): 15..17, the end
+    assert got.per_request == [(10, 4)] and got.drafted == 8
+    # 5-grams only: one token a call until [1, 2, 10, 11, 12] matches the prompt's, then 13..16 and 17
+    assert replay_chains([(prompt, answer)], bench.VllmNgram(5, 5), 4).per_request == [(10, 6)]
+
+
+def test_suffix_replay_drafts_an_earlier_answer() -> None:
+    pytest.importorskip("arctic_inference.suffix_decoding")
+    bench = load_benchmark()
+    answer = list(range(20, 40))
+    first = replay_chains([([1, 2, 3], answer)], bench.Suffix(), 8)
+    assert first.per_request == [(20, 20)]  # nothing to copy: one token a call
+    # the second request's answer is the first's: the global tree drafts it, 8 at a time
+    both = replay_chains([([1, 2, 3], answer), ([4, 5, 6], answer)], bench.Suffix(), 8)
+    assert both.per_request[0] == (20, 20) and both.per_request[1][1] < 6

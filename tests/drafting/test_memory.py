@@ -1,0 +1,206 @@
+"""AnswerMemory against a brute-force reference: which answers it keeps (the size limit at every
+moment, the oldest evicted first), the followers and match it counts over the kept answers
+(no context reaching from one answer into the next), and the search over it."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from latticekit.drafting.memory import AnswerMemory, default_memory, memory_continuations, united_with_memory
+from latticekit.errors import DecoderConfigError
+
+ORDER = 3
+answers_st = st.lists(st.lists(st.integers(0, 4), min_size=0, max_size=12), min_size=1, max_size=14)
+
+
+def reference_kept(added: list[list[int]], max_tokens: int) -> list[tuple[int, ...]]:
+    """The answers kept after each add, as the module docstring says: an answer that would pass
+    the limit evicts the oldest, down to half the limit with it (a longer one keeps its tail)."""
+    kept: list[tuple[int, ...]] = []
+    for answer in added:
+        if not answer:
+            continue
+        new = tuple(answer[-max_tokens:])
+        if sum(map(len, kept)) + len(new) > max_tokens:
+            budget, keep = max(max_tokens // 2, len(new)) - len(new), []
+            for old in reversed(kept):
+                if len(old) > budget:
+                    break
+                keep.append(old)
+                budget -= len(old)
+            kept = list(reversed(keep))
+        kept.append(new)
+    return kept
+
+
+def reference_followers(kept: list[tuple[int, ...]], context: tuple[int, ...]) -> Counter[int]:
+    """Tokens that followed ``context`` inside one answer, counted over every kept answer."""
+    n, out = len(context), Counter[int]()
+    for answer in kept:
+        for i in range(n, len(answer)):
+            if answer[i - n:i] == context:
+                out[answer[i]] += 1
+    return out
+
+
+def reference_match(kept: list[tuple[int, ...]], tail: list[int], order: int) -> int:
+    n = 0
+    while n < min(order, len(tail)) and reference_followers(kept, tuple(tail[len(tail) - n - 1:])):
+        n += 1
+    return n
+
+
+@settings(max_examples=150)
+@given(added=answers_st, max_tokens=st.integers(1, 40), tails=st.lists(st.lists(st.integers(0, 4), max_size=5),
+                                                                         min_size=1, max_size=6))
+def test_memory_equals_brute_force(added: list[list[int]], max_tokens: int, tails: list[list[int]]) -> None:
+    memory = AnswerMemory(max_tokens, max_order=ORDER)
+    for i, answer in enumerate(added):
+        memory.add(answer)
+        assert len(memory) <= max_tokens  # the limit holds at every moment
+        assert memory.answers == reference_kept(added[:i + 1], max_tokens)
+    kept = memory.answers
+    assert len(memory) == sum(map(len, kept)) == len(memory.model.cache)
+    for tail in tails:
+        n = memory.model.match(tail)
+        assert n == reference_match(kept, tail, ORDER)
+        for m in range(1, n + 1):
+            counts, total = memory.model.followers(tail, m)
+            want = reference_followers(kept, tuple(tail[len(tail) - m:]))
+            assert counts == dict(want) and total == sum(want.values())
+
+
+@settings(max_examples=60)
+@given(added=answers_st, tail=st.lists(st.integers(0, 4), min_size=1, max_size=5))
+def test_search_drafts_only_what_an_answer_continues(added: list[list[int]], tail: list[int]) -> None:
+    memory = AnswerMemory(1000, max_order=ORDER)
+    for answer in added:
+        memory.add(answer)
+    found = memory_continuations(memory, tail, 16, 4)
+    kept = memory.answers
+    for path in found.paths():  # every node continues the matched tail inside one answer
+        text = tail + list(path)
+        n = reference_match(kept, text[:-1], ORDER)
+        assert n >= 1 and reference_followers(kept, tuple(text[len(text) - 1 - n:-1]))[path[-1]] > 0
+    assert np.all(np.diff(found.score) <= 1e-12)  # best first
+    if reference_match(kept, tail, ORDER) == 0:
+        assert found.size == 0
+
+
+def test_answers_do_not_run_into_each_other() -> None:
+    memory = AnswerMemory(100, max_order=4)
+    memory.add([1, 2, 3])
+    memory.add([4, 5, 6])
+    # the end of one answer followed by the start of the next was never a text
+    assert memory.model.match([3, 4]) == 1 and memory.model.match([2, 3]) == 0  # 3 ends an answer
+    assert memory_continuations(memory, [9, 3], 8, 3).size == 0
+    assert memory_continuations(memory, [9, 2], 8, 3).paths() == [(3,)]
+    assert memory_continuations(memory, [4], 8, 3).paths() == [(5,), (5, 6)]
+
+
+def test_eviction_is_oldest_first_and_the_limit_holds() -> None:
+    memory = AnswerMemory(10)
+    for k in range(6):
+        memory.add([k] * 3)
+        assert len(memory) <= 10
+        if k == 3:  # 9 + 3 > 10: down to half the limit (5 tokens) with the newcomer: itself alone
+            assert memory.answers == [(3, 3, 3)]
+    assert memory.answers == [(3, 3, 3), (4, 4, 4), (5, 5, 5)]
+    assert memory.model.match([0]) == 0 and memory.model.match([5]) == 1
+    memory.add(list(range(20)))  # longer than the limit: its last 10 tokens
+    assert memory.answers == [tuple(range(10, 20))] and len(memory) == 10
+    memory.clear()
+    assert len(memory) == 0 and memory.answers == [] and memory_continuations(memory, [11], 4, 2).size == 0
+
+
+def test_bad_arguments_are_typed_errors() -> None:
+    for bad in (0, -3, 2.5, True, "8"):
+        with pytest.raises(DecoderConfigError):
+            AnswerMemory(bad)  # type: ignore[arg-type]
+    with pytest.raises(DecoderConfigError):
+        AnswerMemory(8, max_order=0)
+    memory = AnswerMemory(8)
+    with pytest.raises(DecoderConfigError):
+        memory.add([1, -2])
+    with pytest.raises(DecoderConfigError):
+        memory.add([2**40])
+    with pytest.raises(DecoderConfigError):
+        memory_continuations(memory, [1], 4, 0)
+    assert len(memory) == 0
+
+
+def test_default_memory_is_one_per_process() -> None:
+    assert default_memory() is default_memory()
+
+
+def test_threads_share_a_memory() -> None:
+    memory = AnswerMemory(500, max_order=4)
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(200):
+                memory.add(rng.integers(0, 6, rng.integers(1, 30)).tolist())
+                memory_continuations(memory, rng.integers(0, 6, 4).tolist(), 8, 4)
+                assert len(memory) <= 500
+        except BaseException as exc:  # noqa: BLE001  (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(memory) == sum(map(len, memory.answers)) == len(memory.model.cache)
+    assert math.isfinite(memory.model.weight(1))
+
+
+@settings(max_examples=60)
+@given(text=st.lists(st.integers(0, 4), min_size=1, max_size=30), added=answers_st)
+def test_united_tree_holds_both_sources(text: list[int], added: list[list[int]]) -> None:
+    from latticekit.drafting.cache_model import CacheModel
+    from latticekit.drafting.continuations import best_continuations
+
+    memory = AnswerMemory(1000, max_order=ORDER)
+    for answer in added:
+        memory.add(answer)
+    model = CacheModel(None, 5, max_order=ORDER)
+    model.sync(text)
+    found, recalled = best_continuations(model, text, 12, 4), memory_continuations(memory, text, 12, 4)
+    united = united_with_memory(found, recalled)
+    paths = united.paths()
+    assert len(set(paths)) == len(paths) and set(paths) == set(found.paths()) | set(recalled.paths())
+    assert paths[:found.size] == found.paths()
+    best = {p: lp for p, lp in zip(found.paths(), found.logprob)}
+    for p, lp in zip(recalled.paths(), recalled.logprob):
+        best[p] = max(best.get(p, -math.inf), lp)
+    for i, p in enumerate(paths):
+        assert united.logprob[i] == best[p] and united.depths[i] == len(p)
+        parent = int(united.parents[i])
+        assert parent < i and united.score[i] == pytest.approx((united.score[parent] if parent >= 0 else 0) + best[p])
+
+
+def test_chain_drafter_drafts_from_an_earlier_answer() -> None:
+    from latticekit.drafting.calibration import AcceptanceModel
+    from latticekit.drafting.chains import ChainDrafter
+
+    memory, acceptance = AnswerMemory(1000), AcceptanceModel.prior(trust="cache")
+    first = ChainDrafter(None, 100, acceptance, memory=memory, prompt_length=3)
+    first.observe([1, 2, 3, 10, 11, 12, 13, 14])
+    first.remember()
+    assert memory.answers == [(10, 11, 12, 13, 14)]  # the answer, not the prompt
+    second = ChainDrafter(None, 100, acceptance, memory=memory, prompt_length=3)
+    second.observe([4, 5, 6, 10, 11])
+    assert second.propose(5)[0].tolist() == [12, 13, 14]
+    alone = ChainDrafter(None, 100, acceptance, prompt_length=3)
+    alone.observe([4, 5, 6, 10, 11])
+    assert alone.propose(5)[0].size == 0
