@@ -100,6 +100,7 @@ def generate(
     prepare: bool = True,
     costs: Any = None,
     acceptance: Any = None,
+    memory: Any = None,
 ) -> GenerateOutput:
     """Decodes ``max_new_tokens`` tokens after ``input_ids``, drafting where it pays.
 
@@ -129,6 +130,10 @@ def generate(
             cached (``~/.cache/latticekit``).
         acceptance: the :class:`~latticekit.drafting.calibration.AcceptanceModel` to start the
             heads' estimates from (without heads, the text's).
+        memory: an :class:`~latticekit.drafting.memory.AnswerMemory` of earlier answers (e.g.
+            ``latticekit.drafting.memory.default_memory()``, the process's, or one per session):
+            drafting reads it beside the text, and the new tokens are added to it. None (the
+            default): no memory across calls.
 
     Returns:
         The sequences (prompt + new tokens) and the decode's per-step records.
@@ -148,7 +153,7 @@ def generate(
     config = DecoderConfig("auto", alpha=1.0 if lm is not None else 0.0, temperature=temperature, top_p=top_p)
     decoding = decode(model, heads, prompt, config, max_new_tokens=max_new_tokens, lms=lm,
                       eos_token_id=eos_token_id, generator=generator, costs=costs, acceptance=acceptance,
-                      streamer=streamer, record_lattices=False)
+                      streamer=streamer, record_lattices=False, memory=memory)
     device = next(model.parameters()).device
     sequences = torch.tensor([decoding.prompt + decoding.tokens], dtype=torch.long, device=device)
     return GenerateOutput(sequences, decoding)

@@ -138,6 +138,7 @@ def decode(
     acceptance: Any = None,
     streamer: Any = None,
     record_lattices: bool = True,
+    memory: Any = None,
 ) -> Decoding:
     """Decodes ``max_new_tokens`` tokens after a prompt with one decoder.
 
@@ -170,6 +171,9 @@ def decode(
             it gets the prompt, then the tokens of every step as they are decoded.
         record_lattices: keep every step's lattice, arg-max draft and head entropies in its
             record (the evaluation's analyses; :func:`latticekit.generate` does not ask them).
+        memory: an :class:`~latticekit.drafting.memory.AnswerMemory` of earlier answers: ``auto``
+            (and the drafters built on it) drafts from it too, and the decode's new tokens are
+            added to it at the end. None: no memory.
 
     Returns:
         The new tokens and one :class:`StepRecord` per target call.
@@ -204,7 +208,7 @@ def decode(
         fingerprint = cached_heads_fingerprint(heads)
     drafter = make_drafter(config, lms=lms, rescorer=rescorer, reference=reference, vocab_size=target.vocab_size,
                            num_heads=num_heads, has_heads=heads is not None, costs=costs, acceptance=acceptance,
-                           heads_fingerprint=fingerprint)
+                           heads_fingerprint=fingerprint, memory=memory)
     if drafter.k > target.vocab_size:
         raise DecoderConfigError(f"k={drafter.k} exceeds the vocabulary ({target.vocab_size})")
     source = None
@@ -216,6 +220,8 @@ def decode(
     out = run_steps(ModelTarget(target, config, source, generator), drafter, config, prompt, max_new_tokens,
                     eos, emit=stream.put, record_lattices=record_lattices, clock=clock)
     stream.end()
+    if memory is not None:
+        memory.add(out.tokens)
     return out
 
 

@@ -113,6 +113,8 @@ class DraftResources:
         acceptance: an :class:`~latticekit.drafting.calibration.AcceptanceModel` to start from (``auto``).
         heads_fingerprint: the heads' :func:`~latticekit.heads.heads_fingerprint`, where known
             (``auto`` looks up the acceptance model shipped for them).
+        memory: an :class:`~latticekit.drafting.memory.AnswerMemory` of earlier answers to draft
+            from too (``auto`` and the drafters built on it), or None.
     """
 
     lms: Any = None
@@ -125,6 +127,7 @@ class DraftResources:
     costs: Any = None
     acceptance: Any = None
     heads_fingerprint: Optional[str] = None
+    memory: Any = None
 
 
 class Drafter:

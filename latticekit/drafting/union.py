@@ -44,7 +44,8 @@ def arc_score(lattice: SausageLattice) -> Callable[[int, int], float]:
 
 
 def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuations, lattice: SausageLattice,
-                      search_lm: NGramLM, p: int, alpha: float, lm: Optional[NGramLM]) -> CandidateTree:
+                      search_lm: NGramLM, p: int, alpha: float, lm: Optional[NGramLM],
+                      found_sources: Optional[Sequence[int]] = None) -> CandidateTree:
     """The p best paths of ``lattice`` and the continuations ``found``, merged into one trie.
 
     Args:
@@ -56,6 +57,8 @@ def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuation
         p: lattice paths searched.
         alpha: the n-gram weight of the search.
         lm: the static n-gram model, or None (no n-gram feature).
+        found_sources: the sources of each node of ``found`` (bits of
+            :data:`~latticekit.drafting.calibration.SOURCES`; default the text's).
 
     Returns:
         The trie, lattice paths first, with each node's head, n-gram and cache log-probabilities
@@ -70,8 +73,10 @@ def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuation
     found_paths = found.paths()
     known = dict(zip(found_paths, range(found.size)))
     everything = drafts + found_paths
+    if found_sources is None:
+        found_sources = [SOURCES["text"]] * len(found_paths)
     tree = CandidateTree.from_paths(everything, [[np.nan] * len(d) for d in everything],
-                                    path_sources=[SOURCES["heads"]] * len(drafts) + [SOURCES["text"]] * len(found_paths))
+                                    path_sources=[SOURCES["heads"]] * len(drafts) + list(found_sources))
     score = arc_score(lattice)
     tail = list(ids[len(ids) - min(len(ids), model.context_size):])
     assert tree.cache_logprob is not None  # set by CandidateTree.__post_init__

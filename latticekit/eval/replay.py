@@ -293,7 +293,7 @@ class TraceTarget:
 
 def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = None,
            rescorer: Any = None, eos_token_id: Optional[int] = None, costs: Any = None,
-           acceptance: Any = None) -> Decoding:
+           acceptance: Any = None, memory: Any = None) -> Decoding:
     """The steps :func:`latticekit.decoding.decode` takes with ``config`` (greedy mode), from a trace.
 
     The same :class:`~latticekit.drafting.Drafter` as a real decode drafts every step; the
@@ -311,6 +311,8 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
             target to time) and the acceptance model to start from. A replayed ``auto`` drafts
             from the trace's full-vocabulary lattices; a decode from candidate-vocabulary ones
             (:class:`~latticekit.decoding.lattices.CandidateLattice`) when it has an n-gram model.
+        memory: earlier answers, as for ``decode``: read while drafting, the replayed tokens
+            added at the end.
 
     Returns:
         A :class:`Decoding` with ``replayed = True``: its steps (drafts, accepted tokens,
@@ -336,10 +338,13 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
     # A trace does not record the target's vocabulary size: every id it holds must fit.
     largest = max(max(prompt, default=0), max(cont), int(trace.lattice_tokens.max(initial=0)))
     drafter = make_drafter(config, lms=lms, rescorer=rescorer, reference=prompt + list(cont), num_heads=h,
-                           has_heads=True, largest_id=largest, costs=costs, acceptance=acceptance)
+                           has_heads=True, largest_id=largest, costs=costs, acceptance=acceptance, memory=memory)
     if drafter.k > trace.k:
         raise DecoderConfigError(f"decoder k={drafter.k} exceeds the traced k={trace.k}")
-    return run_steps(TraceTarget(trace, drafter.k), drafter, config, prompt, max_new_tokens, eos_set(eos_token_id))
+    out = run_steps(TraceTarget(trace, drafter.k), drafter, config, prompt, max_new_tokens, eos_set(eos_token_id))
+    if memory is not None:
+        memory.add(out.tokens)
+    return out
 
 
 def replay_all(traces: Sequence[Trace], configs: Sequence[DecoderConfig], max_new_tokens: int,

@@ -291,3 +291,35 @@ def test_the_heads_estimates_start_from_the_acceptance_shipped_for_them(
     for spec in ("auto", "headsfree"):  # no heads: no heads' model
         plain = make_drafter(DecoderConfig.parse(spec), lms=lm, heads_fingerprint=fingerprint, costs=flat_costs())
         assert set(plain.acceptance.models) == {"text"} and plain.acceptance.models["text"].weights[-1] > 0
+
+
+# -- earlier answers ------------------------------------------------------------------------------
+
+def test_auto_drafts_from_earlier_answers_and_remembers_its_own(setup: Any, lm: lk.NGramLM) -> None:
+    from latticekit.drafting import make_drafter
+    from latticekit.drafting.calibration import SOURCES
+    from latticekit.drafting.memory import AnswerMemory
+    from latticekit.drafting.protocol import DraftInput
+
+    model, reference, heads = setup
+    memory = AnswerMemory(10_000)
+    config = DecoderConfig.parse("auto:alpha=0")  # the text's cache alone: what it cannot know, memory must
+    first = decode(model, None, PROMPT, config, max_new_tokens=NEW, costs=flat_costs(), memory=memory)
+    assert memory.answers == [tuple(first.tokens)]
+    again = decode(model, None, PROMPT, config, max_new_tokens=NEW, costs=flat_costs(), memory=memory)
+    assert again.tokens == first.tokens == reference[len(PROMPT): len(PROMPT) + NEW]
+    assert again.block_efficiency > first.block_efficiency + 1  # the second copies the first answer
+    assert len(memory.answers) == 2
+    # every node names its sources: the text's continuations, the memory's, both
+    drafter = make_drafter(config, costs=flat_costs(), vocab_size=64, memory=memory)
+    assert drafter.sources == ("text", "memory")
+    ids = PROMPT + first.tokens[:3]
+    tree = drafter.candidates(DraftInput(ids, lambda *a: None), "text")
+    from latticekit.drafting.continuations import best_continuations
+    from latticekit.drafting.memory import memory_continuations
+
+    text = set(best_continuations(drafter.cache_model(ids), ids, 32, 12).paths())
+    held = set(memory_continuations(memory, ids, 32, 12).paths())
+    assert tree.sources is not None and held - text  # the memory proposes what the text cannot
+    for path, bits in zip(tree.paths_to(range(tree.size)), tree.sources.tolist()):
+        assert bits == (SOURCES["text"] if path in text else 0) | (SOURCES["memory"] if path in held else 0)

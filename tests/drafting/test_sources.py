@@ -115,3 +115,25 @@ def test_auto_goes_plain_when_no_arm_beats_a_plain_step_and_follows_a_winning_pr
     arms = _run(drafter, worth, 40)
     first = arms.index("text")
     assert first <= MAX_PROBE_INTERVAL and all(arm == "text" for arm in arms[first + 3:])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=4), max_size=8),
+       st.lists(st.integers(0, 2), max_size=6), st.integers(0, 3))
+def test_the_text_alone_is_weighed_by_what_greedy_verification_would_accept(
+        paths: list[list[int]], text: list[int], root: int) -> None:
+    from latticekit.drafting.drafters.auto import _Unread
+
+    tree = CandidateTree.from_paths(paths, [[0.0] * len(p) for p in paths])
+    chosen = np.arange(tree.size)
+    unread = _Unread(root, tree.tokens, tree.parents, chosen, 0.1)
+    full = [9] * (root + 1) + text
+    got = unread.accepted(full)
+    # brute force: the longest path of the tree that the text after the root begins with
+    after = tuple(text)
+    def common(p: tuple[int, ...]) -> int:
+        return next((i for i, (a, b) in enumerate(zip(p, after)) if a != b), min(len(p), len(after)))
+
+    longest = max((common(tuple(p)) for p in paths), default=0)
+    extends = any(len(p) > len(after) and p[:len(after)] == after for p in map(tuple, paths))
+    assert got == (None if extends else longest)

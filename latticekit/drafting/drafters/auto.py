@@ -30,7 +30,12 @@ drafting (an *arm*: with heads, the union of heads and text, and the text alone;
 text alone) keeps the tokens it really emitted per second it really cost (the verified tree's
 target seconds and its drafting seconds, heads included), decayed over the arm's recent steps.
 Each step takes the arm worth the most, or a plain step when none beats a plain step's one
-token in its seconds. Every arm is tried twice first; an arm that is not the best is probed
+token in its seconds. A step that reads the union also weighs the tree the text alone would
+have verified there (its candidates are among the union's): once the decoded text reaches it,
+the tokens it would have accepted, for its target and search seconds, count for the text's arm
+(the decode's tokens do not depend on the drafts; under sampling this is the greedy match, an
+estimate). So the two are compared on the same positions, not on whichever steps each happened
+to draft. Every arm is tried twice first; an arm that is not the best is probed
 after 2 steps, then 4, 8, ... up to 32 while it keeps losing, and its probe's outcome outweighs
 its stale history. So heads that do not pay (an unknown domain, untrained heads, a machine
 where their projection is dear) stop being read within a few steps, their cost counted, and
@@ -62,9 +67,10 @@ from latticekit.drafting.calibration import (
     node_features,
     shipped_acceptance,
 )
-from latticekit.drafting.continuations import best_continuations
+from latticekit.drafting.continuations import Continuations, best_continuations
 from latticekit.drafting.costs import StepCosts
 from latticekit.drafting.config import DecoderConfig
+from latticekit.drafting.memory import AnswerMemory, memory_continuations, united_with_memory
 from latticekit.drafting.protocol import Draft, Drafter, DraftInput, DraftResources
 from latticekit.drafting.registry import register
 from latticekit.drafting.drafters.ngram import select_lm, uniform_lm
@@ -142,6 +148,8 @@ class AutoDrafter(Drafter):
             holds their lattices); otherwise the text alone drafts.
         heads_fingerprint: the heads' :func:`~latticekit.heads.heads_fingerprint`, to start from
             the acceptance model shipped for them.
+        memory: earlier answers to draft from beside the text (an
+            :class:`~latticekit.drafting.memory.AnswerMemory`, read wherever the text is), or None.
     """
 
     method = "auto"
@@ -154,8 +162,9 @@ class AutoDrafter(Drafter):
     def __init__(self, config: DecoderConfig, lm: Optional[NGramLM], costs: StepCosts,
                  acceptance: Optional[AcceptanceModel] = None, max_nodes: int = 64,
                  vocab_size: Optional[int] = None, reads_heads: bool = False,
-                 heads_fingerprint: Optional[str] = None) -> None:
+                 heads_fingerprint: Optional[str] = None, memory: Optional[AnswerMemory] = None) -> None:
         super().__init__(config)
+        self.memory = memory
         self.lm = lm
         self.search_lm = lm if lm is not None else uniform_lm()
         self.alpha = config.alpha if lm is not None else 0.0
@@ -172,6 +181,8 @@ class AutoDrafter(Drafter):
         self.arm_stats = {arm: _Arm() for arm in self.arms}
         self.steps = 0
         self._outcome: Optional[tuple[str, float]] = None  # (arm, seconds it cost), until observed
+        self._text_alone: Optional[tuple[Continuations, np.ndarray, float]] = None  # a union step's text
+        self.unread: list[_Unread] = []  # trees of the text alone on union steps, until the text decides them
 
     @classmethod
     def from_config(cls, config: DecoderConfig, resources: DraftResources) -> "AutoDrafter":
@@ -185,7 +196,8 @@ class AutoDrafter(Drafter):
         if vocab_size is None and resources.largest_id is not None:
             vocab_size = resources.largest_id + 1
         return cls(config, lm, resources.costs, resources.acceptance, vocab_size=vocab_size,
-                   reads_heads=cls.drafts_from_heads(resources), heads_fingerprint=resources.heads_fingerprint)
+                   reads_heads=cls.drafts_from_heads(resources), heads_fingerprint=resources.heads_fingerprint,
+                   memory=resources.memory)
 
     @classmethod
     def drafts_from_heads(cls, resources: DraftResources) -> bool:
@@ -218,6 +230,8 @@ class AutoDrafter(Drafter):
         read = set()
         for arm in self.arms:
             read |= {"heads", "text"} if arm == "union" else {arm}
+        if "text" in read and self.memory is not None:
+            read.add("memory")  # read with the text
         return tuple(name for name in SOURCES if name in read)
 
     @property
@@ -235,7 +249,7 @@ class AutoDrafter(Drafter):
             models = {}
             for name in self.sources:
                 base = given if name == first and given is not None else \
-                    AcceptanceModel.prior(depth, trust="head" if name == "heads" else "cache")
+                    AcceptanceModel.prior(depth, trust="head" if name == "heads" else "cache")  # memory: its cache
                 models[name] = AcceptanceModel(base.weights, base.learning_rate)
             self._acceptance = SourceAcceptance(models)
         return self._acceptance
@@ -278,21 +292,44 @@ class AutoDrafter(Drafter):
         """The most probable continuations of the decoded text under the cache model
         (:func:`~latticekit.drafting.continuations.best_continuations`), with each node's n-gram and
         cache log-probabilities."""
-        model = self.cache_model(step.ids)
-        return best_continuations(model, step.ids, self.text_candidates, MAX_NGRAM_DEPTH).tree()
+        found, sources = self.text_continuations(step)
+        tree = found.tree()
+        tree.sources = sources
+        return tree
+
+    def text_continuations(self, step: DraftInput) -> tuple[Continuations, np.ndarray]:
+        """The text's most probable continuations under the cache model, with the memory's of
+        earlier answers (:func:`~latticekit.drafting.memory.memory_continuations`) where there
+        is one, in one tree (a node both hold takes the larger conditional), and each node's
+        sources."""
+        found = best_continuations(self.cache_model(step.ids), step.ids, self.text_candidates, MAX_NGRAM_DEPTH)
+        text = np.full(found.size, SOURCES["text"], dtype=np.int64)
+        if self.memory is None:
+            return found, text
+        recalled = memory_continuations(self.memory, step.ids, self.text_candidates, MAX_NGRAM_DEPTH)
+        if not recalled.size:
+            return found, text
+        merged = united_with_memory(found, recalled)
+        held = set(recalled.paths())
+        sources = np.array([(SOURCES["text"] if i < found.size else 0) | (SOURCES["memory"] if path in held else 0)
+                            for i, path in enumerate(merged.paths())], dtype=np.int64)
+        return merged, sources
 
     def union_candidates(self, step: DraftInput) -> CandidateTree:
         """The text's continuations and the p best paths of the heads' lattice, its columns
         united with the continuations' tokens (scored by the heads like their own arcs), in one
         trie (:func:`~latticekit.drafting.union.united_candidates`)."""
-        model = self.cache_model(step.ids)
         p = cast(int, self.config.p)  # set by DecoderConfig.__post_init__
-        found = best_continuations(model, step.ids, self.text_candidates, MAX_NGRAM_DEPTH)
+        t0 = time.perf_counter()
+        found, sources = self.text_continuations(step)
+        if "text" in self.arms:  # what the text alone would have drafted, weighed once verified
+            self._text_alone = (found, sources, time.perf_counter() - t0)
         columns: list[list[int]] = [[] for _ in range(MAX_NGRAM_DEPTH)]
         for path in found.paths():
             columns[len(path) - 1].append(path[-1])
         lattice = step.united_lattice(columns)
-        return united_candidates(model, step.ids, found, lattice, self.search_lm, p, self.alpha, self.lm)
+        return united_candidates(self.cache_model(step.ids), step.ids, found, lattice, self.search_lm, p, self.alpha,
+                                 self.lm, found_sources=sources.tolist())
 
     # -- one step --------------------------------------------------------------------------
 
@@ -332,11 +369,26 @@ class AutoDrafter(Drafter):
         search_s = self.costs.draft_s if self.costs.draft_s is not None else time.perf_counter() - t0 - step.lattice_s
         drafting_s = search_s + heads_s
         self._outcome = (arm, target_s + drafting_s)  # what the arm was worth is known once verified
+        if self._text_alone is not None:
+            self._weigh_text_alone(step, estimates)
         # most probable first, so parents precede children: the chosen nodes are the draft's trie
         position = np.full(tree.size, -1, dtype=np.int64)
         position[chosen] = np.arange(len(chosen))
         parents = tree.parents[chosen]
         return Draft(tree.tokens[chosen], np.where(parents >= 0, position[np.maximum(parents, 0)], -1))
+
+    def _weigh_text_alone(self, step: DraftInput, estimates: SourceAcceptance) -> None:
+        """The tree the text alone would have verified at this union step (its candidates are
+        the union's own), kept until the text says how many of its tokens it would have accepted."""
+        assert self._text_alone is not None
+        found, sources, search_s = self._text_alone
+        self._text_alone = None
+        tree = found.tree()
+        probability = tree.path_probability(estimates.conditional(node_features(tree, estimates.max_depth), sources))
+        chosen, _, target_s = choose_nodes(probability, tree.depths, self.costs, step.root_index, self.max_nodes)
+        drafting_s = self.costs.draft_s if self.costs.draft_s is not None else search_s
+        self.unread.append(_Unread(step.root_index, tree.tokens[chosen], tree.parents[chosen], chosen,
+                                   target_s + drafting_s))
 
     def observe(self, step: DraftInput, draft: Draft, emitted: Sequence[int]) -> None:
         labelled, labels = self.pending.resolve(step.ids, emitted)
@@ -346,6 +398,16 @@ class AutoDrafter(Drafter):
             arm, seconds = self._outcome
             self._outcome = None
             self.record(arm, len(emitted), seconds, self.costs.target_s(0, step.root_index))
+        if self.unread:  # the text alone, weighed on the union's steps: the same positions, paired
+            text = list(step.ids) + list(emitted)
+            still = []
+            for tree in self.unread:
+                accepted = tree.accepted(text)
+                if accepted is None:
+                    still.append(tree)
+                else:
+                    self.arm_stats["text"].add(accepted + 1, tree.seconds, self.steps)
+            self.unread = still
 
     def record(self, arm: str, tokens: int, seconds: float, plain_s: float) -> None:
         """What a step of ``arm`` brought: ``tokens`` emitted for ``seconds`` (its tree's target
@@ -358,6 +420,38 @@ class AutoDrafter(Drafter):
             others = [self.arm_stats[a].rate for a in self.arms if a != arm]
             wins = stats.rate > max(others + [1.0 / plain_s])
             stats.interval = _FIRST_PROBE if wins else min(2 * stats.interval, MAX_PROBE_INTERVAL)
+
+
+class _Unread:
+    """The tree the text alone would have verified at a union step, until the text decides how
+    many of its tokens greedy verification would have accepted (the decode's tokens do not
+    depend on the drafts)."""
+
+    __slots__ = ("root_index", "tokens", "children", "seconds")
+
+    def __init__(self, root_index: int, tokens: np.ndarray, parents: np.ndarray, chosen: np.ndarray,
+                 seconds: float) -> None:
+        self.root_index, self.seconds = root_index, seconds
+        self.tokens = tokens.tolist()
+        position = {int(node): i for i, node in enumerate(chosen.tolist())}
+        self.children: dict[int, list[int]] = {}
+        for i, parent in enumerate(parents.tolist()):
+            self.children.setdefault(position.get(int(parent), -1) if parent >= 0 else -1, []).append(i)
+
+    def accepted(self, text: Sequence[int]) -> Optional[int]:
+        """Draft tokens accepted, or None while the text ends inside the tree."""
+        node, depth = -1, 0
+        while True:
+            below = self.children.get(node)
+            if not below:
+                return depth
+            at = self.root_index + depth + 1
+            if at >= len(text):
+                return None
+            hit = next((child for child in below if self.tokens[child] == text[at]), None)
+            if hit is None:
+                return depth
+            node, depth = hit, depth + 1
 
 
 class _Arm:
