@@ -245,8 +245,7 @@ def merge(args: argparse.Namespace) -> int:
     chunks = [json.loads(p.read_text()) for p in sorted((out / "chunks").glob("*.json"))]
     if not chunks:
         raise SystemExit(f"no chunks in {out / 'chunks'}")
-    report: dict[str, Any] = {"command": "PYTHONPATH=. python benchmarks/headsfree_speed.py "
-                                         "--domain D --prompts A:B (per chunk), then --merge",
+    report: dict[str, Any] = {"title": args.title, "command": args.command,
                               "meta": chunks[0]["meta"], "domains": {}, "chunks": []}
     for domain in DOMAINS:
         mine = [c for c in chunks if c["domain"] == domain]
@@ -271,7 +270,7 @@ def merge(args: argparse.Namespace) -> int:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = ["# Heads-free drafting against prompt lookup decoding", ""]
+    lines = [f"# {report.get('title', 'Heads-free drafting against prompt lookup decoding')}", ""]
     lines += [f"- {k}: {v}" for k, v in report["meta"].items() if k != "date"]
     lines += ["", "Command: `" + report["command"] + "`", ""]
     for domain, block in report["domains"].items():
@@ -314,6 +313,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="headsfree")
+    p.add_argument("--title", default="Heads-free drafting against prompt lookup decoding")
+    p.add_argument("--command", default="PYTHONPATH=. python benchmarks/headsfree_speed.py --domain D --prompts A:B "
+                   "(per chunk), then --merge", help="the commands that made the chunks (for the report)")
     p.add_argument("--out", default=str(ROOT / "results" / "headsfree"))
     args = p.parse_args()
     if args.merge:
