@@ -179,6 +179,12 @@ class AutoDrafter(Drafter):
         self.pending = PendingLabels()
         self.arms = self.arms_for(reads_heads)
         self.arm_stats = {arm: _Arm() for arm in self.arms}
+        read = {"heads", "text"} if "union" in self.arms else set()
+        read |= set(self.arms) - {"union"}
+        if "text" in read and memory is not None:
+            read.add("memory")  # read with the text
+        #: the candidate sources its arms read (keys of :data:`SOURCES`)
+        self.sources = tuple(name for name in SOURCES if name in read)
         self.steps = 0
         self._outcome: Optional[tuple[str, float]] = None  # (arm, seconds it cost), until observed
         self._text_alone: Optional[tuple[Continuations, np.ndarray, float]] = None  # a union step's text
@@ -223,16 +229,6 @@ class AutoDrafter(Drafter):
             return None
         static = lm_candidates(self.lm, CANDIDATE_TOKENS)
         return static if len(static) else None
-
-    @property
-    def sources(self) -> tuple[str, ...]:
-        """The candidate sources its arms read (keys of :data:`SOURCES`)."""
-        read = set()
-        for arm in self.arms:
-            read |= {"heads", "text"} if arm == "union" else {arm}
-        if "text" in read and self.memory is not None:
-            read.add("memory")  # read with the text
-        return tuple(name for name in SOURCES if name in read)
 
     @property
     def acceptance(self) -> SourceAcceptance:
