@@ -34,8 +34,9 @@ token in its seconds. A step that reads the union also weighs the tree the text 
 have verified there (its candidates are among the union's): once the decoded text reaches it,
 the tokens it would have accepted, for its target and search seconds, count for the text's arm
 (the decode's tokens do not depend on the drafts; under sampling this is the greedy match, an
-estimate). So the two are compared on the same positions, not on whichever steps each happened
-to draft. Every arm is tried twice first; an arm that is not the best is probed
+estimate). The union is worth the text's rate times its advantage over the text on those
+paired steps (decayed over the last ~10): compared on the same positions, not on whichever
+steps each happened to draft, where a copy in progress flatters whichever arm read it. Every arm is tried twice first; an arm that is not the best is probed
 after 2 steps, then 4, 8, ... up to 32 while it keeps losing, and its probe's outcome outweighs
 its stale history. So heads that do not pay (an unknown domain, untrained heads, a machine
 where their projection is dear) stop being read within a few steps, their cost counted, and
@@ -189,6 +190,7 @@ class AutoDrafter(Drafter):
         self._outcome: Optional[tuple[str, float]] = None  # (arm, seconds it cost), until observed
         self._text_alone: Optional[tuple[Continuations, np.ndarray, float]] = None  # a union step's text
         self.unread: list[_Unread] = []  # trees of the text alone on union steps, until the text decides them
+        self.paired = _Paired()  # the union against the text alone, on the union's steps
 
     @classmethod
     def from_config(cls, config: DecoderConfig, resources: DraftResources) -> "AutoDrafter":
@@ -335,14 +337,22 @@ class AutoDrafter(Drafter):
         for arm in self.arms:  # every arm tried twice first
             if stats[arm].steps < _WARMUP_STEPS:
                 return arm
-        best: Optional[str] = max(self.arms, key=lambda a: stats[a].rate)
-        if stats[best].rate <= 1.0 / plain_s:
+        best: Optional[str] = max(self.arms, key=self.worth)
+        if self.worth(best) <= 1.0 / plain_s:
             best = None
         for arm in self.arms:
             if arm != best and self.steps - stats[arm].last >= stats[arm].interval:
                 stats[arm].probing = True
                 return arm
         return best
+
+    def worth(self, arm: str) -> float:
+        """An arm's tokens per second. The union's, where it was weighed against the text alone
+        on the same positions: the text's own rate times the union's advantage there (paired
+        positions cancel what the text happened to hold: a copy is easy for both)."""
+        if arm == "union" and self.paired.seconds > 0:
+            return self.arm_stats["text"].rate * self.paired.advantage
+        return self.arm_stats[arm].rate
 
     def draft(self, step: DraftInput) -> Draft:
         if self._cache_model is None and "text" in self.sources:
@@ -390,10 +400,14 @@ class AutoDrafter(Drafter):
         labelled, labels = self.pending.resolve(step.ids, emitted)
         if len(labels):
             self.acceptance.update(labelled[:, :-1], labels, labelled[:, -1].astype(np.int64))
+        plain_s = self.costs.target_s(0, step.root_index)
         if self._outcome is not None:
             arm, seconds = self._outcome
             self._outcome = None
-            self.record(arm, len(emitted), seconds, self.costs.target_s(0, step.root_index))
+            if self.unread and self.unread[-1].root_index == step.root_index:
+                self.unread[-1].union = (len(emitted), seconds)  # weighed once the text alone's is known
+            else:
+                self.record(arm, len(emitted), seconds, plain_s)
         if self.unread:  # the text alone, weighed on the union's steps: the same positions, paired
             text = list(step.ids) + list(emitted)
             still = []
@@ -401,8 +415,10 @@ class AutoDrafter(Drafter):
                 accepted = tree.accepted(text)
                 if accepted is None:
                     still.append(tree)
-                else:
-                    self.arm_stats["text"].add(accepted + 1, tree.seconds, self.steps)
+                    continue
+                self.arm_stats["text"].add(accepted + 1, tree.seconds, self.steps)
+                self.paired.add(tree.union[0], tree.union[1], accepted + 1, tree.seconds)
+                self.record("union", tree.union[0], tree.union[1], plain_s)
             self.unread = still
 
     def record(self, arm: str, tokens: int, seconds: float, plain_s: float) -> None:
@@ -413,8 +429,8 @@ class AutoDrafter(Drafter):
         stats.add(tokens, seconds, self.steps)
         if stats.probing:
             stats.probing = False
-            others = [self.arm_stats[a].rate for a in self.arms if a != arm]
-            wins = stats.rate > max(others + [1.0 / plain_s])
+            others = [self.worth(a) for a in self.arms if a != arm]
+            wins = self.worth(arm) > max(others + [1.0 / plain_s])
             stats.interval = _FIRST_PROBE if wins else min(2 * stats.interval, MAX_PROBE_INTERVAL)
 
 
@@ -423,11 +439,12 @@ class _Unread:
     many of its tokens greedy verification would have accepted (the decode's tokens do not
     depend on the drafts)."""
 
-    __slots__ = ("root_index", "tokens", "children", "seconds")
+    __slots__ = ("root_index", "tokens", "children", "seconds", "union")
 
     def __init__(self, root_index: int, tokens: np.ndarray, parents: np.ndarray, chosen: np.ndarray,
                  seconds: float) -> None:
         self.root_index, self.seconds = root_index, seconds
+        self.union = (0, 0.0)  # what the union's tree brought at this step: tokens, seconds
         self.tokens = tokens.tolist()
         position = {int(node): i for i, node in enumerate(chosen.tolist())}
         self.children: dict[int, list[int]] = {}
@@ -448,6 +465,27 @@ class _Unread:
             if hit is None:
                 return depth
             node, depth = hit, depth + 1
+
+
+class _Paired:
+    """The union's and the text alone's tokens and seconds on the same steps (the union's),
+    decayed by :data:`_ARM_DECAY` per pair (a memory of ~10 pairs)."""
+
+    __slots__ = ("union_tokens", "union_seconds", "tokens", "seconds")
+
+    def __init__(self) -> None:
+        self.union_tokens = self.union_seconds = self.tokens = self.seconds = 0.0
+
+    @property
+    def advantage(self) -> float:
+        """The union's tokens per second over the text alone's, on the same steps."""
+        return (self.union_tokens / self.union_seconds) / (self.tokens / self.seconds)
+
+    def add(self, union_tokens: int, union_seconds: float, tokens: int, seconds: float) -> None:
+        self.union_tokens = _ARM_DECAY * self.union_tokens + union_tokens
+        self.union_seconds = _ARM_DECAY * self.union_seconds + union_seconds
+        self.tokens = _ARM_DECAY * self.tokens + tokens
+        self.seconds = _ARM_DECAY * self.seconds + seconds
 
 
 class _Arm:
