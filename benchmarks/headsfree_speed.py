@@ -265,8 +265,37 @@ def merge(args: argparse.Namespace) -> int:
                               "seconds": c["seconds"], "date": c["meta"]["date"]} for c in mine]
     (out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / f"{args.name}.md").write_text(markdown(report))
+    for domain in report["domains"]:
+        plot(report, domain, out / f"{args.name}-{domain}.png")
     print(markdown(report))
     return 0
+
+
+def plot(report: dict[str, Any], domain: str, path: Path) -> bool:
+    """Tokens per call and tokens/s (median, with every repeat's) of each decoder on one domain;
+    False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    figures = report["domains"][domain]["decoders"]
+    names = list(figures)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    axes[0].bar(names, [figures[n]["tokens_per_call"] for n in names], color="tab:blue")
+    axes[0].set(ylabel="tokens per target call", title=f"{domain}: tokens per call")
+    axes[1].bar(names, [figures[n]["tokens_per_s"] for n in names], color="tab:green")
+    for i, n in enumerate(names):
+        axes[1].plot([i] * len(figures[n]["tokens_per_s_all"]), figures[n]["tokens_per_s_all"], "k.", ms=3)
+    axes[1].set(ylabel="tokens/s (median; dots: repeats)", title=f"{domain}: tokens per second")
+    for ax in axes:
+        ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def markdown(report: dict[str, Any]) -> str:
