@@ -1,5 +1,8 @@
-"""Fit ``auto``'s acceptance prior and choose its knobs by replay, on prompts apart from the
-benchmark's.
+"""Fit the heads' acceptance prior (``auto`` starts its heads' estimates from it) and choose the
+lattice's knobs by replay, on prompts apart from the benchmark's.
+
+It fits and replays ``heads``, the lattice alone: the prior is the heads' own model, which
+``auto`` applies to the nodes the heads propose (the text's nodes have a model of their own).
 
 The replay engine (``latticekit.eval.replay``) walks every greedy-mode decoder's steps from one
 greedy trace per prompt; with the target's measured step costs
@@ -70,7 +73,7 @@ def node_data(traces: list[Any], lm: Any, k: int, p: int, alpha: float, max_dept
     from latticekit.drafting import DraftInput, make_drafter
     from latticekit.drafting import DecoderConfig
 
-    config = DecoderConfig("auto", k=k, p=p, alpha=alpha)
+    config = DecoderConfig("heads", k=k, p=p, alpha=alpha)  # the heads' own nodes: what their model is fitted on
     feats, labels = [], []
     for trace in traces:
         # candidates from the trace's lattices (without has_heads: heads-free ones)
@@ -82,7 +85,7 @@ def node_data(traces: list[Any], lm: Any, k: int, p: int, alpha: float, max_dept
             step = DraftInput(sequence[: root + 1], lambda i=i: trace.lattice(i, k))
             tree = drafter.candidates(step)
             if np.isnan(tree.head_logprob).any():
-                raise SystemExit("auto's candidates did not come from the heads' lattice")
+                raise SystemExit("the candidates did not come from the heads' lattice")
             pending.add(root, tree, node_features(tree, max_depth))
         x, y = pending.resolve(sequence)
         feats.append(x)
@@ -177,7 +180,7 @@ def main() -> int:
     grid = itertools.product(("prior", "fitted"), (0.0, 0.05, 0.15, 0.4), (4, 8, 16), (8, 16, 32), (0.5, 1.0))
     for prior, lr, k, paths, alpha in grid:
         acceptance = AcceptanceModel(priors[prior].weights, lr)
-        config = DecoderConfig("auto", k=k, p=paths, alpha=alpha)
+        config = DecoderConfig("heads", k=k, p=paths, alpha=alpha)
         row = {"prior": prior, "learning_rate": lr, "k": k, "p": paths, "alpha": alpha}
         for domain, tr in eval_half.items():
             stop = eos if domain == "instruction" else None
