@@ -129,6 +129,8 @@ def test_the_text_alone_is_weighed_by_what_greedy_verification_would_accept(
     unread = _Unread(root, tree.tokens, tree.parents, chosen, 0.1)
     full = [9] * (root + 1) + text
     got = unread.accepted(full)
+    for cut in range(len(full) + 1):  # the text in two pieces: the decoded ids, the step's tokens
+        assert unread.accepted(full[:cut], full[cut:]) == got
     # brute force: the longest path of the tree that the text after the root begins with
     after = tuple(text)
     def common(p: tuple[int, ...]) -> int:

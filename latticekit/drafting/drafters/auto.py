@@ -371,12 +371,12 @@ class AutoDrafter(Drafter):
         probability = tree.path_probability(estimates.conditional(features, tree.sources))
         chosen, _, target_s = choose_nodes(probability, tree.depths, self.costs, cached, self.max_nodes)
         self.pending.add(step.root_index, tree, np.column_stack([features, tree.sources]))
+        if self._text_alone is not None:
+            self._weigh_text_alone(step, estimates)
         heads_s = step.lattice_s if self.costs.heads_s is None or not step.has_lattice else self.costs.heads_s
         search_s = self.costs.draft_s if self.costs.draft_s is not None else time.perf_counter() - t0 - step.lattice_s
         drafting_s = search_s + heads_s
         self._outcome = (arm, target_s + drafting_s)  # what the arm was worth is known once verified
-        if self._text_alone is not None:
-            self._weigh_text_alone(step, estimates)
         # most probable first, so parents precede children: the chosen nodes are the draft's trie
         position = np.full(tree.size, -1, dtype=np.int64)
         position[chosen] = np.arange(len(chosen))
@@ -409,10 +409,9 @@ class AutoDrafter(Drafter):
             else:
                 self.record(arm, len(emitted), seconds, plain_s)
         if self.unread:  # the text alone, weighed on the union's steps: the same positions, paired
-            text = list(step.ids) + list(emitted)
             still = []
             for tree in self.unread:
-                accepted = tree.accepted(text)
+                accepted = tree.accepted(step.ids, emitted)
                 if accepted is None:
                     still.append(tree)
                     continue
@@ -451,17 +450,19 @@ class _Unread:
         for i, parent in enumerate(parents.tolist()):
             self.children.setdefault(position.get(int(parent), -1) if parent >= 0 else -1, []).append(i)
 
-    def accepted(self, text: Sequence[int]) -> Optional[int]:
-        """Draft tokens accepted, or None while the text ends inside the tree."""
-        node, depth = -1, 0
+    def accepted(self, ids: Sequence[int], more: Sequence[int] = ()) -> Optional[int]:
+        """Draft tokens accepted by the text ``ids`` followed by ``more``, or None while the text
+        ends inside the tree (reads only the positions below the root)."""
+        node, depth, size = -1, 0, len(ids)
         while True:
             below = self.children.get(node)
             if not below:
                 return depth
             at = self.root_index + depth + 1
-            if at >= len(text):
+            if at >= size + len(more):
                 return None
-            hit = next((child for child in below if self.tokens[child] == text[at]), None)
+            token = ids[at] if at < size else more[at - size]
+            hit = next((child for child in below if self.tokens[child] == token), None)
             if hit is None:
                 return depth
             node, depth = hit, depth + 1
