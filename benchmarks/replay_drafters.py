@@ -24,7 +24,11 @@ Drafters (every chain at most ``N`` tokens, ``N`` in ``--n``):
 * ``latticekit-chain+memory``: the same with an ``AnswerMemory`` (2**17 tokens) of the earlier
   answers (the proposer's ``memory_tokens``);
 * ``latticekit-chain+memory+lm``: and the shipped Katz 4-gram over SmolLM2's token ids
-  interpolated with each request's n-grams (the proposer's ``lm="embedded"``).
+  interpolated with each request's n-grams (the proposer's ``lm="embedded"``);
+* ``latticekit-tree`` / ``latticekit-tree+memory``: beside the chains, not comparable with them:
+  the whole candidate tree the chain drafter chooses from (the text's 32 most probable
+  continuations, united with the memory's 32), verified whole: what a tree verifier could
+  accept (``drafted`` counts its nodes; latticekit's own loop sizes its trees by cost instead).
 
 Per workload and drafter: tokens per target call (emitted tokens over calls: the prefill, then
 one per verification step) and drafting ms per step (the drafter's own calls, this machine,
@@ -114,7 +118,7 @@ def drafters() -> dict[str, Any]:
     """Each drafter's factory (a fresh one per workload and N)."""
     from latticekit.demo import embedded_token_lm
     from latticekit.drafting.memory import AnswerMemory
-    from latticekit.eval.chain_replay import LatticekitChains
+    from latticekit.eval.chain_replay import LatticekitChains, LatticekitTrees
 
     return {
         "vllm-ngram-2-4": lambda: VllmNgram(2, 4),
@@ -124,6 +128,8 @@ def drafters() -> dict[str, Any]:
         "latticekit-chain+memory": lambda: LatticekitChains(VOCAB, memory=AnswerMemory(MEMORY_TOKENS, vocab_size=VOCAB)),
         "latticekit-chain+memory+lm": lambda: LatticekitChains(VOCAB, lm=embedded_token_lm(),
                                                                memory=AnswerMemory(MEMORY_TOKENS, vocab_size=VOCAB)),
+        "latticekit-tree": lambda: LatticekitTrees(VOCAB),
+        "latticekit-tree+memory": lambda: LatticekitTrees(VOCAB, memory=AnswerMemory(MEMORY_TOKENS, vocab_size=VOCAB)),
     }
 
 
@@ -133,17 +139,29 @@ def markdown(results: dict[str, Any]) -> str:
              "Tokens per target call (drafting ms per step). Ratios: latticekit-chain+memory over the best vLLM "
              "ngram setting and over SuffixDecoding, at the same N.", ""]
     for n in results["n"]:
-        names = list(next(iter(results["runs"].values()))[str(n)])
+        names = [k for k in next(iter(results["runs"].values()))[str(n)] if "tree" not in k]
         lines += [f"## N = {n} draft tokens", "", "| workload | requests | " + " | ".join(names)
                   + " | lk+mem / ngram | lk+mem / suffix |", "|" + "---|" * (len(names) + 4)]
         for workload, per_n in results["runs"].items():
-            row = per_n[str(n)]
+            row = {k: v for k, v in per_n[str(n)].items() if k in names}
             tpc = {k: v["tokens_per_call"] for k, v in row.items()}
             ngram = max(tpc["vllm-ngram-2-4"], tpc["vllm-ngram-5"])
             best = tpc["latticekit-chain+memory"]
             lines.append(f"| {workload} | {results['requests'][workload]} | "
                          + " | ".join(f"{v['tokens_per_call']:.3f} ({v['draft_ms_per_step']:.3f})" for v in row.values())
                          + f" | {best / ngram:.2f}x | {best / tpc['suffix']:.2f}x |")
+        lines.append("")
+    trees = [k for k in next(iter(results["runs"].values()))[str(results["n"][0])] if "tree" in k]
+    if trees:
+        lines += ["## Beside the chains: the candidate tree verified whole (not comparable with a chain)", "",
+                  "Tokens per target call, (draft nodes per step).", "",
+                  "| workload | N | " + " | ".join(trees) + " |", "|" + "---|" * (len(trees) + 2)]
+        for workload, per_n in results["runs"].items():
+            for n in results["n"]:
+                row = per_n[str(n)]
+                steps = {k: max(1, row[k]["calls"] - results["requests"][workload]) for k in trees}
+                lines.append(f"| {workload} | {n} | " + " | ".join(
+                    f"{row[k]['tokens_per_call']:.3f} ({row[k]['drafted'] / steps[k]:.1f})" for k in trees) + " |")
         lines.append("")
     return "\n".join(lines)
 

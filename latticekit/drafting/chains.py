@@ -89,18 +89,20 @@ class ChainDrafter:
         text = self.model.ids
         if max_length < 1 or not text:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        depth = min(self.max_depth, max_length)
-        found = best_continuations(self.model, text, self.candidates, depth)
-        recalled = self._recalled(text, depth)
-        if not found.size and (recalled is None or not recalled.size):
+        found = self.candidate_tree(max_length)
+        if not found.size:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        if recalled is not None:
-            found = united_with_memory(found, recalled)
         return self._chain(found.tree(), len(text) - 1)
 
-    def _recalled(self, text: Sequence[int], depth: int) -> Optional[Continuations]:
-        """The memory's continuations of the text, or None without a memory."""
-        return memory_continuations(self.memory, text, self.candidates, depth) if self.memory is not None else None
+    def candidate_tree(self, max_length: int) -> Continuations:
+        """The candidates :meth:`propose` chooses its chain from: the text's continuations of
+        at most ``max_length`` tokens, united with the memory's (``max_length`` >= 1)."""
+        text = self.model.ids
+        depth = min(self.max_depth, max_length)
+        found = best_continuations(self.model, text, self.candidates, depth)
+        if self.memory is None:
+            return found
+        return united_with_memory(found, memory_continuations(self.memory, text, self.candidates, depth))
 
     def remember(self) -> None:
         """Adds the request's answer (its text after the prompt, as far as :meth:`observe` saw
@@ -119,10 +121,7 @@ class ChainDrafter:
         if max_length < 1 or not text:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         depth = min(self.max_depth, max_length)
-        found = best_continuations(self.model, text, self.candidates, depth)
-        recalled = self._recalled(text, depth)
-        if recalled is not None:
-            found = united_with_memory(found, recalled)
+        found = self.candidate_tree(max_length)
         if lattice.h > depth + 1:
             lattice = SausageLattice(lattice.tokens[:depth + 1], lattice.scores[:depth + 1],
                                      lattice.widths[:depth + 1])

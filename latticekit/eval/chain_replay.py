@@ -14,6 +14,9 @@ calls a real decode would make: the prefill (the first token), then one call per
 shared and learnt as they go, optionally an :class:`~latticekit.drafting.memory.AnswerMemory`
 that every finished answer goes into), every chain at its full length (the batch-cost
 allocation of the proposer left out: one request at a time, a draft token free).
+:class:`LatticekitTrees` verifies the whole candidate tree the chain is chosen from instead (the
+text's p best continuations, united with the memory's): what tree verification could accept,
+beside the chains (not comparable with them: a tree verifies more tokens a call).
 ``benchmarks/replay_drafters.py`` adds vLLM's ``ngram`` and SuffixDecoding; the test
 ``tests/decoding/test_chain_replay.py`` checks a replay against real greedy verification.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from latticekit.drafting.calibration import AcceptanceModel
 from latticekit.drafting.chains import ChainDrafter
@@ -31,18 +34,19 @@ from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
 
-__all__ = ["ChainSource", "ChainReplay", "LatticekitChains", "replay_chains", "accepted_prefix"]
+__all__ = ["ChainSource", "ChainReplay", "LatticekitChains", "LatticekitTrees", "replay_chains", "accepted_prefix"]
 
 
 class ChainSource(Protocol):
-    """A chain drafter that sees requests one after another."""
+    """A chain drafter (or a tree drafter, :class:`LatticekitTrees`) that sees requests one after another."""
 
     def start(self, prompt: Sequence[int]) -> None:
         """A new request with this prompt."""
 
-    def propose(self, ids: Sequence[int], emitted: Sequence[int], max_length: int) -> Sequence[int]:
+    def propose(self, ids: Sequence[int], emitted: Sequence[int], max_length: int) -> Sequence[Any]:
         """The chain after ``ids`` (prompt and output so far; ``emitted``: the tokens the last
-        call emitted, the last of ``ids``), at most ``max_length`` tokens."""
+        call emitted, the last of ``ids``), at most ``max_length`` tokens; or a tree, as the list
+        of its paths (token tuples), each at most ``max_length`` tokens."""
 
     def finish(self, ids: Sequence[int]) -> None:
         """The request ended with ``ids``."""
@@ -56,7 +60,7 @@ class ChainReplay:
         tokens: tokens emitted (every continuation's length).
         calls: target calls (per request: the prefill, then one per step).
         steps: verification steps (calls less the prefills).
-        drafted: draft tokens proposed.
+        drafted: draft tokens proposed (a tree's nodes).
         draft_seconds: seconds in the drafter's ``propose`` and bookkeeping.
         per_request: each request's ``(tokens, calls)``.
     """
@@ -108,11 +112,14 @@ def replay_chains(streams: Sequence[tuple[Sequence[int], Sequence[int]]], source
         while len(ids) - len(prompt) < len(continuation):
             at = len(ids) - len(prompt)
             t0 = clock()
-            chain = source.propose(ids, emitted, max_length)
+            draft = list(source.propose(ids, emitted, max_length))
             out.draft_seconds += clock() - t0
-            chain = list(chain)[:max_length]
-            out.drafted += len(chain)
-            accepted = accepted_prefix(chain, continuation, at)
+            if draft and isinstance(draft[0], tuple):  # a tree: its longest path on the greedy tokens
+                out.drafted += len(draft)
+                accepted = max(accepted_prefix(path[:max_length], continuation, at) for path in draft)
+            else:
+                out.drafted += min(len(draft), max_length)
+                accepted = accepted_prefix(draft[:max_length], continuation, at)
             emitted = continuation[at:at + accepted + 1]  # the accepted drafts and the target's own token
             ids += emitted
             calls += 1
@@ -157,3 +164,13 @@ class LatticekitChains:
         self.state.observe(ids)  # the last step's tokens too: the whole answer is remembered
         self.state.remember()
         self.state = None
+
+
+class LatticekitTrees(LatticekitChains):
+    """The candidate tree :class:`LatticekitChains` chooses its chain from, verified whole (its
+    paths)."""
+
+    def propose(self, ids: Sequence[int], emitted: Sequence[int], max_length: int) -> Sequence[Any]:
+        assert self.state is not None
+        self.state.observe(ids)
+        return self.state.candidate_tree(max_length).paths()

@@ -87,3 +87,19 @@ def test_suffix_replay_drafts_an_earlier_answer() -> None:
     # the second request's answer is the first's: the global tree drafts it, 8 at a time
     both = replay_chains([([1, 2, 3], answer), ([4, 5, 6], answer)], bench.Suffix(), 8)
     assert both.per_request[0] == (20, 20) and both.per_request[1][1] < 6
+
+
+def test_a_tree_accepts_its_longest_path_on_the_greedy_tokens() -> None:
+    class Tree:
+        def start(self, prompt: Sequence[int]) -> None:
+            pass
+
+        def propose(self, ids: Sequence[int], emitted: Sequence[int], max_length: int) -> list[tuple[int, ...]]:
+            return [(7,), (1, 2, 9), (1, 2, 3, 4)]  # the last path is right for three tokens and the first call
+
+        def finish(self, ids: Sequence[int]) -> None:
+            pass
+
+    got = replay_chains([([5], [0, 1, 2, 3, 4, 5])], Tree(), 3)
+    # prefill "0"; then (1, 2, 3) of (1, 2, 3, 4) cut to 3 tokens, and "4"; then nothing, "5"
+    assert got.per_request == [(6, 3)] and got.drafted == 6

@@ -5,8 +5,8 @@ moment, the oldest evicted first), the followers and match it counts over the ke
 from __future__ import annotations
 
 import math
-import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -142,26 +142,19 @@ def test_default_memory_is_one_per_process() -> None:
 
 def test_threads_share_a_memory() -> None:
     memory = AnswerMemory(500, max_order=4)
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
         rng = np.random.default_rng(seed)
-        try:
-            for _ in range(200):
-                memory.add(rng.integers(0, 6, rng.integers(1, 30)).tolist())
-                memory_continuations(memory, rng.integers(0, 6, 4).tolist(), 8, 4)
-                assert len(memory) <= 500
-        except BaseException as exc:  # noqa: BLE001  (reported below)
-            errors.append(exc)
+        for _ in range(200):
+            memory.add(rng.integers(0, 6, rng.integers(1, 30)).tolist())
+            memory_continuations(memory, rng.integers(0, 6, 4).tolist(), 8, 4)
+            assert len(memory) <= 500
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(work, range(3)))  # a thread's exception is raised here
     assert len(memory) == sum(map(len, memory.answers)) == len(memory.model.cache)
     assert math.isfinite(memory.model.weight(1))
+
 
 
 @settings(max_examples=60)
