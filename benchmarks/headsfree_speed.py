@@ -51,7 +51,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 

@@ -38,7 +38,7 @@ from typing import Optional
 import numpy as np
 
 from latticekit.drafting.cache_model import CacheModel, _token_array
-from latticekit.drafting.calibration import SOURCES, CandidateTree
+from latticekit.drafting.calibration import CandidateTree
 from latticekit.errors import DecoderConfigError
 
 __all__ = ["Continuations", "best_continuations"]
@@ -76,7 +76,8 @@ class Continuations:
 
     def tree(self, head_logprob: Optional[np.ndarray] = None) -> CandidateTree:
         """The nodes as a :class:`CandidateTree`: the cache model's conditionals as the cache
-        feature, the static model's as the n-gram feature, heads' scores where given (NaN: none)."""
+        feature, the static model's as the n-gram feature, heads' scores where given (NaN: none);
+        its sources unnamed (the caller knows them: a text's, or a text's united with a memory's)."""
         head = head_logprob if head_logprob is not None else np.full(self.size, np.nan)
         return CandidateTree(self.tokens, self.parents, self.depths, head, self.static_logprob, self.logprob)
 
