@@ -337,9 +337,8 @@ class AutoDrafter(Drafter):
         for arm in self.arms:  # every arm tried twice first
             if stats[arm].steps < _WARMUP_STEPS:
                 return arm
-        best: Optional[str] = max(self.arms, key=self.worth)
-        if self.worth(best) <= 1.0 / plain_s:
-            best = None
+        top = max(self.arms, key=self.worth)
+        best: Optional[str] = top if self.worth(top) > 1.0 / plain_s else None
         for arm in self.arms:
             if arm != best and self.steps - stats[arm].last >= stats[arm].interval:
                 stats[arm].probing = True
