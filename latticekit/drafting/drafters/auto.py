@@ -8,7 +8,8 @@ Every step the drafter weighs what a tree costs against what it is expected to b
    with heads, the p best paths of the heads' lattice under ``draft + alpha * n-gram``
    (latticekit's exact search), the lattice's columns united with the continuations' tokens,
    all merged into one trie (:func:`~latticekit.drafting.union.united_candidates`, what
-   ``heads+ngram`` drafts). Every node knows which sources proposed it.
+   ``heads+ngram`` drafts); given an :class:`~latticekit.drafting.memory.AnswerMemory`, the
+   continuations of earlier answers join the text's. Every node knows which sources proposed it.
 2. **Acceptance estimates, calibrated per source.** Each node's probability of being accepted
    is the product along its path of conditionals; each source has its own
    :class:`~latticekit.drafting.calibration.AcceptanceModel` (head, n-gram and cache
@@ -36,9 +37,9 @@ the tokens it would have accepted, for its target and search seconds, count for 
 (the decode's tokens do not depend on the drafts; under sampling this is the greedy match, an
 estimate). The union is worth the text's rate times its advantage over the text on those
 paired steps (decayed over the last ~10): compared on the same positions, not on whichever
-steps each happened to draft, where a copy in progress flatters whichever arm read it. Every arm is tried twice first; an arm that is not the best is probed
-after 2 steps, then 4, 8, ... up to 32 while it keeps losing, and its probe's outcome outweighs
-its stale history. So heads that do not pay (an unknown domain, untrained heads, a machine
+steps each happened to draft, where a copy in progress flatters whichever arm read it. Every
+arm is tried twice first; an arm that is not the best is probed after 2 steps, then 4, 8, ...
+up to 32 while it keeps losing, and its probe's outcome outweighs its stale history. So heads that do not pay (an unknown domain, untrained heads, a machine
 where their projection is dear) stop being read within a few steps, their cost counted, and
 are read again when a probe finds them paying; and the union is read where heads and text
 complement each other (heads know what the text does not; the text knows what is being
