@@ -116,8 +116,8 @@ def run_one(name: str, model: Any, heads: Any, lm: Any, costs: Any, counter: Cal
         wall = time.perf_counter() - t0
         tokens = out[0, len(ids):].tolist()
         return {"tokens": tokens, "wall_s": wall, "calls": counter.calls - before, "steps": None}
-    spec, _, which = name.partition("@")  # auto@untrained: with untrained heads; auto@noheads: without heads
-    use = None if spec == "headsfree" or which == "noheads" else heads[which or "default"]
+    spec, _, which = name.partition("@")  # auto@untrained: with untrained heads
+    use = None if spec == "headsfree" else heads[which or "default"]
     d = decode(model, use, ids, DecoderConfig.parse(spec), max_new_tokens=new, lms=lm, eos_token_id=eos, costs=costs)
     steps = [{"nodes": s.tree_nodes,
               "accepted": s.num_accepted, "draft_s": s.heads_s + s.search_s, "model_s": s.model_s}

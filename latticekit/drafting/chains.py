@@ -102,7 +102,7 @@ class ChainDrafter:
         found = best_continuations(self.model, text, self.candidates, depth)
         if self.memory is None:
             return found
-        return united_with_memory(found, memory_continuations(self.memory, text, self.candidates, depth))
+        return united_with_memory(found, memory_continuations(self.memory, text, self.candidates, depth))[0]
 
     def remember(self) -> None:
         """Adds the request's answer (its text after the prompt, as far as :meth:`observe` saw

@@ -38,6 +38,7 @@ from typing import Optional
 import numpy as np
 
 from latticekit.drafting.cache_model import MAX_ORDER, CacheModel, _token_array
+from latticekit.drafting.calibration import SOURCES
 from latticekit.drafting.continuations import Continuations, best_continuations
 from latticekit.errors import DecoderConfigError
 
@@ -150,22 +151,29 @@ def memory_continuations(memory: AnswerMemory, ids: Sequence[int], p: int, max_d
         return best_continuations(memory.model, ids, p, max_depth)
 
 
-def united_with_memory(found: Continuations, recalled: Continuations) -> Continuations:
+def united_with_memory(found: Continuations, recalled: Continuations) -> tuple[Continuations, np.ndarray]:
     """The text's continuations and the memory's in one tree: ``found``'s nodes first, then the
     memory's others (parents before children). A node both hold takes the larger of its two
     conditionals (the stronger evidence); a node only the memory holds has no static
     log-probability (NaN). Scores are the sums of the conditionals down each path.
+
+    Returns:
+        The tree, and each node's sources (bits of
+        :data:`~latticekit.drafting.calibration.SOURCES`: the text's, the memory's, or both).
     """
     paths = found.paths()
     index = {path: i for i, path in enumerate(paths)}
+    sources = [SOURCES["text"]] * len(paths)
     tokens, parents, depths = found.tokens.tolist(), found.parents.tolist(), found.depths.tolist()
     logprob, static = found.logprob.tolist(), found.static_logprob.tolist()
     for j, path in enumerate(recalled.paths()):
         i = index.get(path)
         if i is not None:
             logprob[i] = max(logprob[i], float(recalled.logprob[j]))
+            sources[i] |= SOURCES["memory"]
             continue
         index[path] = len(tokens)
+        sources.append(SOURCES["memory"])
         tokens.append(path[-1])
         parents.append(index[path[:-1]] if len(path) > 1 else -1)
         depths.append(len(path))
@@ -174,9 +182,10 @@ def united_with_memory(found: Continuations, recalled: Continuations) -> Continu
     score: list[float] = []
     for parent, lp in zip(parents, logprob):
         score.append((score[parent] if parent >= 0 else 0.0) + lp)
-    return Continuations(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
-                         np.asarray(depths, dtype=np.int64), np.asarray(logprob, dtype=np.float64),
-                         np.asarray(static, dtype=np.float64), np.asarray(score, dtype=np.float64))
+    united = Continuations(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
+                           np.asarray(depths, dtype=np.int64), np.asarray(logprob, dtype=np.float64),
+                           np.asarray(static, dtype=np.float64), np.asarray(score, dtype=np.float64))
+    return united, np.asarray(sources, dtype=np.int64)
 
 
 _default: Optional[AnswerMemory] = None

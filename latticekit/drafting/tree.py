@@ -94,6 +94,23 @@ class Draft:
         has_child[self.parents[self.parents >= 0]] = True
         return np.flatnonzero(~has_child)
 
+    def accepted(self, text: Sequence[int], start: int, more: Sequence[int] = ()) -> tuple[int, bool]:
+        """What greedy verification accepts of the draft when the target's tokens after the root
+        are ``text[start:]`` followed by ``more``: the length of the longest path they begin
+        with; and whether the text decides it (False: it ends where that path could go on).
+        Reads only the positions from ``start``."""
+        child = {(p, t): n for n, (p, t) in enumerate(zip(self.parents.tolist(), self.tokens.tolist()))}
+        inner = set(self.parents.tolist())  # the nodes with children (-1: the root)
+        node, depth, size = -1, 0, len(text)
+        while True:
+            at = start + depth
+            if at >= size + len(more):
+                return depth, node not in inner
+            below = child.get((node, int(text[at] if at < size else more[at - size])))
+            if below is None:
+                return depth, True
+            node, depth = below, depth + 1
+
     def paths(self) -> list[tuple[int, ...]]:
         """The token sequence from the root to every leaf, leaves in node order."""
         parents, tokens = self.parents.tolist(), self.tokens.tolist()

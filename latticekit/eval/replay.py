@@ -276,13 +276,7 @@ class TraceTarget:
         i = len(ids) - 1 - self.prompt_length  # the root's position in the continuation
         # a greedy tree pass accepts the longest path of the draft on the greedy tokens
         # (drafts from the n-gram models may reach past the heads: the trace's end bounds them)
-        accepted, node_of = 0, {(int(p), int(t)): n for n, (p, t) in enumerate(zip(draft.parents, draft.tokens))}
-        node = -1
-        while i + 1 + accepted < len(cont):
-            node = node_of.get((node, cont[i + 1 + accepted]), -2)
-            if node == -2:
-                break
-            accepted += 1
+        accepted, _ = draft.accepted(cont, i + 1)
         return tuple(cont[i + 1: i + 2 + accepted]), accepted
 
     def lattice(self, ids: list[int], columns: Sequence[Sequence[int]],

@@ -169,8 +169,10 @@ def test_united_tree_holds_both_sources(text: list[int], added: list[list[int]])
     model = CacheModel(None, 5, max_order=ORDER)
     model.sync(text)
     found, recalled = best_continuations(model, text, 12, 4), memory_continuations(memory, text, 12, 4)
-    united = united_with_memory(found, recalled)
+    united, sources = united_with_memory(found, recalled)
     paths = united.paths()
+    text, held = set(found.paths()), set(recalled.paths())
+    assert sources.tolist() == [(2 if p in text else 0) | (4 if p in held else 0) for p in paths]  # SOURCES' bits
     assert len(set(paths)) == len(paths) and set(paths) == set(found.paths()) | set(recalled.paths())
     assert paths[:found.size] == found.paths()
     best = {p: lp for p, lp in zip(found.paths(), found.logprob)}

@@ -120,17 +120,16 @@ def test_auto_goes_plain_when_no_arm_beats_a_plain_step_and_follows_a_winning_pr
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=4), max_size=8),
        st.lists(st.integers(0, 2), max_size=6), st.integers(0, 3))
-def test_the_text_alone_is_weighed_by_what_greedy_verification_would_accept(
+def test_what_greedy_verification_accepts_of_a_draft(
         paths: list[list[int]], text: list[int], root: int) -> None:
-    from latticekit.drafting.drafters.auto import _Unread
+    from latticekit.drafting.tree import Draft
 
-    tree = CandidateTree.from_paths(paths, [[0.0] * len(p) for p in paths])
-    chosen = np.arange(tree.size)
-    unread = _Unread(root, tree.tokens, tree.parents, chosen, 0.1)
+    draft = Draft.from_paths(paths)
     full = [9] * (root + 1) + text
-    got = unread.accepted(full)
+    accepted, decided = draft.accepted(full, root + 1)
+    got = accepted if decided else None
     for cut in range(len(full) + 1):  # the text in two pieces: the decoded ids, the step's tokens
-        assert unread.accepted(full[:cut], full[cut:]) == got
+        assert draft.accepted(full[:cut], root + 1, full[cut:]) == (accepted, decided)
     # brute force: the longest path of the tree that the text after the root begins with
     after = tuple(text)
     def common(p: tuple[int, ...]) -> int:

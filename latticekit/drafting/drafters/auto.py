@@ -308,11 +308,7 @@ class AutoDrafter(Drafter):
         recalled = memory_continuations(self.memory, step.ids, self.text_candidates, MAX_NGRAM_DEPTH)
         if not recalled.size:
             return found, text
-        merged = united_with_memory(found, recalled)
-        held = set(recalled.paths())
-        sources = np.array([(SOURCES["text"] if i < found.size else 0) | (SOURCES["memory"] if path in held else 0)
-                            for i, path in enumerate(merged.paths())], dtype=np.int64)
-        return merged, sources
+        return united_with_memory(found, recalled)
 
     def union_candidates(self, step: DraftInput) -> CandidateTree:
         """The text's continuations and the p best paths of the heads' lattice, its columns
@@ -377,11 +373,7 @@ class AutoDrafter(Drafter):
         search_s = self.costs.draft_s if self.costs.draft_s is not None else time.perf_counter() - t0 - step.lattice_s
         drafting_s = search_s + heads_s
         self._outcome = (arm, target_s + drafting_s)  # what the arm was worth is known once verified
-        # most probable first, so parents precede children: the chosen nodes are the draft's trie
-        position = np.full(tree.size, -1, dtype=np.int64)
-        position[chosen] = np.arange(len(chosen))
-        parents = tree.parents[chosen]
-        return Draft(tree.tokens[chosen], np.where(parents >= 0, position[np.maximum(parents, 0)], -1))
+        return _draft_of(tree, chosen)
 
     def _weigh_text_alone(self, step: DraftInput, estimates: SourceAcceptance) -> None:
         """The tree the text alone would have verified at this union step (its candidates are
@@ -393,8 +385,7 @@ class AutoDrafter(Drafter):
         probability = tree.path_probability(estimates.conditional(node_features(tree, estimates.max_depth), sources))
         chosen, _, target_s = choose_nodes(probability, tree.depths, self.costs, step.root_index, self.max_nodes)
         drafting_s = self.costs.draft_s if self.costs.draft_s is not None else search_s
-        self.unread.append(_Unread(step.root_index, tree.tokens[chosen], tree.parents[chosen], chosen,
-                                   target_s + drafting_s))
+        self.unread.append(_Unread(step.root_index, _draft_of(tree, chosen), target_s + drafting_s))
 
     def observe(self, step: DraftInput, draft: Draft, emitted: Sequence[int]) -> None:
         labelled, labels = self.pending.resolve(step.ids, emitted)
@@ -411,8 +402,8 @@ class AutoDrafter(Drafter):
         if self.unread:  # the text alone, weighed on the union's steps: the same positions, paired
             still = []
             for tree in self.unread:
-                accepted = tree.accepted(step.ids, emitted)
-                if accepted is None:
+                accepted, decided = tree.draft.accepted(step.ids, tree.root_index + 1, emitted)
+                if not decided:
                     still.append(tree)
                     continue
                 self.arm_stats["text"].add(accepted + 1, tree.seconds, self.steps)
@@ -438,34 +429,20 @@ class _Unread:
     many of its tokens greedy verification would have accepted (the decode's tokens do not
     depend on the drafts)."""
 
-    __slots__ = ("root_index", "tokens", "children", "seconds", "union")
+    __slots__ = ("root_index", "draft", "seconds", "union")
 
-    def __init__(self, root_index: int, tokens: np.ndarray, parents: np.ndarray, chosen: np.ndarray,
-                 seconds: float) -> None:
-        self.root_index, self.seconds = root_index, seconds
+    def __init__(self, root_index: int, draft: Draft, seconds: float) -> None:
+        self.root_index, self.draft, self.seconds = root_index, draft, seconds
         self.union = (0, 0.0)  # what the union's tree brought at this step: tokens, seconds
-        self.tokens = tokens.tolist()
-        position = {int(node): i for i, node in enumerate(chosen.tolist())}
-        self.children: dict[int, list[int]] = {}
-        for i, parent in enumerate(parents.tolist()):
-            self.children.setdefault(position.get(int(parent), -1) if parent >= 0 else -1, []).append(i)
 
-    def accepted(self, ids: Sequence[int], more: Sequence[int] = ()) -> Optional[int]:
-        """Draft tokens accepted by the text ``ids`` followed by ``more``, or None while the text
-        ends inside the tree (reads only the positions below the root)."""
-        node, depth, size = -1, 0, len(ids)
-        while True:
-            below = self.children.get(node)
-            if not below:
-                return depth
-            at = self.root_index + depth + 1
-            if at >= size + len(more):
-                return None
-            token = ids[at] if at < size else more[at - size]
-            hit = next((child for child in below if self.tokens[child] == token), None)
-            if hit is None:
-                return depth
-            node, depth = hit, depth + 1
+
+def _draft_of(tree: CandidateTree, chosen: np.ndarray) -> Draft:
+    """The chosen nodes of a candidate tree as a draft (most probable first, so parents precede
+    children)."""
+    position = np.full(tree.size, -1, dtype=np.int64)
+    position[chosen] = np.arange(len(chosen))
+    parents = tree.parents[chosen]
+    return Draft(tree.tokens[chosen], np.where(parents >= 0, position[np.maximum(parents, 0)], -1))
 
 
 class _Paired:
