@@ -213,12 +213,10 @@ def machine_info(args: argparse.Namespace) -> dict[str, Any]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import transformers
 
-    from latticekit.decoding.costs import default_cache_dir
     from latticekit.demo import embedded_token_lm
     from latticekit.eval.loading import smollm2_hf_folder
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_hf_folder(default_cache_dir() /
-                                                                             "smollm2-135m-instruct-hf"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_hf_folder())
     lm = embedded_token_lm()
     per_request = max(args.lengths) + args.steps * (args.k + 1) + 1
     most = max([1] + list(args.concurrency))

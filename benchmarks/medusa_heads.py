@@ -95,10 +95,9 @@ def main() -> None:
     torch.manual_seed(args.seed)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from latticekit.decoding.costs import default_cache_dir
     from latticekit.eval.loading import smollm2_hf_folder
 
-    folder = smollm2_hf_folder(default_cache_dir() / "smollm2-135m-instruct-hf")
+    folder = smollm2_hf_folder()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     teacher = BlockHeads.load(DEFAULT_HEADS_PATH, model)

@@ -98,7 +98,6 @@ def greedy_streams(workload: str, count: int, max_tokens: int, batch: int = 32) 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     import vllm
 
-    from latticekit.decoding.costs import default_cache_dir
     from latticekit.eval.loading import smollm2_hf_folder
 
     texts = workload_requests(workload, count)
@@ -107,7 +106,7 @@ def greedy_streams(workload: str, count: int, max_tokens: int, batch: int = 32) 
     path = ROOT / "cache" / "replay_streams" / f"{workload}-{len(texts)}-{max_tokens}-{key}.json"
     if path.exists():
         return json.loads(path.read_text())["streams"]
-    folder = smollm2_hf_folder(default_cache_dir() / "smollm2-135m-instruct-hf")
+    folder = smollm2_hf_folder()
     llm = vllm.LLM(model=str(folder), dtype="float32", max_model_len=4096, max_num_seqs=batch,
                    enforce_eager=True, seed=0)
     tok = llm.get_tokenizer()

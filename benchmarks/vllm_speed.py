@@ -158,13 +158,12 @@ def main() -> None:
     import vllm
 
     from latticekit._machine import machine
-    from latticekit.decoding.costs import default_cache_dir
     from latticekit.eval.loading import smollm2_hf_folder
     from latticekit.vllm import speculative_config
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    folder = smollm2_hf_folder(default_cache_dir() / "smollm2-135m-instruct-hf")
+    folder = smollm2_hf_folder()
     from latticekit.heads.modules import DEFAULT_HEADS_PATH
 
     stats_paths = {name: out / f"proposer_stats-{name}.json" for name in LATTICEKIT}

