@@ -33,7 +33,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from latticekit.drafting.calibration import AcceptanceModel
 from latticekit.drafting.chains import ChainDrafter
 from latticekit.drafting.drafters.auto import CANDIDATE_TOKENS, lm_candidates
 from latticekit.drafting.drafters.ngram import uniform_lm
@@ -74,10 +73,10 @@ class LatticeProposer(NGramProposer):
     """
 
     reads_heads = True
+    trust = "head+cache"
 
     def __init__(self, vllm_config: Any, config: Optional[ProposerConfig] = None) -> None:
         super().__init__(vllm_config, config)
-        self.acceptance = AcceptanceModel.prior(trust="head+cache")
         self.search_lm = self.lm if self.lm is not None else uniform_lm()
         self.alpha = self.config.alpha if self.lm is not None else 0.0
         self.heads: Any = None

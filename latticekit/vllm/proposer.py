@@ -108,6 +108,8 @@ class NGramProposer:
 
     #: Whether the proposer drafts from heads (``heads`` is its setting).
     reads_heads = False
+    #: What the acceptance estimates' prior takes at its word (:meth:`AcceptanceModel.prior`).
+    trust = "cache"
 
     def __init__(self, vllm_config: Any, config: Optional[ProposerConfig] = None) -> None:
         self.config = config if config is not None else ProposerConfig.from_env()
@@ -125,7 +127,7 @@ class NGramProposer:
             if largest >= self.vocab_size:
                 raise ProposerConfigError(f"latticekit vLLM proposer: lm {self.config.lm!r} holds token id {largest}, "
                                           f"outside the model's vocabulary of {self.vocab_size}")
-        self.acceptance = AcceptanceModel.prior(trust="cache")
+        self.acceptance = AcceptanceModel.prior(trust=self.trust)
         self.memory = AnswerMemory(self.config.memory_tokens, vocab_size=self.vocab_size) \
             if self.config.memory_tokens else None
         self.costs = BatchCosts(prior_ratio=self.config.prior_ratio)
