@@ -100,6 +100,45 @@ void TestNGramCache() {
   CHECK_THROWS(InvalidArgument, (void)NGramCache(0, prior.data(), 1.0), [](const InvalidArgument &) {});
 }
 
+// Texts separated by Break: every context is counted within its own segment only (a recount
+// per segment), and the weights are fitted on no position whose match reaches back past a break.
+void TestNGramCacheSegments() {
+  const int max_order = 3;
+  const std::vector<double> prior = {0.2, 0.4, 0.6};
+  NGramCache cache(max_order, prior.data(), 2.0);
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> segments;
+  std::map<std::vector<int32_t>, std::map<int32_t, uint32_t>> recount;
+  size_t fitted_most = 0;
+  for (int s = 0; s < 40; ++s) {
+    std::vector<int32_t> seg(rng() % 30);
+    for (auto &t : seg) t = static_cast<int32_t>(rng() % 6);
+    const std::vector<double> uniform(seg.size(), 1.0 / 6);
+    cache.Break();
+    if (!seg.empty()) cache.Extend(seg.data(), uniform.data(), seg.size());
+    for (size_t end = 1; end < seg.size(); ++end)
+      for (size_t n = 1; n <= std::min<size_t>(max_order, end); ++n)
+        ++recount[std::vector<int32_t>(seg.begin() + (end - n), seg.begin() + end)][seg[end]];
+    fitted_most += seg.empty() ? 0 : seg.size() - 1;
+  }
+  bool counts = true;
+  size_t contexts = 0;
+  for (const auto &kv : recount) {
+    const std::vector<int32_t> &context = kv.first;
+    const uint32_t node = cache.Context(context.data(), context.size(), static_cast<int>(context.size()));
+    std::map<int32_t, uint32_t> got;
+    for (size_t i = 0; i < cache.NumFollowers(node); ++i) got[cache.FollowerAt(node, i).token] = cache.FollowerAt(node, i).count;
+    counts = counts && cache.Match(context.data(), context.size(), max_order) == static_cast<int>(context.size()) &&
+             got == kv.second;
+    ++contexts;
+  }
+  CHECK(counts);
+  CHECK(cache.num_contexts() == contexts);  // no context spans a break
+  double sum = 0;
+  for (double p : cache.positions()) sum += p;
+  CHECK(sum <= fitted_most);  // a segment's first token is fitted on nothing before it
+}
+
 // A model over the token ids 0..4 (words spelled as decimals).
 const char kIdArpa[] =
     "\\data\\\nngram 1=8\nngram 2=4\nngram 3=1\n\n"
@@ -176,6 +215,7 @@ void TestSuccessors() {
 void TestDrafting() {
   TestFlatMap();
   TestNGramCache();
+  TestNGramCacheSegments();
   TestSuccessors();
 }
 
