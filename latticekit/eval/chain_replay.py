@@ -31,6 +31,7 @@ from typing import Any, Optional, Protocol
 from latticekit.drafting.calibration import AcceptanceModel
 from latticekit.drafting.chains import ChainDrafter
 from latticekit.drafting.memory import AnswerMemory
+from latticekit.drafting.tree import Draft
 from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
 
@@ -116,7 +117,7 @@ def replay_chains(streams: Sequence[tuple[Sequence[int], Sequence[int]]], source
             out.draft_seconds += clock() - t0
             if draft and isinstance(draft[0], tuple):  # a tree: its longest path on the greedy tokens
                 out.drafted += len(draft)
-                accepted = max(accepted_prefix(path[:max_length], continuation, at) for path in draft)
+                accepted, _ = Draft.from_paths(path[:max_length] for path in draft).accepted(continuation, at)
             else:
                 out.drafted += min(len(draft), max_length)
                 accepted = accepted_prefix(draft[:max_length], continuation, at)
