@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
-    from latticekit.eval.loading import smollm2_gguf
+    from latticekit.loading import smollm2_gguf
 
     folder, gguf = smollm2_gguf()
     return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)

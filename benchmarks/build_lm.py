@@ -41,7 +41,7 @@ def make_ids(out_train: str, stdlib: str = STDLIB) -> None:
     """Encode the stdlib with the SmolLM2 tokenizer (from its GGUF file, offline)."""
     from transformers import AutoTokenizer
 
-    from latticekit.eval.loading import smollm2_gguf
+    from latticekit.loading import smollm2_gguf
 
     folder, gguf = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)

@@ -49,7 +49,7 @@ def load_smollm2_tokenizer():
     """The SmolLM2 tokenizer's fast (Rust) backend, converted from the GGUF file offline."""
     from transformers import AutoTokenizer
 
-    from latticekit.eval.loading import smollm2_gguf
+    from latticekit.loading import smollm2_gguf
 
     folder, gguf = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)

@@ -249,7 +249,7 @@ def main() -> int:
 
     from latticekit.decoding.costs import step_costs
     from latticekit.demo import embedded_token_lm
-    from latticekit.eval.loading import load_heads, load_target
+    from latticekit.loading import load_heads, load_target
     from latticekit._machine import machine
     from latticekit.torch import prepare_heads, prepare_target
 

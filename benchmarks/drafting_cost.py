@@ -214,7 +214,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import transformers
 
     from latticekit.demo import embedded_token_lm
-    from latticekit.eval.loading import smollm2_hf_folder
+    from latticekit.loading import smollm2_hf_folder
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_hf_folder())
     lm = embedded_token_lm()

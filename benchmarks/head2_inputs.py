@@ -74,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    from latticekit.eval.loading import load_target
+    from latticekit.loading import load_target
 
     model, _, description = load_target("smollm2")
     W = model.lm_head.weight.detach()

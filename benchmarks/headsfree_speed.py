@@ -132,7 +132,7 @@ def run_chunk(args: argparse.Namespace) -> int:
 
     from latticekit.decoding.costs import StepCosts
     from latticekit.demo import embedded_token_lm
-    from latticekit.eval.loading import load_heads, load_target
+    from latticekit.loading import load_heads, load_target
     from latticekit._machine import machine
     from latticekit.torch import prepare_target
 

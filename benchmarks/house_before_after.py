@@ -13,7 +13,7 @@ torch.set_num_threads(1)
 try:
     from latticekit.decoding import DecoderConfig, decode
     from latticekit.drafting.costs import StepCosts
-    from latticekit.eval.loading import load_target
+    from latticekit.loading import load_target
 except ImportError:
     from latticekit.bpd import DecoderConfig, decode
     from latticekit.bpd.costs import StepCosts

@@ -95,7 +95,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from latticekit.eval.loading import smollm2_hf_folder
+    from latticekit.loading import smollm2_hf_folder
 
     folder = smollm2_hf_folder()
     tokenizer = AutoTokenizer.from_pretrained(folder)

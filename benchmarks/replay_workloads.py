@@ -98,7 +98,7 @@ def greedy_streams(workload: str, count: int, max_tokens: int, batch: int = 32) 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     import vllm
 
-    from latticekit.eval.loading import smollm2_hf_folder
+    from latticekit.loading import smollm2_hf_folder
 
     texts = workload_requests(workload, count)
     key = hashlib.sha256(json.dumps([STREAMS_VERSION, "SmolLM2-135M-Instruct", "float32", "greedy", max_tokens,

@@ -146,7 +146,7 @@ def main() -> int:
     from latticekit.drafting.calibration import AcceptanceModel
     from latticekit.decoding.costs import step_costs
     from latticekit.demo import embedded_token_lm
-    from latticekit.eval.loading import load_heads, load_target
+    from latticekit.loading import load_heads, load_target
     from latticekit.drafting import DecoderConfig
     from latticekit.eval.replay import trace_prompts
     from latticekit.heads import heads_fingerprint

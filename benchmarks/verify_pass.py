@@ -76,7 +76,7 @@ PROMPT_FILES = 3
 
 def find_gguf() -> Optional[tuple[str, str]]:
     from latticekit.errors import DecoderConfigError
-    from latticekit.eval.loading import smollm2_gguf
+    from latticekit.loading import smollm2_gguf
 
     try:
         return smollm2_gguf()

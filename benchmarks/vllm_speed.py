@@ -158,7 +158,7 @@ def main() -> None:
     import vllm
 
     from latticekit._machine import machine
-    from latticekit.eval.loading import smollm2_hf_folder
+    from latticekit.loading import smollm2_hf_folder
     from latticekit.vllm import speculative_config
 
     out = Path(args.out)

@@ -33,8 +33,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from latticekit.eval.analysis import accepted_length
-from latticekit.decoding.records import Decoding
+from latticekit.decoding.records import Decoding, accepted_length, block_efficiency, drafted_steps
 from latticekit.drafting.config import DecoderConfig
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
@@ -135,8 +134,6 @@ def demo_prompts() -> list[dict[str, str]]:
 
 
 def _summary(runs: list[Decoding]) -> dict[str, Any]:
-    from latticekit.eval.analysis import block_efficiency, drafted_steps
-
     steps = [s for run in runs for s in run.steps]
     drafted = drafted_steps(steps)
     return {
@@ -173,7 +170,7 @@ def run_bpd_demo(max_new_tokens: int = 64, threads: Optional[int] = None, as_jso
 
     from latticekit.decoding.costs import step_costs
     from latticekit.decoding.loop import decode
-    from latticekit.eval.loading import load_heads, load_target
+    from latticekit.loading import load_heads, load_target
     from latticekit.torch import prepare_target
 
     if threads:

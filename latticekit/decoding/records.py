@@ -1,11 +1,13 @@
 """What a decode leaves behind: per-step records.
 
 Plain data (numpy and tuples, no torch), so the analyses in :mod:`latticekit.eval.analysis`
-run on saved records without torch.
+run on saved records without torch. The few figures the demo reads too (:func:`block_efficiency`,
+:func:`drafted_steps`, :func:`accepted_length`) are here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -13,7 +15,7 @@ import numpy as np
 
 from latticekit.drafting.config import DecoderConfig
 
-__all__ = ["StepRecord", "Decoding"]
+__all__ = ["StepRecord", "Decoding", "block_efficiency", "drafted_steps", "accepted_length"]
 
 
 @dataclass
@@ -121,3 +123,33 @@ class Decoding:
     def block_efficiency(self) -> float:
         """Decoded tokens per serial target call (1.0 for the greedy baseline)."""
         return len(self.tokens) / max(1, self.calls)
+
+
+def block_efficiency(decodings: Iterable[Decoding]) -> float:
+    """Decoded tokens / serial target calls, pooled over decodes (not a mean of ratios)."""
+    tokens = calls = 0
+    for decoding in decodings:
+        tokens += len(decoding.tokens)
+        calls += decoding.calls
+    return tokens / calls if calls else float("nan")
+
+
+def drafted_steps(steps: Iterable[StepRecord]) -> list[StepRecord]:
+    """The steps that verified drafts (every step but the greedy baseline's and the first)."""
+    return [step for step in steps if step.drafts]
+
+
+def accepted_length(draft: Sequence[int], emitted: Sequence[int]) -> int:
+    """Tokens of ``draft`` greedy verification accepts, given what the step emitted.
+
+    ``emitted`` (accepted tokens + the target's own) is the target's greedy continuation, so
+    the answer is their common prefix length. It is exact up to ``len(emitted) - 1``; a draft
+    that also matches the last emitted token would have been accepted further (at least
+    ``len(emitted)``, the value returned).
+    """
+    n = 0
+    for a, b in zip(draft, emitted):
+        if a != b:
+            break
+        n += 1
+    return n

@@ -194,7 +194,10 @@ def drafter_class(config: DecoderConfig) -> type[Drafter]:
     """The strategy class of ``config.method``."""
     if not isinstance(config, DecoderConfig):
         raise DecoderConfigError(f"config must be a DecoderConfig, got {type(config).__name__}")
-    return registry.lookup(config.method)
+    strategy = registry.lookup(config.method)
+    if not (isinstance(strategy, type) and issubclass(strategy, Drafter)):
+        raise DecoderConfigError(f"method {config.method!r} is registered to {strategy!r}, which is not a Drafter")
+    return strategy
 
 
 def make_drafter(config: DecoderConfig, **resources: Any) -> Drafter:

@@ -12,24 +12,33 @@ config through :func:`lookup`, and every loop (decode, eval, the CLI) builds dra
         knobs = frozenset({"p"})
         def draft(self, step): ...
 
-This module imports nothing of latticekit: the protocol, the config and the drafters import it.
+This module imports nothing of latticekit's drafting, not even for type checking: the protocol,
+the config and the drafters import it. What it reads of a class is :class:`Strategy`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 from latticekit.errors import DecoderConfigError
 
-if TYPE_CHECKING:
-    from latticekit.drafting.protocol import Drafter
+__all__ = ["Strategy", "register", "unregister", "lookup", "methods"]
 
-__all__ = ["register", "unregister", "lookup", "methods"]
 
-_DRAFTERS: "dict[str, type[Drafter]]" = {}
+class Strategy(Protocol):
+    """The declaration of a drafting strategy that the table and the config read: what every
+    :class:`~latticekit.drafting.protocol.Drafter` subclass declares."""
+
+    method: ClassVar[str]
+    default_k: ClassVar[int]
+    default_p: ClassVar[int]
+    knobs: ClassVar[frozenset[str]]
+
+
+_DRAFTERS: dict[str, type[Strategy]] = {}
 _KNOBS = frozenset({"k", "p", "alpha", "lm"})
 
-D = TypeVar("D", bound="type[Drafter]")
+D = TypeVar("D", bound=type[Strategy])
 
 
 def register(cls: D) -> D:
@@ -64,7 +73,7 @@ def unregister(method: str) -> None:
     _DRAFTERS.pop(method, None)
 
 
-def lookup(method: str) -> "type[Drafter]":
+def lookup(method: str) -> type[Strategy]:
     """The drafter class of ``method``.
 
     Raises:

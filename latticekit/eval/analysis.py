@@ -19,7 +19,9 @@ from typing import Literal
 
 import numpy as np
 
-from latticekit.decoding.records import Decoding, StepRecord
+# block_efficiency, drafted_steps and accepted_length live with the records (the demo reads them
+# too); they are this module's names as well
+from latticekit.decoding.records import StepRecord, accepted_length, block_efficiency, drafted_steps
 
 __all__ = [
     "block_efficiency",
@@ -39,20 +41,6 @@ __all__ = [
 ]
 
 
-def block_efficiency(decodings: Iterable[Decoding]) -> float:
-    """Decoded tokens / serial target calls, pooled over decodes (not a mean of ratios)."""
-    tokens = calls = 0
-    for decoding in decodings:
-        tokens += len(decoding.tokens)
-        calls += decoding.calls
-    return tokens / calls if calls else float("nan")
-
-
-def drafted_steps(steps: Iterable[StepRecord]) -> list[StepRecord]:
-    """The steps that verified drafts (every step but the greedy baseline's and the first)."""
-    return [step for step in steps if step.drafts]
-
-
 def blocks(steps: Iterable[StepRecord], which: Literal["vanilla", "rescored"]) -> list[tuple[int, ...]]:
     """``(root_token,) + draft`` per drafted step: the vanilla arg-max draft or the best draft
     the decoder verified (``drafts[0]``; the same as vanilla for the vanilla decoder)."""
@@ -60,22 +48,6 @@ def blocks(steps: Iterable[StepRecord], which: Literal["vanilla", "rescored"]) -
         raise ValueError(f"which must be 'vanilla' or 'rescored', got {which!r}")
     return [(step.root_token,) + (step.vanilla_draft if which == "vanilla" else step.drafts[0])
             for step in drafted_steps(steps)]
-
-
-def accepted_length(draft: Sequence[int], emitted: Sequence[int]) -> int:
-    """Tokens of ``draft`` greedy verification accepts, given what the step emitted.
-
-    ``emitted`` (accepted tokens + the target's own) is the target's greedy continuation, so
-    the answer is their common prefix length. It is exact up to ``len(emitted) - 1``; a draft
-    that also matches the last emitted token would have been accepted further (at least
-    ``len(emitted)``, the value returned).
-    """
-    n = 0
-    for a, b in zip(draft, emitted):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def max_run_length(tokens: Sequence[int]) -> int:

@@ -7,7 +7,7 @@ greedy-mode decoder must reproduce, and the oracle's guide), then every decoder 
 (:mod:`latticekit.eval.report`) gives block efficiency, repetition, head entropy and wins / ties /
 losses per domain as markdown, JSON and figures.
 
-The model, heads and n-gram models (:mod:`latticekit.eval.loading`) and the prompts
+The model, heads and n-gram models (:mod:`latticekit.loading`) and the prompts
 (:mod:`latticekit.eval.prompts`) are arguments, so a tiny random model serves as a smoke test
 (``--model tiny-llama --heads untrained:4``). This module re-exports the names of those modules
 that it always has.
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
 
-from latticekit.eval.loading import TINY_MODELS, Tokenizer, load_heads, load_lms, load_target  # noqa: F401
+from latticekit.loading import TINY_MODELS, Tokenizer, load_heads, load_lms, load_target  # noqa: F401
 from latticekit.eval.prompts import (Prompt, prompts_from_files, prompts_from_manifest, prompts_from_requests,
                                    split_by_file)
 from latticekit.decoding.records import Decoding

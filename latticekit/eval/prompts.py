@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from latticekit.eval.loading import Tokenizer
+from latticekit.loading import Tokenizer
 from latticekit.errors import DecoderConfigError
 
 __all__ = ["Prompt", "prompts_from_files", "prompts_from_manifest", "prompts_from_requests", "split_by_file"]

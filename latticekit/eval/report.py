@@ -23,7 +23,7 @@ from typing import Any, Optional
 import numpy as np
 
 from latticekit.eval import analysis
-from latticekit.eval.loading import Tokenizer
+from latticekit.loading import Tokenizer
 from latticekit.decoding.records import Decoding
 
 __all__ = ["summarize", "agreement", "write_report"]

@@ -25,7 +25,7 @@ answer token.
 Labels are self-distilled: head i at position t learns the greedy token at position t + i - 1
 (the token greedy BPD verification accepts) within the same segment (sequence or answer).
 
-Precision. Held-out shards run the model in float32, as ``latticekit.eval.loading.load_target``
+Precision. Held-out shards run the model in float32, as ``latticekit.loading.load_target``
 loads it for decoding, so every held-out figure is exact. Training shards run the transformer in
 bfloat16 (``--train-dtype``) with the float32 output projection: on this machine's CPU that is
 5-10x faster, and measured on 2,048 code positions its greedy token agrees with float32's at
@@ -371,7 +371,7 @@ def main() -> None:
 
     import torch
 
-    from latticekit.eval.loading import load_target
+    from latticekit.loading import load_target
 
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()

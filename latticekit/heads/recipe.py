@@ -302,7 +302,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     command = " ".join(["PYTHONPATH=. python benchmarks/train_heads.py", *sys.argv[1:]])
 
-    from latticekit.eval.loading import load_target
+    from latticekit.loading import load_target
 
     model, _, description = load_target("smollm2")
     h = args.num_heads

