@@ -15,7 +15,7 @@
 #include "latticekit/arc_lookup.h"
 #include "latticekit/model.h"
 #include "latticekit/search_graph.h"
-#include "latticekit/stamped_map.h"
+#include "latticekit/open_map.h"
 
 namespace latticekit {
 namespace internal {
@@ -70,7 +70,7 @@ class ForwardPass {
 
   int32_t NextSlot(StateId state) {
     bool inserted;
-    const uint32_t s = slot_of_state.FindOrInsert(state, static_cast<uint32_t>(graph.slot_state.size()), &inserted);
+    const uint32_t s = *slot_of_state.FindOrInsert(state, static_cast<uint32_t>(graph.slot_state.size()), &inserted);
     if (inserted) {
       graph.slot_state.push_back(state);
       graph.best.push_back(kNegInf);
@@ -164,7 +164,7 @@ class ForwardPass {
     column_words.clear();
     bool inserted;
     for (int j = 0; j < width; ++j) {  // chains list a word's arcs ascending
-      const uint32_t first = column_word.FindOrInsert(row[j], static_cast<uint32_t>(j), &inserted);
+      const uint32_t first = *column_word.FindOrInsert(row[j], static_cast<uint32_t>(j), &inserted);
       if (inserted) {
         column_words.push_back(row[j]);
         chain_tail[j] = j;
@@ -367,7 +367,7 @@ class ForwardPass {
   ArcSetLookup<uint32_t> lookup32;
 
   // Scratch, per column; node-indexed arrays are local (index - node_begin).
-  StampedMap node_of_state, slot_of_state;
+  OpenMap<uint32_t> node_of_state, slot_of_state;
   struct Pending {
     StateId state;
     int32_t slot;
@@ -382,7 +382,7 @@ class ForwardPass {
   std::vector<uint32_t> involved, consumer;  // stamps: in this arc's flow problem / consumes it
   uint32_t epoch = 0;
   std::vector<uint32_t> word_begin, word_uses, involved_list;
-  StampedMap column_word;               // word -> first arc j with it
+  OpenMap<uint32_t> column_word;                    // word -> first arc j with it
   std::vector<int32_t> same_word_next;  // next arc j with the same word, or -1
   std::vector<int32_t> chain_tail;      // last arc j of the chain a first arc starts
   std::vector<WordId> column_words;     // the column's distinct words, ascending

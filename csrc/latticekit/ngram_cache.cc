@@ -23,10 +23,10 @@ void NGramCache::Clear() {
   segment_ = 0;
   nodes_.assign(1, Node());
   nodes_.shrink_to_fit();
-  children_.Clear();
+  children_.Release();
   lists_.clear();
   lists_.shrink_to_fit();
-  where_.Clear();
+  where_.Release();
 }
 
 double NGramCache::Weight(int n) const {

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "latticekit/flat_map.h"
+#include "latticekit/open_map.h"
 
 namespace latticekit {
 
@@ -92,9 +92,9 @@ class NGramCache {
   std::vector<int32_t> text_;
   size_t segment_ = 0;                          // where the text's last segment starts
   std::vector<Node> nodes_;                     // nodes_[0]: the empty context
-  internal::FlatMap64 children_;                // (node, token on the left) -> node
+  internal::OpenMap<uint64_t> children_{16};    // (node, token on the left) -> node
   std::vector<std::vector<Follower>> lists_;    // followers of contexts with several
-  internal::FlatMap64 where_;                   // (list, token) -> position in it
+  internal::OpenMap<uint64_t> where_{16};       // (list, token) -> position in it
 };
 
 }  // namespace latticekit

@@ -145,7 +145,6 @@ KatzState *KatzStateMemo::Get(const int32_t *context, size_t n) {
   context += n - keep;
   uint64_t hash = 0x9E3779B97F4A7C15ull ^ keep;
   for (size_t j = 0; j < keep; ++j) hash = (hash ^ static_cast<uint32_t>(context[j])) * 0x100000001B3ull + j;
-  hash &= ~uint64_t(0) >> 1;  // never FlatMap64's free mark
   bool inserted;
   uint32_t *at = where_.FindOrInsert(hash, static_cast<uint32_t>(states_.size()), &inserted);
   if (!inserted) {

@@ -18,7 +18,7 @@
 #include <memory>
 #include <vector>
 
-#include "latticekit/flat_map.h"
+#include "latticekit/open_map.h"
 #include "latticekit/model.h"
 
 namespace latticekit {
@@ -111,7 +111,7 @@ class KatzStateMemo {
   size_t capacity_;
   const KatzSuccessors *index_ = nullptr;
   std::vector<Slot> states_;
-  internal::FlatMap64 where_;  // hash of the key -> slot
+  internal::OpenMap<uint64_t> where_{16};  // hash of the key -> slot
 };
 
 }  // namespace latticekit

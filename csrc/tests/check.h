@@ -1,4 +1,4 @@
-// The checks of the C++ core's unit tests (test_core.cc, test_stamped_map.cc, test_drafting.cc): each counts
+// The checks of the C++ core's unit tests (test_core.cc, test_open_map.cc, test_drafting.cc): each counts
 // itself, prints a line when it fails and never stops the run; main reports the counts.
 #ifndef LATTICEKIT_TESTS_CHECK_H_
 #define LATTICEKIT_TESTS_CHECK_H_
@@ -14,7 +14,7 @@ inline int failures = 0;  // over every test file
 inline int checks = 0;
 
 // The tests of the other files, which test_core.cc's main runs.
-void TestStampedMap();  // test_stamped_map.cc
+void TestOpenMap();   // test_open_map.cc
 void TestDrafting();    // test_drafting.cc
 
 }  // namespace testing

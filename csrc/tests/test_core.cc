@@ -556,7 +556,7 @@ int main(int argc, char **argv) {
     TestSearchTies(*model);
     TestCountNotAbove();
     TestArcSetLookup();
-    testing::TestStampedMap();
+    testing::TestOpenMap();
     testing::TestDrafting();
   } catch (const std::exception &e) {
     std::printf("unexpected exception: %s\n", e.what());

@@ -1,4 +1,4 @@
-// Unit tests of the heads-free drafting core: FlatMap64 against std::unordered_map, the n-gram
+// Unit tests of the heads-free drafting core: the n-gram
 // cache's counts, order and weights against a recount of the whole text, the Katz successors
 // against the model's own scores and a brute-force ranking, and the search's basic promises.
 // test_core.cc's main runs them; tests/drafting checks the same code against the Python it
@@ -17,7 +17,6 @@
 #include "latticekit/arpa.h"
 #include "latticekit/continuations.h"
 #include "latticekit/errors.h"
-#include "latticekit/flat_map.h"
 #include "latticekit/model.h"
 #include "latticekit/ngram_cache.h"
 #include "latticekit/successors.h"
@@ -27,30 +26,6 @@
 namespace latticekit {
 namespace testing {
 namespace {
-
-void TestFlatMap() {
-  internal::FlatMap64 map;
-  std::unordered_map<uint64_t, uint32_t> want;
-  std::mt19937_64 rng(7);
-  for (int i = 0; i < 20000; ++i) {
-    const uint64_t key = rng() % 5000 + (rng() % 3 == 0 ? (uint64_t(rng() % 4) << 32) : 0);
-    bool inserted;
-    uint32_t *value = map.FindOrInsert(key, static_cast<uint32_t>(i), &inserted);
-    const bool fresh = want.emplace(key, static_cast<uint32_t>(i)).second;
-    CHECK(inserted == fresh);
-    if (!fresh && rng() % 2 == 0) {
-      *value = static_cast<uint32_t>(i);
-      want[key] = static_cast<uint32_t>(i);
-    }
-  }
-  CHECK(map.size() == want.size());
-  bool all = true;
-  for (const auto &kv : want) all = all && map.Find(kv.first) != nullptr && *map.Find(kv.first) == kv.second;
-  CHECK(all);
-  CHECK(map.Find(uint64_t(1) << 40) == nullptr);
-  map.Clear();
-  CHECK(map.size() == 0 && map.Find(want.begin()->first) == nullptr);
-}
 
 void TestNGramCache() {
   const int max_order = 4;
@@ -213,7 +188,6 @@ void TestSuccessors() {
 }  // namespace
 
 void TestDrafting() {
-  TestFlatMap();
   TestNGramCache();
   TestNGramCacheSegments();
   TestSuccessors();

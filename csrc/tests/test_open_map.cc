@@ -1,14 +1,15 @@
-// Unit tests of StampedMap (latticekit/stamped_map.h), the search's hash map: insert and find,
-// a present key never overwritten, clearing by stamp, growth past the load factor, keys that
-// collide in the probe sequence (and wrap around the slot array), the stamp's wrap-around,
-// and random operation sequences against std::unordered_map. test_core.cc's main runs them.
+// Unit tests of OpenMap (latticekit/open_map.h), the core's hash map: insert and find, a present
+// key never overwritten, clearing by stamp, growth past the load factor, keys that collide in
+// the probe sequence (and wrap around the slot array), the stamp's wrap-around, random operation
+// sequences against std::unordered_map (32-bit keys, as the search uses, and 64-bit keys, as the
+// drafting cache does), and Release. test_core.cc's main runs them.
 #include <cstdint>
 #include <cstdio>
 #include <random>
 #include <unordered_map>
 #include <vector>
 
-#include "latticekit/stamped_map.h"
+#include "latticekit/open_map.h"
 
 #include "check.h"
 
@@ -16,7 +17,7 @@ namespace latticekit {
 namespace testing {
 namespace {
 
-using internal::StampedMap;
+using Map32 = internal::OpenMap<uint32_t>;  // the search's maps: 32-bit keys, 256 slots at first
 
 // What FindOrInsert(key, value) gives: its return value and *inserted.
 struct Insert {
@@ -24,18 +25,18 @@ struct Insert {
   bool inserted;
 };
 
-Insert FindOrInsert(StampedMap *map, uint32_t key, uint32_t value) {
+Insert FindOrInsert(Map32 *map, uint32_t key, uint32_t value) {
   Insert result;
-  result.value = map->FindOrInsert(key, value, &result.inserted);
+  result.value = *map->FindOrInsert(key, value, &result.inserted);
   return result;
 }
 
-bool Has(const StampedMap &map, uint32_t key, uint32_t value) {
+bool Has(const Map32 &map, uint32_t key, uint32_t value) {
   const uint32_t *found = map.Find(key);
   return found != nullptr && *found == value;
 }
 
-// The home slot of key in a map of 256 slots, as stamped_map.h's Hash computes it (Fibonacci
+// The home slot of key in a map of 256 slots, as open_map.h's Hash computes it (Fibonacci
 // hashing: the top 8 bits of key * 2^64 / golden ratio).
 uint32_t HomeSlot256(uint32_t key) {
   return static_cast<uint32_t>((uint64_t(key) * 0x9E3779B97F4A7C15ULL) >> 56);
@@ -50,7 +51,7 @@ std::vector<uint32_t> KeysAt(uint32_t slot, size_t count, uint32_t first = 0) {
 }
 
 void TestInsertFind() {
-  StampedMap map;
+  Map32 map;
   CHECK(map.capacity_for_testing() == 256);
   for (uint32_t key : {0u, 1u, 7u, 0xFFFFFFFFu}) CHECK(map.Find(key) == nullptr);
   Insert r = FindOrInsert(&map, 5, 50);
@@ -71,7 +72,7 @@ void TestInsertFind() {
 }
 
 void TestClear() {
-  StampedMap map;
+  Map32 map;
   for (uint32_t key = 0; key < 100; ++key) FindOrInsert(&map, key * 7919, key);
   map.Clear();
   bool all_absent = true;
@@ -97,7 +98,7 @@ void TestClear() {
 }
 
 void TestGrowth() {
-  StampedMap map;
+  Map32 map;
   // At most half the slots are used: 128 keys fit in 256 slots, the 129th doubles them.
   for (uint32_t key = 0; key < 128; ++key) FindOrInsert(&map, key * 2654435761u, key);
   CHECK(map.capacity_for_testing() == 256);
@@ -123,7 +124,7 @@ void TestGrowth() {
 
   // Growing after clears moves only the live keys: the slots of earlier generations, still
   // holding their keys, must not come back.
-  StampedMap cleared;
+  Map32 cleared;
   for (uint32_t key = 0; key < 120; ++key) FindOrInsert(&cleared, key, key);
   cleared.Clear();
   for (uint32_t key = 1000; key < 1300; ++key) FindOrInsert(&cleared, key, key + 1);
@@ -137,7 +138,7 @@ void TestGrowth() {
 void TestCollisions() {
   // 40 keys with the same home slot: one probe run of 40 slots.
   const std::vector<uint32_t> same = KeysAt(17, 50);
-  StampedMap map;
+  Map32 map;
   for (uint32_t i = 0; i < 40; ++i) CHECK(FindOrInsert(&map, same[i], i).inserted);
   CHECK(map.capacity_for_testing() == 256);  // no growth: the keys really collide
   bool all_found = true;
@@ -158,7 +159,7 @@ void TestCollisions() {
   // then compete; in either insertion order every key is found.
   const std::vector<uint32_t> last = KeysAt(255, 6), first = KeysAt(0, 4), second = KeysAt(1, 3);
   for (int order = 0; order < 2; ++order) {
-    StampedMap wrap;
+    Map32 wrap;
     std::vector<uint32_t> keys;
     if (order == 0) {
       keys.insert(keys.end(), last.begin(), last.end());
@@ -186,7 +187,7 @@ void TestCollisions() {
 // The stamp is 32 bits: when Clear() wraps it to 0 the map really clears its slots and starts
 // again at 1, so slots stamped long ago (with 1, 2, ...) do not come back as live.
 void TestStampWrap() {
-  StampedMap map;
+  Map32 map;
   for (uint32_t key = 0; key < 50; ++key) FindOrInsert(&map, key, key);  // stamp 1
   map.set_stamp_for_testing(0xFFFFFFFEu);  // as 2^32 - 3 clears would
   CHECK(map.Find(0) == nullptr && map.Find(49) == nullptr);
@@ -223,7 +224,7 @@ void TestAgainstUnorderedMap() {
   const uint32_t ranges[] = {16, 300, 5000, 0};  // 0: any key
   for (uint32_t range : ranges) {
     for (int sequence = 0; sequence < 4; ++sequence) {
-      StampedMap map;
+      Map32 map;
       std::unordered_map<uint32_t, uint32_t> want;
       const auto random_key = [&]() {
         return range ? static_cast<uint32_t>(rng() % range) : static_cast<uint32_t>(rng());
@@ -256,20 +257,60 @@ void TestAgainstUnorderedMap() {
         for (const auto &kv : want) agree &= Has(map, kv.first, kv.second);
       }
       CHECK(agree);
-      if (!agree) std::printf("  (StampedMap and unordered_map differ: key range %u)\n", range);
+      if (!agree) std::printf("  (OpenMap and unordered_map differ: key range %u)\n", range);
     }
   }
 }
 
+// 64-bit keys (the drafting cache's (node, token) pairs): random inserts, updates through the
+// returned pointer and finds against std::unordered_map, every key value ordinary (~0 and 0
+// included); Clear() keeps the slots, Release() gives them back.
+void TestWideKeys() {
+  internal::OpenMap<uint64_t> map(16);
+  CHECK(map.capacity_for_testing() == 16);
+  std::unordered_map<uint64_t, uint32_t> want;
+  std::mt19937_64 rng(7);
+  bool agree = true;
+  for (int i = 0; i < 20000; ++i) {
+    uint64_t key = rng() % 5000 + (rng() % 3 == 0 ? (uint64_t(rng() % 4) << 32) : 0);
+    if (i % 997 == 0) key = i % 2 ? ~uint64_t(0) : 0;
+    bool inserted;
+    uint32_t *value = map.FindOrInsert(key, static_cast<uint32_t>(i), &inserted);
+    const bool fresh = want.emplace(key, static_cast<uint32_t>(i)).second;
+    agree &= inserted == fresh && *value == want[key];
+    if (!fresh && rng() % 2 == 0) {
+      *value = static_cast<uint32_t>(i);
+      want[key] = static_cast<uint32_t>(i);
+    }
+  }
+  CHECK(agree);
+  CHECK(map.size() == want.size());
+  bool all = true;
+  for (const auto &kv : want) all = all && map.Find(kv.first) != nullptr && *map.Find(kv.first) == kv.second;
+  CHECK(all);
+  CHECK(map.Find(uint64_t(1) << 40) == nullptr);
+  const size_t grown = map.capacity_for_testing();
+  CHECK(grown >= 2 * want.size());
+  map.Clear();
+  CHECK(map.size() == 0 && map.Find(want.begin()->first) == nullptr && map.capacity_for_testing() == grown);
+  bool inserted;
+  map.FindOrInsert(42, 7, &inserted);
+  map.Release();
+  CHECK(map.size() == 0 && map.Find(42) == nullptr && map.capacity_for_testing() == 16);
+  CHECK(map.bytes() < grown * 16);
+  CHECK(*map.FindOrInsert(42, 8, &inserted) == 8 && inserted);
+}
+
 }  // namespace
 
-void TestStampedMap() {
+void TestOpenMap() {
   TestInsertFind();
   TestClear();
   TestGrowth();
   TestCollisions();
   TestStampWrap();
   TestAgainstUnorderedMap();
+  TestWideKeys();
 }
 
 }  // namespace testing
