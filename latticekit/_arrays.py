@@ -9,6 +9,25 @@ import numpy as np
 from latticekit.errors import LatticeError, VocabularyError
 
 _INT32_MAX = np.iinfo(np.int32).max
+_INT32_MIN = np.iinfo(np.int32).min
+
+
+def int32_ids(ids: np.ndarray, what: str = "tokens", *, negative: bool = False,
+              error: type[Exception] = VocabularyError) -> np.ndarray:
+    """The one rule for token ids at the core's boundary: the core holds them as int32, so an id
+    outside int32 is refused, never wrapped; negative ids only where ``negative`` (padding, or
+    ids the caller maps to ``<unk>``). Returns ``ids`` (any integer dtype) as contiguous int32.
+
+    Raises:
+        ``error`` (VocabularyError unless the caller names its own): an id outside the range.
+    """
+    if ids.size and ids.dtype != np.int32:
+        low, high = int(ids.min()), int(ids.max())
+        if high > _INT32_MAX or low < _INT32_MIN:
+            raise error(f"{what} holds token id {high if high > _INT32_MAX else low}, which does not fit int32")
+    if ids.size and not negative and int(ids.min()) < 0:
+        raise error(f"{what} holds a negative token id ({int(ids.min())})")
+    return np.ascontiguousarray(ids, dtype=np.int32)
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -34,8 +53,4 @@ def token_array(tokens: Any, what: str = "tokens") -> np.ndarray:
         return np.zeros(0, dtype=np.int32)
     if arr.dtype == object or not np.issubdtype(arr.dtype, np.integer):
         raise LatticeError(f"{what} must hold integer token ids, got dtype {arr.dtype}")
-    if arr.min() < 0:
-        raise VocabularyError(f"{what} holds a negative token id ({int(arr.min())})")
-    if arr.max() > _INT32_MAX:
-        raise VocabularyError(f"{what} holds token id {int(arr.max())}, beyond int32")
-    return np.ascontiguousarray(arr, dtype=np.int32)
+    return int32_ids(arr, what)

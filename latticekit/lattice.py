@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from latticekit._arrays import _INT32_MAX, to_numpy
+from latticekit._arrays import int32_ids, to_numpy
 from latticekit._core import lattice_problem
 from latticekit.errors import LatticeError, VocabularyError
 
@@ -43,7 +43,7 @@ class SausageLattice:
         Raises:
             LatticeError: wrong shapes or dtypes, non-finite scores, widths out of range, or a
                 token repeated within a position.
-            VocabularyError: negative token ids.
+            VocabularyError: negative token ids, or ids beyond int32.
         """
         tokens = to_numpy(tokens)
         scores = to_numpy(scores)
@@ -57,10 +57,8 @@ class SausageLattice:
             raise LatticeError(f"tokens must be integers, got dtype {tokens.dtype}")
         if not np.issubdtype(scores.dtype, np.floating):
             raise LatticeError(f"scores must be floating point, got dtype {scores.dtype}")
-        if tokens.dtype != np.int32 and tokens.size:  # what the int32 copy could not hold
-            for value in (int(tokens.min()), int(tokens.max())):
-                if not -_INT32_MAX - 1 <= value <= _INT32_MAX:
-                    raise VocabularyError(f"token id {value} does not fit int32")
+        # negative ids may pad arcs past a position's width; lattice_problem below refuses the rest
+        tokens = int32_ids(tokens, "the lattice", negative=True)
         k = tokens.shape[-1]
         if widths is None:
             widths = np.full(tokens.shape[:-1], k, dtype=np.int32)
@@ -73,7 +71,6 @@ class SausageLattice:
             if widths.size and (widths.min() < 1 or widths.max() > k):
                 raise LatticeError(f"widths must lie in 1..{k}")
             widths = np.ascontiguousarray(widths, dtype=np.int32)
-        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         # Scores are checked as stored: a float64 beyond float32's range would become inf.
         with np.errstate(over="ignore"):
             scores = np.ascontiguousarray(scores, dtype=np.float32)

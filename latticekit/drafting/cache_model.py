@@ -42,6 +42,7 @@ from typing import Any, Optional
 import numpy as np
 
 from latticekit import _core
+from latticekit._arrays import int32_ids
 from latticekit.drafting.successors import KatzState, KatzSuccessors
 from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
@@ -195,9 +196,7 @@ def _token_array(tokens: Any) -> np.ndarray:
         array = tokens.astype(np.int64) if tokens.dtype != np.uint64 else tokens
     else:  # a list, or floats that hold ids: as int() reads them (a NaN is a ValueError)
         array = np.asarray([int(t) for t in tokens], dtype=np.int64)
-    if array.size and (array.min() < -2**31 or array.max() >= 2**31):
-        raise DecoderConfigError(f"token ids must fit int32, got {int(array.min())} .. {int(array.max())}")
-    return array.astype(np.int32).reshape(-1)
+    return int32_ids(array.reshape(-1), "the token ids", negative=True, error=DecoderConfigError)
 
 
 def _mix(lam: float, p_cache: float, static_logprob: float) -> float:

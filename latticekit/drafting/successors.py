@@ -30,6 +30,7 @@ from typing import Optional
 import numpy as np
 
 from latticekit import _core
+from latticekit._arrays import _INT32_MAX
 from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
 
@@ -77,8 +78,10 @@ _INDEXES: "weakref.WeakKeyDictionary[NGramLM, KatzSuccessors]" = weakref.WeakKey
 
 
 def _int32(tokens: np.ndarray) -> np.ndarray:
-    """Token ids as int32 for the core; ids beyond int32 are none a model knows: ``<unk>``'s -1."""
-    return np.where((tokens >= 0) & (tokens < 2**31), tokens, -1).astype(np.int32)
+    """Token ids as int32 for the core, for scoring: an id outside int32 (or negative) is none a
+    model knows, so it scores as ``<unk>`` (-1) rather than being refused as
+    :func:`~latticekit._arrays.int32_ids` refuses ids at the boundary."""
+    return np.where((tokens >= 0) & (tokens <= _INT32_MAX), tokens, -1).astype(np.int32)
 
 
 class KatzState:
