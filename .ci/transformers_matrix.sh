@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # CI: the torch adapter, decoder and heads tests under the oldest and the newest transformers
-# that pyproject.toml allows, each in a venv of its own over the test environment (its
-# site-packages seen through --system-site-packages): only transformers and what it pins differ.
+# that pyproject.toml allows, each in a venv of its own over the test environment: the venv's
+# own site-packages first, then the test environment's (a .pth file that adds them as a site
+# directory, so their .pth files, latticekit's editable install among them, work too). Only
+# transformers and what it pins differ. The test environment is the interpreter that runs this
+# script's `$PYTHON` (default python3): a venv or the machine's global Python alike.
+# (`venv --system-site-packages` would not do: made from inside a venv it sees the base
+# interpreter's packages, not the venv's.)
 # The test environment itself holds the transformers vLLM's CPU build allows (<5.20), so the
 # newest allowed release needs an environment of its own.
 #
 #   .ci/transformers_matrix.sh            # oldest, then newest
 #   .ci/transformers_matrix.sh oldest     # or: newest
+#   .ci/transformers_matrix.sh venv DIR   # only a venv in DIR over the test environment
+#                                         # (tests/test_ci_matrix.py checks it from a venv)
 #
 # oldest: the lower bound of the "transformers>=A,<B" requirement in pyproject.toml, pinned.
 # newest: whatever pip resolves for that requirement (the newest release below B).
@@ -27,22 +34,49 @@ if [[ -z "$oldest" || "$oldest" == *$'\n'* ]]; then
     exit 2
 fi
 
+layered_venv() {  # layered_venv DIR: a new venv whose own site-packages come before the test environment's
+    local venv=$1
+    "$PYTHON" -m venv --clear "$venv"
+    "$PYTHON" - "$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" <<'PY'
+import site, sys, sysconfig
+paths = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+if site.ENABLE_USER_SITE:
+    paths[site.getusersitepackages()] = None
+with open(f"{sys.argv[1]}/zz_test_environment.pth", "w") as pth:
+    pth.write("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in paths) + "\n")
+PY
+}
+
 run() {  # run oldest|newest
     local which=$1 venv="$ROOT/$1" want
     want=$(sed -n 's/.*"\(transformers>=[0-9][0-9.]*,<[0-9][0-9.]*\)".*/\1/p' pyproject.toml | sort -u)
     [[ $which == oldest ]] && want="transformers==$oldest"
     local t0=$SECONDS
-    "$PYTHON" -m venv --clear --system-site-packages "$venv"
+    layered_venv "$venv"
     # --ignore-installed: the venv gets its own transformers (and what that release pins) even
     # where the test environment's would satisfy the requirement
     "$venv/bin/python" -m pip install -q --ignore-installed --no-deps "$want"
     "$venv/bin/python" -m pip install -q "$want"  # its dependencies, where the shared ones do not fit
     local version
-    version=$("$venv/bin/python" -c "import transformers; print(transformers.__version__)")
+    version=$("$venv/bin/python" -c "import torch, transformers; print(transformers.__version__)")
     echo "== transformers $version ($which): venv built in $((SECONDS - t0)) s"
     t0=$SECONDS
     "$venv/bin/python" -m pytest -q -p no:cacheprovider "${TESTS[@]}"
     echo "== transformers $version ($which): tests ran in $((SECONDS - t0)) s"
+}
+
+if [[ ${1:-} == venv ]]; then
+    [[ $# -eq 2 ]] || { echo "usage: $0 venv DIR" >&2; exit 2; }
+    layered_venv "$2"
+    exit 0
+fi
+
+# Without torch in the test environment the tests would all be skipped: the matrix would test
+# nothing. Say so and stop.
+"$PYTHON" -c "import torch, transformers, latticekit" 2>/dev/null || {
+    echo "$0: the test environment ($("$PYTHON" -c 'import sys; print(sys.prefix)')) lacks torch, transformers or" \
+         "latticekit; install them first with the README's test command" >&2
+    exit 2
 }
 
 [[ $# -gt 0 ]] || set -- oldest newest
