@@ -21,3 +21,5 @@ cdef class CoreNGramCache:
     cdef unique_ptr[NGramCache] cache
     cdef unique_ptr[KatzStateMemo] states  # the static model's states its searches visit
     cdef CoreKatzSuccessors states_of  # the index those states read, kept alive with them
+
+    cdef const KatzSuccessors* _index(self, CoreKatzSuccessors successors)

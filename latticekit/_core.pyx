@@ -30,7 +30,7 @@ from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountT
                               ParseArpaHeader,
                               LookupChildren, ParseIdLines, PBestBatch, PBestOne, LatticeView,
                               LatticeBatchView, BatchPathsOut, PathsOut, StateId, Checksum64,
-                              BestContinuations, Continuations, KatzState, KatzStateMemo, KatzSuccessors, NGramCache,
+                              BestContinuations, TrieConditionals, Continuations, KatzState, KatzStateMemo, KatzSuccessors, NGramCache,
                               NGramCacheFollower, LogisticSgd)
 
 

@@ -152,14 +152,20 @@ cdef class CoreNGramCache:
     def bytes(self):
         return int(self.cache.get().bytes())
 
+    cdef const KatzSuccessors* _index(self, CoreKatzSuccessors successors):
+        """The static model's index; the memo's states forgotten when they are another model's."""
+        if successors is None:
+            return NULL
+        if successors is not self.states_of:
+            self.states.reset(new KatzStateMemo(STATES_KEPT))
+            self.states_of = successors
+        return successors.index.get()
+
     def best_continuations(self, const int32_t[::1] tail, CoreKatzSuccessors successors, int64_t vocab_size,
                            int p, int max_depth):
         """(tokens, parents, depths, logprob, static_logprob, score) of the p best continuations."""
         cdef Continuations out
-        cdef const KatzSuccessors* index = successors.index.get() if successors is not None else NULL
-        if successors is not None and successors is not self.states_of:  # states of another model: forgotten
-            self.states.reset(new KatzStateMemo(STATES_KEPT))
-            self.states_of = successors
+        cdef const KatzSuccessors* index = self._index(successors)
         cdef size_t size = tail.shape[0]
         cdef const int32_t* ptr = &tail[0] if size > 0 else NULL
         with nogil:
@@ -167,6 +173,26 @@ cdef class CoreNGramCache:
                               &out)
         return (_int64s(out.tokens), _int64s(out.parents), _int64s(out.depths), _doubles(out.logprob),
                 _doubles(out.static_logprob), _doubles(out.score))
+
+    def trie_conditionals(self, const int32_t[::1] tail, CoreKatzSuccessors successors, int64_t vocab_size,
+                          const int32_t[::1] parents, const int32_t[::1] tokens):
+        """(logprob, static_logprob) of every node of a trie after tail (continuations.h)."""
+        cdef size_t n = tokens.shape[0]
+        if <size_t> parents.shape[0] != n:
+            raise ValueError(f"{n} tokens and {parents.shape[0]} parents")
+        logprob = np.empty(n, dtype=np.float64)
+        static_logprob = np.empty(n, dtype=np.float64)
+        if n == 0:
+            return logprob, static_logprob
+        cdef double[::1] lp = logprob
+        cdef double[::1] sp = static_logprob
+        cdef const KatzSuccessors* index = self._index(successors)
+        cdef size_t size = tail.shape[0]
+        cdef const int32_t* ptr = &tail[0] if size > 0 else NULL
+        with nogil:
+            TrieConditionals(self.cache.get()[0], index, self.states.get(), vocab_size, ptr, size, &parents[0],
+                             &tokens[0], n, &lp[0], &sp[0])
+        return logprob, static_logprob
 
 
 def logistic_sgd(const double[:, ::1] x, const double[::1] y, double rate, double[::1] w):

@@ -237,6 +237,10 @@ cdef extern from "latticekit/continuations.h" namespace "latticekit" nogil:
     void BestContinuations(const NGramCache& cache, const KatzSuccessors* static_model, KatzStateMemo* states,
                            int64_t vocab_size, const int32_t* tail, size_t size, int p, int max_depth,
                            Continuations* out) except +raise_core_error
+    void TrieConditionals(const NGramCache& cache, const KatzSuccessors* static_model, KatzStateMemo* states,
+                          int64_t vocab_size, const int32_t* tail, size_t size, const int32_t* parents,
+                          const int32_t* tokens, size_t n, double* logprob,
+                          double* static_logprob) except +raise_core_error
 
 
 cdef extern from "latticekit/acceptance.h" namespace "latticekit" nogil:

@@ -189,6 +189,30 @@ class SausageLattice:
             raise LatticeError("num_paths is defined for a single lattice; index the batch first")
         return int(np.prod(self.widths.astype(object)))
 
+    def arc_scores(self, positions: Any, tokens: Any) -> np.ndarray:
+        """The score of ``tokens[i]`` among the arcs of position ``positions[i]`` (within its width),
+        NaN where it is not among them or the position lies past the lattice; one lattice.
+
+        Args:
+            positions (`np.ndarray` of shape `(n,)`): positions, 0-based (>= 0).
+            tokens (`np.ndarray` of shape `(n,)`): token ids.
+
+        Returns:
+            `np.ndarray` of shape `(n,)`, float64.
+        """
+        if self.is_batch:
+            raise LatticeError("arc_scores reads one lattice; index the batch first")
+        positions = np.asarray(positions, dtype=np.int64).reshape(-1)
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        out = np.full(positions.shape[0], np.nan)
+        inside = np.nonzero(positions < self.h)[0]
+        rows = positions[inside]
+        hit = (self.tokens[rows] == tokens[inside, None]) & (np.arange(self.k) < self.widths[rows, None])
+        found = hit.any(axis=1)
+        arcs = hit.argmax(axis=1)
+        out[inside[found]] = self.scores[rows[found], arcs[found]]
+        return out
+
     def __len__(self) -> int:
         if not self.is_batch:
             raise TypeError("a single lattice has no len(); use .h and .k")

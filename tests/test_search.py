@@ -297,3 +297,22 @@ def test_search_on_golden_model_matches_brute_force():
         got = lk.pbest(lat, lm, 10, 1.0, ctx)
         ranked = brute_force_pbest(lat.tokens, lat.scores, lat.widths, ref, None, 1.0, ctx)
         assert_same_paths(got, ranked, 10, tol=1e-6)
+
+
+@given(lattice=lattices(), data=st.data())
+def test_arc_scores_equal_a_scan_of_each_position(lattice, data):
+    """A token's score at a position: the first arc within the position's width that holds it,
+    NaN when none does or the position lies past the lattice."""
+    lat = lk.SausageLattice(*lattice) if isinstance(lattice, tuple) else lattice
+    n = data.draw(st.integers(0, 12))
+    positions = data.draw(st.lists(st.integers(0, lat.h + 1), min_size=n, max_size=n))
+    tokens = data.draw(st.lists(st.integers(-1, 12), min_size=n, max_size=n))
+    got = lat.arc_scores(np.asarray(positions), np.asarray(tokens))
+    for i, (position, token) in enumerate(zip(positions, tokens)):
+        want = float("nan")
+        if position < lat.h:
+            for j in range(int(lat.widths[position])):
+                if int(lat.tokens[position, j]) == token:
+                    want = float(lat.scores[position, j])
+                    break
+        assert got[i] == want or (np.isnan(got[i]) and np.isnan(want)), (i, position, token)

@@ -268,4 +268,54 @@ void BestContinuations(const NGramCache &cache, const KatzSuccessors *static_mod
   }
 }
 
+void TrieConditionals(const NGramCache &cache, const KatzSuccessors *static_model, KatzStateMemo *states,
+                      int64_t vocab_size, const int32_t *tail, size_t size, const int32_t *parents,
+                      const int32_t *tokens, size_t n, double *logprob, double *static_logprob) {
+  if (vocab_size < 1) throw InvalidArgument("vocab_size must be >= 1, got " + std::to_string(vocab_size));
+  for (size_t i = 0; i < n; ++i)
+    if (parents[i] < -1 || parents[i] >= static_cast<int64_t>(i))
+      throw InvalidArgument("node " + std::to_string(i) + "'s parent " + std::to_string(parents[i]) +
+                            " is not an earlier node or -1");
+  const size_t keep = static_cast<size_t>(std::max(cache.max_order(), static_model ? static_model->order() - 1 : 0));
+  const size_t root_size = std::min(size, keep);
+  const double uniform = -std::log(static_cast<double>(vocab_size));
+  KatzStateMemo own(0);
+  if (static_model != nullptr) {
+    if (states == nullptr) states = &own;
+    states->Start(*static_model);
+  }
+  // context[i]: the last keep tokens of tail + the path to node i (the context of i's children)
+  std::vector<int32_t> contexts;
+  std::vector<uint32_t> begin(n + 1), length(n + 1);  // [n]: the root's, tail's last tokens
+  begin[n] = 0;
+  length[n] = static_cast<uint32_t>(root_size);
+  contexts.assign(tail + (size - root_size), tail + size);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t up = parents[i] < 0 ? n : static_cast<size_t>(parents[i]);
+    const int32_t *ctx = contexts.data() + begin[up];
+    const size_t len = length[up];
+    const int32_t token = tokens[i];
+    KatzState *state = static_model != nullptr ? states->Get(ctx, len) : nullptr;
+    const double stat = state != nullptr ? state->LogProb(token) : uniform;
+    static_logprob[i] = state != nullptr ? stat : NAN;
+    const int match = cache.Match(ctx, len, cache.max_order());
+    if (match == 0) {
+      logprob[i] = std::min(stat, 0.0);
+    } else {
+      const uint32_t node = cache.Context(ctx, len, match);
+      const int64_t at = cache.Position(node, token);
+      const double count = at >= 0 ? cache.FollowerAt(node, static_cast<size_t>(at)).count : 0.0;
+      logprob[i] = Mix(cache.Weight(match), count / cache.Total(node), stat);
+    }
+    // node i's own context, for its children: its parent's, one token longer, at most keep
+    const size_t drop = len + 1 > keep ? len + 1 - keep : 0;
+    const uint32_t at = static_cast<uint32_t>(contexts.size());
+    contexts.reserve(contexts.size() + len + 1 - drop);
+    for (size_t j = begin[up] + drop; j < begin[up] + len; ++j) contexts.push_back(contexts[j]);
+    contexts.push_back(token);
+    begin[i] = at;
+    length[i] = static_cast<uint32_t>(len + 1 - drop);
+  }
+}
+
 }  // namespace latticekit

@@ -41,6 +41,16 @@ void BestContinuations(const NGramCache &cache, const KatzSuccessors *static_mod
                        int64_t vocab_size, const int32_t *tail, size_t size, int p, int max_depth,
                        Continuations *out);
 
+// The same model's conditionals at every node of a token trie after tail (parents before
+// children, -1 under the root): logprob[i] = log P(tokens[i] | tail, the path to i's parent)
+// under the interpolated model, static_logprob[i] under the static model alone (NaN without
+// one); node by node what CacheModel.conditional gives (a candidate tree's nodes that the search
+// did not propose: the heads' paths). states as above. Throws InvalidArgument for a parent that
+// is not an earlier node or -1, or vocab_size < 1.
+void TrieConditionals(const NGramCache &cache, const KatzSuccessors *static_model, KatzStateMemo *states,
+                      int64_t vocab_size, const int32_t *tail, size_t size, const int32_t *parents,
+                      const int32_t *tokens, size_t n, double *logprob, double *static_logprob);
+
 }  // namespace latticekit
 
 #endif  // LATTICEKIT_CONTINUATIONS_H_

@@ -183,6 +183,27 @@ class CacheModel:
         lam = self.weight(n)
         return _mix(lam, count / total, static), reported, n
 
+    def trie_conditionals(self, tail: Sequence[int], parents: Any, tokens: Any) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`conditional` at every node of a token trie after ``tail``, in one call of the
+        core: ``(log P, log P_static)`` per node (natural logs; NaN for the static model without
+        one), node ``i`` conditioned on ``tail`` and the path to its parent.
+
+        Args:
+            tail: the text (only its last ``context_size`` tokens matter).
+            parents (`np.ndarray` of shape `(n,)`): each node's parent, an earlier node or -1.
+            tokens (`np.ndarray` of shape `(n,)`): each node's token.
+
+        Raises:
+            DecoderConfigError: a token id outside int32, or a parent not an earlier node.
+        """
+        keep = min(len(tail), self.context_size)
+        successors = self.successors.core if self.successors is not None else None
+        try:
+            return self.cache.trie_conditionals(_token_array(tail[len(tail) - keep:] if keep else []), successors,
+                                                self.vocab_size, _token_array(parents), _token_array(tokens))
+        except ValueError as exc:
+            raise DecoderConfigError(str(exc)) from exc
+
 
 def _token_array(tokens: Any) -> np.ndarray:
     """Token ids as a contiguous int32 array (what the core's cache holds).

@@ -14,7 +14,7 @@ Plain Python and numpy; nothing here imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
@@ -27,20 +27,6 @@ from latticekit.ngram import NGramLM
 from latticekit.search import pbest
 
 __all__ = ["united_candidates"]
-
-
-def arc_score(lattice: SausageLattice) -> Callable[[int, int], float]:
-    """A token's score among the arcs of the lattice at a draft depth, or NaN (off the lattice,
-    or past its reach)."""
-
-    def score(depth: int, token: int) -> float:
-        if depth >= lattice.h:
-            return float("nan")
-        width = int(lattice.widths[depth])
-        hit = np.nonzero(lattice.tokens[depth, :width] == token)[0]
-        return float(lattice.scores[depth, hit[0]]) if hit.size else float("nan")
-
-    return score
 
 
 def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuations, lattice: SausageLattice,
@@ -77,17 +63,16 @@ def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuation
         found_sources = [SOURCES["text"]] * len(found_paths)
     tree = CandidateTree.from_paths(everything, [[np.nan] * len(d) for d in everything],
                                     path_sources=[SOURCES["heads"]] * len(drafts) + list(found_sources))
-    score = arc_score(lattice)
-    tail = list(ids[len(ids) - min(len(ids), model.context_size):])
     assert tree.cache_logprob is not None  # set by CandidateTree.__post_init__
+    # a node at depth d is the lattice's position d (0 is the root): NaN off it, or past its reach
+    tree.head_logprob[:] = lattice.arc_scores(tree.depths, tree.tokens)
+    # every node's conditionals in one call of the core; the continuations keep the search's own
+    mixed, static = model.trie_conditionals(ids, tree.parents, tree.tokens)
     for i, path in enumerate(tree.paths_to(range(tree.size))):
-        tree.head_logprob[i] = score(len(path), path[-1])
         j = known.get(path)
         if j is not None:
-            tree.ngram_logprob[i], tree.cache_logprob[i] = found.static_logprob[j], found.logprob[j]
-        else:
-            mixed, static, _ = model.conditional(tail + list(path[:-1]), path[-1])
-            tree.ngram_logprob[i], tree.cache_logprob[i] = static, mixed
+            mixed[i], static[i] = found.logprob[j], found.static_logprob[j]
+    tree.cache_logprob[:], tree.ngram_logprob[:] = mixed, static
     if lm is None:
         tree.ngram_logprob[:] = np.nan
     missing = np.isnan(tree.head_logprob)

@@ -22,6 +22,7 @@ from latticekit.drafting.calibration import AcceptanceModel, CandidateTree, Pend
 from latticekit.drafting.chains import ChainDrafter
 from latticekit.drafting.continuations import best_continuations
 from latticekit.drafting.successors import KatzSuccessors
+from latticekit.errors import DecoderConfigError
 from reference_drafting import (
     ReferenceCacheModel,
     ReferenceChainDrafter,
@@ -105,6 +106,56 @@ def test_cache_model_and_search_equal_the_reference(tmp_path_factory: Any, model
             want_lp, want_static, want_n = slow.conditional(tail, token)
             assert (got_lp, got_n) == (want_lp, want_n)
             assert got_static == want_static or (math.isnan(got_static) and math.isnan(want_static))
+
+
+@st.composite
+def tries(draw: Any, max_size: int = 30) -> tuple[list[int], list[int]]:
+    """A token trie as (parents, tokens), parents before children; tokens beyond the vocabulary
+    and beyond int32's reach as an id the models lack included."""
+    parents: list[int] = []
+    for i in range(draw(st.integers(0, max_size))):
+        parents.append(draw(st.integers(-1, i - 1)))
+    tokens = draw(st.lists(st.integers(0, VOCAB + 1), min_size=len(parents), max_size=len(parents)))
+    return parents, tokens
+
+
+@settings(max_examples=200)
+@given(model=st.one_of(st.none(), arpa_models(max_order=4, max_vocab=6)), stream=streams(), trie=tries(),
+       max_order=st.integers(1, 5), cut=st.integers(0, 60))
+def test_trie_conditionals_equal_the_reference_node_by_node(tmp_path_factory: Any, model: Any,
+                                                           stream: tuple[list[int], list[int]],
+                                                           trie: tuple[list[int], list[int]], max_order: int,
+                                                           cut: int) -> None:
+    """One call of the core scores a whole candidate tree (the heads' paths in united_candidates)
+    exactly as the reference's conditional does node by node, its context the text and the path."""
+    lm = model_of(tmp_path_factory, model[0]) if model is not None else None
+    text = stream[0]
+    fast = CacheModel(lm, VOCAB, max_order=max_order, prior=(0.3, 0.5, 0.7), prior_positions=3.0)
+    slow = ReferenceCacheModel(lm, VOCAB, max_order=max_order, prior=(0.3, 0.5, 0.7), prior_positions=3.0)
+    fast.sync(text)
+    slow.sync(text)
+    tail = text[:min(cut, len(text))]  # a text the cache holds, or a shorter one: any tail is a context
+    parents, tokens = trie
+    got_lp, got_static = fast.trie_conditionals(tail, np.asarray(parents), np.asarray(tokens))
+    paths: list[list[int]] = []
+    for i, (parent, token) in enumerate(zip(parents, tokens)):
+        above = paths[parent] if parent >= 0 else []
+        want_lp, want_static, _ = slow.conditional(tail + above, token)
+        assert got_lp[i] == want_lp, i
+        assert got_static[i] == want_static or (math.isnan(got_static[i]) and math.isnan(want_static)), i
+        paths.append(above + [token])
+
+
+def test_trie_conditionals_refuse_a_parent_that_is_not_earlier() -> None:
+    model = CacheModel(None, VOCAB)
+    model.sync([1, 2, 3, 1, 2])
+    for parents in ([0], [-1, 1], [-2]):
+        with pytest.raises(DecoderConfigError, match="is not an earlier node"):
+            model.trie_conditionals([1, 2], np.asarray(parents), np.ones(len(parents), dtype=np.int64))
+    with pytest.raises(DecoderConfigError, match="tokens and"):
+        model.trie_conditionals([1, 2], np.asarray([-1, 0]), np.asarray([1]))
+    with pytest.raises(DecoderConfigError, match="does not fit int32"):
+        model.trie_conditionals([1, 2], np.asarray([-1]), np.asarray([2**40]))
 
 
 @settings(max_examples=200)

@@ -280,7 +280,7 @@ class AutoDrafter(Drafter):
         paths = pbest(lattice, self.search_lm, p, self.alpha,
                       context=step.context(self.search_lm.order))
         drafts = [path.tokens[1:] for path in paths]
-        head = _arc_scores(lattice, drafts)
+        head = [lattice.arc_scores(np.arange(1, 1 + len(draft)), draft) for draft in drafts]
         ngram = None
         if self.lm is not None:
             context = step.context(self.lm.order)
@@ -490,14 +490,3 @@ class _Arm:
         self.seconds = decay * self.seconds + seconds
         self.steps += 1
         self.last = step
-
-
-def _arc_scores(lattice: SausageLattice, drafts: Sequence[Sequence[int]]) -> list[np.ndarray]:
-    """The lattice score of each draft token at its column (column j + 1 for token j)."""
-    out = []
-    for draft in drafts:
-        tokens = np.asarray(draft, dtype=np.int32)
-        columns = lattice.tokens[1:1 + len(tokens)]
-        hit = columns == tokens[:, None]
-        out.append(lattice.scores[1:1 + len(tokens)][np.arange(len(tokens)), hit.argmax(axis=1)].astype(np.float64))
-    return out
