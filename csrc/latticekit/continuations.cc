@@ -34,11 +34,29 @@ struct Child {
 // token, or <unk>'s when the model lacks it). A token is emitted once its score beats that
 // bound; until then the cursor whose term dominates the bound moves: the next follower by count
 // is scored, or the walk passes one token (scoring a follower it meets, queueing a static one).
+//
+// Reset() starts it over for another context, its vectors keeping their capacity: a search takes
+// its Children from a per-thread arena (BestContinuations), so a warm thread allocates nothing
+// per expanded node.
 class Children {
  public:
-  Children(const NGramCache &cache, KatzState *state, const int32_t *tail, size_t size, int longest,
-           int64_t vocab_size, double uniform)
-      : cache_(cache), state_(state), vocab_size_(vocab_size), uniform_(uniform) {
+  void Reset(const NGramCache &cache, KatzState *state, const int32_t *tail, size_t size, int longest,
+             int64_t vocab_size, double uniform) {
+    cache_ = &cache;
+    state_ = state;
+    vocab_size_ = vocab_size;
+    uniform_ = uniform;
+    lam_ = log_rest_ = total_ = 0.0;
+    unk_ = -INFINITY;
+    node_ = 0;
+    followers_ = next_ = walk_ = next_static_ = 0;
+    exhausted_ = false;
+    front_token_ = 0;
+    front_ = -INFINITY;
+    scored_.clear();
+    heap_.clear();
+    statics_.clear();
+    ranked_.clear();
     match = cache.Match(tail, size, longest, &node_);
     lam_ = cache.Weight(match);
     log_rest_ = std::log1p(-lam_);
@@ -73,7 +91,7 @@ class Children {
 
   void Score(size_t position, double static_logprob) {
     scored_[position] = 1;
-    const NGramCache::Follower f = cache_.FollowerAt(node_, position);
+    const NGramCache::Follower f = cache_->FollowerAt(node_, position);
     heap_.push_back({-Mix(lam_, f.count / total_, static_logprob), f.token,
                      state_ != nullptr ? static_logprob : NAN});
     std::push_heap(heap_.begin(), heap_.end(), std::greater<Scored>());
@@ -94,7 +112,7 @@ class Children {
   // static token below the vocabulary queued; the front moves on.
   void Walk() {
     const int64_t at = followers_ > 0 && front_token_ >= INT32_MIN && front_token_ <= INT32_MAX
-                           ? cache_.Position(node_, static_cast<int32_t>(front_token_))
+                           ? cache_->Position(node_, static_cast<int32_t>(front_token_))
                            : -1;
     if (at >= 0) {
       if (!scored_[at]) Score(static_cast<size_t>(at), front_);
@@ -124,7 +142,7 @@ class Children {
       }
       while (next_ < followers_ && scored_[next_]) ++next_;
       if (next_ < followers_) {  // could a follower not scored yet rank first?
-        const double share = lam_ * (cache_.FollowerAt(node_, next_).count / total_);
+        const double share = lam_ * (cache_->FollowerAt(node_, next_).count / total_);
         double rest;
         bool walk = false;
         if (state_ != nullptr) {
@@ -136,7 +154,7 @@ class Children {
         const double bound = std::log(share + rest);
         if (!(best > bound + 1e-12 * (1.0 + std::fabs(bound)))) {
           if (walk) Walk();
-          else Score(next_, state_ != nullptr ? state_->LogProb(cache_.FollowerAt(node_, next_).token) : uniform_);
+          else Score(next_, state_ != nullptr ? state_->LogProb(cache_->FollowerAt(node_, next_).token) : uniform_);
           continue;
         }
       }
@@ -153,10 +171,10 @@ class Children {
     }
   }
 
-  const NGramCache &cache_;
-  KatzState *state_;
-  int64_t vocab_size_;
-  double uniform_, lam_ = 0.0, log_rest_ = 0.0, total_ = 0.0, unk_ = -INFINITY;
+  const NGramCache *cache_ = nullptr;
+  KatzState *state_ = nullptr;
+  int64_t vocab_size_ = 0;
+  double uniform_ = 0.0, lam_ = 0.0, log_rest_ = 0.0, total_ = 0.0, unk_ = -INFINITY;
   uint32_t node_ = 0;
   size_t followers_ = 0, next_ = 0;  // next_: the first follower by count not scored yet
   std::vector<uint8_t> scored_;
@@ -197,11 +215,16 @@ void BestContinuations(const NGramCache &cache, const KatzSuccessors *static_mod
     if (states == nullptr) states = &own;
     states->Start(*static_model);
   }
-  std::vector<std::unique_ptr<Children>> pool;
+  // The thread's Children, reused search after search (their vectors keep their capacity); the
+  // arena only grows, to the most nodes one search expanded.
+  static thread_local std::vector<std::unique_ptr<Children>> arena;
+  size_t used = 0;
   auto children = [&](const int32_t *t, size_t n, int longest) -> Children * {
     KatzState *state = static_model != nullptr ? states->Get(t, n) : nullptr;
-    pool.emplace_back(new Children(cache, state, t, n, longest, vocab_size, uniform));
-    return pool.back().get();
+    if (used == arena.size()) arena.emplace_back(new Children());
+    Children *c = arena[used++].get();
+    c->Reset(cache, state, t, n, longest, vocab_size, uniform);
+    return c;
   };
 
   std::vector<int32_t> paths;  // every entry's token path
