@@ -20,6 +20,12 @@ a chain (``propose``). This benchmark drives ChainDrafters the same way, off the
   latticekit's own loop holds them).
 * **Concurrency**: ``--concurrency`` requests interleaved step by step, one engine step being
   one observe + propose per request, as the proposer runs them.
+* **Lattice** (``--lattice``): ``propose_lattice`` instead of ``propose``, as the lattice proposer
+  drafts: the text's continuations united with the p best paths (``--p``, alpha 1, the 4-gram)
+  of a heads' lattice of ``--k`` + 1 positions and 8 arcs. The lattice is made per step, seeded
+  by the request and the step: each position holds the token the stream really continues with
+  with probability 1/2, the other arcs random tokens, and log-softmax scores of random logits
+  (the true token's raised), so every run and checkout drafts from the same lattices.
 
 Reported per domain and prompt length: ingestion ms, a step's ms (observe, propose, both; median,
 p90, mean, max) for one request, an engine step's ms for the concurrent requests, tokens per step,
@@ -31,6 +37,7 @@ are recorded. Wrap timing runs in ``flock /tmp/latticekit-timing.lock``.
     PYTHONPATH=/path/to/base/checkout python benchmarks/drafting_cost.py --name before --commit BASE
     python benchmarks/drafting_cost.py --compare before after      # the before/after table
     PYTHONPATH=. python benchmarks/drafting_cost.py --lengths 1024 --steps 50 --profile
+    PYTHONPATH=. python benchmarks/drafting_cost.py --lattice --name lattice-after
 """
 
 from __future__ import annotations
@@ -109,6 +116,8 @@ class Request:
         self.drafter = ChainDrafter(lm, VOCAB, acceptance, candidates=args.candidates, max_depth=args.max_depth,
                                     start=start)
         self.k = args.k
+        self.lattice, self.p, self.lm = args.lattice, args.p, lm
+        self.seed = int(stream[0]) * 7919 + prompt
         self.ids_list: list[int] = stream[:prompt].tolist() if self.as_list else []
         self.digest = hashlib.sha256()
         self.probability_sum = 0.0
@@ -125,10 +134,14 @@ class Request:
 
     def step(self) -> tuple[float, float]:
         """One engine step: observe, propose, then greedy verification's emitted tokens."""
+        lattice = self.heads_lattice() if self.lattice else None  # the heads' work: not timed
         t0 = time.perf_counter()
         self.drafter.observe(self.ids())
         t1 = time.perf_counter()
-        chain, probability = self.drafter.propose(self.k)
+        if lattice is not None:
+            chain, probability = self.drafter.propose_lattice(self.k, lattice, self.lm, self.p, 1.0)
+        else:
+            chain, probability = self.drafter.propose(self.k)
         t2 = time.perf_counter()
         want = self.stream[self.length:self.length + len(chain)]
         accepted = 0
@@ -143,6 +156,31 @@ class Request:
         self.digest.update(np.asarray(chain, dtype=np.int64).tobytes() + b"|")
         self.probability_sum += float(np.sum(probability))
         return t1 - t0, t2 - t1
+
+
+    def heads_lattice(self) -> Any:
+        """The step's heads' lattice (see the module docstring): position 0 the text's last token."""
+        from latticekit.lattice import SausageLattice
+
+        rng = np.random.default_rng(self.seed + self.steps)
+        h, k = self.k + 1, 8
+        tokens = rng.integers(0, VOCAB, size=(h, k)).astype(np.int32)
+        logits = rng.normal(size=(h, k))
+        truth = self.stream[self.length - 1:self.length - 1 + h]
+        for j in range(h):
+            row = np.unique(tokens[j])  # distinct arcs: random ones, padded with fresh ids
+            tokens[j] = np.concatenate([row, VOCAB + np.arange(k - len(row))])[:k]
+            if j == 0 or (j < len(truth) and rng.random() < 0.5):
+                if truth[j] not in tokens[j]:
+                    tokens[j, 0] = truth[j]
+                logits[j, tokens[j] == truth[j]] += 2.0
+        logits[0] = 0.0
+        scores = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        widths = np.full(h, k, dtype=np.int32)
+        widths[0] = 1
+        order = np.argsort(tokens[0] != truth[0], kind="stable")  # the root first
+        tokens[0], scores[0] = tokens[0][order], 0.0
+        return SausageLattice(tokens, scores.astype(np.float32), widths)
 
 
 def _stats(seconds: list[float]) -> dict[str, float]:
@@ -214,7 +252,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import transformers
 
     from latticekit.demo import embedded_token_lm
-    from latticekit.loading import smollm2_hf_folder
+    try:
+        from latticekit.loading import smollm2_hf_folder
+    except ImportError:  # a checkout from before the loaders left eval/ (a "before" run)
+        from latticekit.eval.loading import smollm2_hf_folder  # type: ignore[no-redef]
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_hf_folder())
     lm = embedded_token_lm()
@@ -317,6 +358,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--domains", nargs="+", choices=DOMAINS, default=list(DOMAINS))
     ap.add_argument("--k", type=int, default=8, help="longest chain proposed (vLLM's num_speculative_tokens)")
     ap.add_argument("--candidates", type=int, default=32)
+    ap.add_argument("--lattice", action="store_true", help="propose_lattice, as the lattice proposer drafts")
+    ap.add_argument("--p", type=int, default=16, help="lattice paths searched (--lattice)")
     ap.add_argument("--max-depth", type=int, default=12)
     ap.add_argument("--max-context", type=int, default=0,
                     help="the proposer's max_context: a prompt's last tokens read (0: all of it)")
