@@ -13,3 +13,20 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """vLLM's log handlers write to the stream that was ``sys.stdout`` when vLLM was imported:
+    pytest's capture, closed once the session ends. Engines that shut down after that (at exit)
+    logged into the closed stream, and Python printed a ``--- Logging error ---`` traceback for
+    each line. Before pytest closes its capture, every such handler is pointed at the process's
+    own stderr, and vLLM's shutdown chatter below warnings is dropped."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)] + [logging.root]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if type(handler) is logging.StreamHandler and handler.stream not in (sys.__stdout__, sys.__stderr__):
+                handler.setStream(sys.__stderr__)
+    if "vllm" in sys.modules:
+        logging.getLogger("vllm").setLevel(logging.WARNING)
