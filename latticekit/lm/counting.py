@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,6 +34,12 @@ import numpy as np
 from latticekit import _core
 from latticekit.errors import CorpusError
 from latticekit.ngram_trie import BOS, EOS, SPECIAL_WORDS, UNK, NGramTrie
+
+# np.load parses a .npy header with ast.literal_eval, and CPython 3.11's AST builder keeps its
+# recursion depth per interpreter, not per thread: counts loaded in several threads at once
+# (concurrent count_corpus calls spilling their runs) failed with "SystemError: AST
+# constructor recursion depth mismatch". Loading a count folder's meta holds this lock.
+_META_LOCK = threading.Lock()
 
 __all__ = [
     "UNK",
@@ -108,7 +115,8 @@ class NGramCounts(NGramTrie):
 
     @classmethod
     def _load_meta(cls, directory: str) -> "tuple[NGramCounts, List[int]]":
-        meta = np.load(os.path.join(directory, "meta.npy")).tolist()
+        with _META_LOCK:
+            meta = np.load(os.path.join(directory, "meta.npy")).tolist()
         vocab_size, sentences, tokens, *sizes = meta
         return cls(vocab_size, sentences=sentences, tokens=tokens), sizes
 
