@@ -1,0 +1,168 @@
+"""``lk.generate`` gives HF greedy's exact tokens on a tiny random model of every causal-LM family
+a user would bring: full attention, sliding windows (Mistral, Qwen 2, Phi-3, Starcoder 2 with
+``sliding_window`` set; Gemma 2/3, GPT-OSS, Cohere 2, EXAONE 4, OLMo 3 mixing sliding and full
+layers), chunked attention (Llama 4), and the models whose cache cannot be committed (linear
+attention, convolution and recurrent states), which decode without drafts after one warning.
+
+Each family is one test id; the sliding families' window (8) is shorter than every long prompt
+and than prompt plus generation. A family this transformers does not ship is skipped with the
+reason. The references are HF ``model.generate(do_sample=False)`` on the same prepared model.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, CONFIG_MAPPING
+
+import latticekit as lk
+from decoding.decoding_helpers import PeekingHeads
+from latticekit.decoding.costs import StepCosts
+from latticekit.errors import CacheError
+from latticekit.torch import DraftTree, prepare_target, verify
+from latticekit.torch.target import Target
+
+VOCAB = 128
+WINDOW = 8
+NEW_TOKENS = 16
+SHORT_PROMPT = [3, 17, 42, 8, 25]  # shorter than the window
+LONG_PROMPT = [(7 * i + 3) % 120 + 2 for i in range(3 * WINDOW + 5)]  # 3.6 windows
+COSTS = StepCosts([0, 1, 8, 64], [0.010, 0.010, 0.011, 0.020], 50, draft_s=0.0001)
+BASE = dict(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2,
+    bos_token_id=0, eos_token_id=1, pad_token_id=0, tie_word_embeddings=False,
+)
+MIXED = ["sliding_attention", "full_attention"]
+MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+
+#: family id -> (model_type, config fields over BASE, attention implementation)
+FULL: dict[str, tuple[str, dict[str, Any], str]] = {
+    "gpt2": ("gpt2", {}, "sdpa"),
+    "llama": ("llama", {}, "sdpa"),
+    "qwen2": ("qwen2", {}, "sdpa"),
+    "qwen3": ("qwen3", {}, "sdpa"),
+    "qwen3_moe": ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32), "sdpa"),
+    "mixtral": ("mixtral", MOE, "sdpa"),
+    "mistral": ("mistral", dict(sliding_window=None), "sdpa"),
+    "phi3": ("phi3", {}, "sdpa"),
+    "opt": ("opt", dict(ffn_dim=64, word_embed_proj_dim=32), "sdpa"),
+    "falcon": ("falcon", {}, "sdpa"),
+    "granite": ("granite", {}, "sdpa"),
+    "olmo": ("olmo", {}, "sdpa"),
+    "olmo2": ("olmo2", {}, "sdpa"),
+    "cohere": ("cohere", dict(logit_scale=0.5), "sdpa"),
+    "gemma": ("gemma", {}, "sdpa"),
+    "phi": ("phi", {}, "sdpa"),
+    "starcoder2": ("starcoder2", dict(sliding_window=None), "sdpa"),
+    "stablelm": ("stablelm", {}, "sdpa"),
+    "gptj": ("gptj", dict(rotary_dim=4), "eager"),
+    "gpt_neox": ("gpt_neox", {}, "sdpa"),
+    "smollm3": ("smollm3", {}, "sdpa"),
+    "glm": ("glm", {}, "sdpa"),
+    "ernie4_5": ("ernie4_5", {}, "sdpa"),
+    "seed_oss": ("seed_oss", {}, "sdpa"),
+    "granitemoe": ("granitemoe", MOE, "sdpa"),
+    "olmoe": ("olmoe", dict(num_experts=4, num_experts_per_tok=2), "sdpa"),
+}
+SLIDING: dict[str, tuple[str, dict[str, Any], str]] = {
+    "mistral-window": ("mistral", dict(sliding_window=WINDOW), "sdpa"),
+    "mixtral-window": ("mixtral", dict(sliding_window=WINDOW, **MOE), "sdpa"),
+    "qwen2-window": ("qwen2", dict(use_sliding_window=True, sliding_window=WINDOW, layer_types=MIXED), "sdpa"),
+    "phi3-window": ("phi3", dict(sliding_window=WINDOW), "sdpa"),
+    "starcoder2-window": ("starcoder2", dict(sliding_window=WINDOW), "sdpa"),
+    "gemma2": ("gemma2", dict(sliding_window=WINDOW, layer_types=MIXED), "sdpa"),
+    "gemma3_text": ("gemma3_text", dict(sliding_window=WINDOW, layer_types=MIXED), "sdpa"),
+    "gpt_oss": ("gpt_oss", dict(sliding_window=WINDOW, layer_types=MIXED, **MOE), "eager"),
+    "cohere2": ("cohere2", dict(sliding_window=WINDOW, layer_types=MIXED), "sdpa"),
+    "exaone4": ("exaone4", dict(sliding_window=WINDOW, layer_types=MIXED), "sdpa"),
+    "olmo3": ("olmo3", dict(sliding_window=WINDOW, layer_types=MIXED), "sdpa"),
+    "llama4_text-chunked": ("llama4_text", dict(attention_chunk_size=WINDOW, layer_types=["chunked_attention", "full_attention"],
+                                                no_rope_layers=[1, 1], num_local_experts=2, intermediate_size_mlp=64), "sdpa"),
+}
+#: family id -> (model_type, config fields, attention, the cache layer type the warning names)
+PLAIN: dict[str, tuple[str, dict[str, Any], str, str]] = {
+    "lfm2": ("lfm2", dict(layer_types=["conv", "full_attention"]), "sdpa", "LinearAttentionLayer"),
+    "qwen3_next": ("qwen3_next", dict(layer_types=["linear_attention", "full_attention"], num_experts=4,
+                                      num_experts_per_tok=2, moe_intermediate_size=32, linear_num_value_heads=4,
+                                      linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8),
+                   "sdpa", "LinearAttentionLayer"),
+    "jamba": ("jamba", dict(attn_layer_period=2, attn_layer_offset=1, num_experts=2, expert_layer_period=2,
+                            mamba_d_state=8), "sdpa", "LinearAttentionLayer"),
+    "falcon_h1": ("falcon_h1", dict(mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8,
+                                    mamba_n_groups=1, mamba_chunk_size=16), "sdpa", "LinearAttentionAndFullAttentionLayer"),
+    "mamba": ("mamba", dict(state_size=8), "eager", "LinearAttentionLayer"),
+}
+
+
+def build(model_type: str, fields: dict[str, Any], attn: str) -> Any:
+    """A tiny seeded model of ``model_type``, prepared as ``lk.generate`` prepares it; skips the
+    test when this transformers does not ship the family."""
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"transformers has no {model_type!r} model")
+    config_class = CONFIG_MAPPING[model_type]
+    try:  # families whose default head_dim is not hidden_size / heads (Gemma: 256) get 8
+        config = config_class(**{**BASE, "head_dim": BASE["hidden_size"] // BASE["num_attention_heads"], **fields})
+    except AttributeError:  # head_dim is a read-only property there (Falcon)
+        config = config_class(**{**BASE, **fields})
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+    return prepare_target(model)
+
+
+def hf_greedy(model: Any, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                         do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def check_family(model: Any, window: Optional[int]) -> None:
+    for prompt in (SHORT_PROMPT, LONG_PROMPT):
+        if window is not None:
+            assert len(prompt) + NEW_TOKENS > window and (prompt is SHORT_PROMPT or len(prompt) > 3 * window)
+        reference = hf_greedy(model, prompt)
+        heads = PeekingHeads(model, prompt + reference + [0] * 8, num_heads=4)
+        with_heads = lk.generate(model, prompt, heads=heads, max_new_tokens=NEW_TOKENS, eos_token_id=[], costs=COSTS)
+        assert with_heads.tokens == reference
+        # the heads' trees were verified: accepted nodes committed, rejected ones dropped
+        assert sum(step.num_accepted for step in with_heads.steps) >= NEW_TOKENS // 4
+        assert any(len(step.drafts) > 1 or step.num_accepted < len(step.drafts[0])
+                   for step in with_heads.steps if step.drafts)
+
+
+@pytest.mark.parametrize("family", list(FULL))
+def test_full_attention_family_matches_hf_greedy(family: str) -> None:
+    check_family(build(*FULL[family]), None)
+
+
+@pytest.mark.parametrize("family", list(SLIDING))
+def test_windowed_family_matches_hf_greedy(family: str) -> None:
+    model = build(*SLIDING[family])
+    windows = Target(model).attention_windows(Target(model).new_cache())
+    assert windows is not None and any(w.size == WINDOW for w in windows)
+    check_family(model, WINDOW)
+
+
+@pytest.mark.parametrize("family", list(PLAIN))
+def test_uncommittable_family_decodes_plainly_with_one_warning(family: str) -> None:
+    model_type, fields, attn, layer = PLAIN[family]
+    model = build(model_type, fields, attn)
+    for prompt in (SHORT_PROMPT, LONG_PROMPT):
+        reference = hf_greedy(model, prompt)
+        heads = PeekingHeads(model, prompt + reference + [0] * 8, num_heads=4)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = lk.generate(model, prompt, heads=heads, max_new_tokens=NEW_TOKENS, eos_token_id=[], costs=COSTS)
+        ours = [w for w in caught if "latticekit.generate" in str(w.message)]
+        assert len(ours) == 1 and layer in str(ours[0].message) and ours[0].filename == __file__
+        assert out.tokens == reference
+        assert all(len(step.emitted) == 1 and not step.drafts for step in out.steps)
+    # verify itself keeps its typed error, before it writes to the cache
+    cache = Target(model).new_cache()
+    with pytest.raises(CacheError, match=layer):
+        verify(model, cache, [SHORT_PROMPT[0]], DraftTree.from_drafts([[5, 6]]))
