@@ -103,7 +103,9 @@ def attention_windows(model: Any, cache: Any) -> Optional[tuple[LayerWindow, ...
     types = _layer_types(model)
     if all(t == "full_attention" for t in types):
         return None
-    layers = getattr(cache, "layers", [])
+    layers = list(getattr(cache, "layers", []))
+    if len(layers) < len(types) and getattr(cache, "layer_class_to_replicate", None) is not None:
+        layers += [None] * (len(types) - len(layers))  # made on first update (DynamicCache()), empty now
     if len(layers) != len(types):
         raise CacheError(f"the cache has {len(layers)} layers, the model's config {len(types)}")
     text_config = model.config.get_text_config(decoder=True)
