@@ -200,7 +200,10 @@ def commit_accepted(cache: Any, prefix_len: int, num_nodes: int, accepted_nodes:
     prefix of draft 0, the best p-best path) are not touched; the rest are moved right after
     them, and the cache is truncated. A :class:`SlabCache` moves the rows of all layers with
     one copy per tensor (two in all) and truncates by setting lengths; other caches take one
-    or two indexing operations per layer tensor.
+    or two indexing operations per layer tensor. A sliding-window layer (which kept the whole
+    tree, :func:`keeping_tree_rows`) holds only the prefix's last positions before the tree: its
+    accepted rows move the same way after those, then it keeps its last ``sliding_window - 1``
+    positions, as transformers' own update does.
 
     Args:
         cache: a :class:`KVCache`, a :class:`SlabCache` or an HF ``DynamicCache`` holding
@@ -210,7 +213,8 @@ def commit_accepted(cache: Any, prefix_len: int, num_nodes: int, accepted_nodes:
         accepted_nodes: accepted node indices, root's child first (increasing, as on any path).
 
     Raises:
-        CacheError: the cache kind is unsupported or does not hold ``prefix_len + num_nodes``.
+        CacheError: the cache kind is unsupported or does not hold ``prefix_len + num_nodes``,
+            or a sliding-window layer trimmed the tree's rows before the commit.
     """
     held = cache_length(cache)
     if held != prefix_len + num_nodes:

@@ -41,8 +41,9 @@ _WINDOW_ATTRIBUTE = {
     "sliding_attention": "sliding_window",
     "chunked_attention": "attention_chunk_size",
 }
-#: HF models -> their decoder's layer types (read from the config once per model).
-_LAYER_TYPES: "weakref.WeakKeyDictionary[Any, tuple[str, ...]]" = weakref.WeakKeyDictionary()
+#: HF models -> their decoder's layer types, None when all are full attention (read from the
+#: config once per model).
+_LAYER_TYPES: "weakref.WeakKeyDictionary[Any, Optional[tuple[str, ...]]]" = weakref.WeakKeyDictionary()
 
 Masks = Union[torch.Tensor, dict[str, torch.Tensor]]
 
@@ -64,14 +65,18 @@ class LayerWindow:
     cached: int
 
 
-def _layer_types(model: Any) -> tuple[str, ...]:
-    types = _LAYER_TYPES.get(model)
-    if types is None:
+def _layer_types(model: Any) -> Optional[tuple[str, ...]]:
+    if model not in _LAYER_TYPES:
         from transformers.cache_utils import get_layer_types_and_kwargs
 
         types = tuple(get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0])
-        _LAYER_TYPES[model] = types
-    return types
+        _LAYER_TYPES[model] = None if all(t == "full_attention" for t in types) else types
+    return _LAYER_TYPES[model]
+
+
+def _full_but_sliding(index: int, layer: Any) -> str:
+    return (f"layer {index} is full attention but its cache layer is a {type(layer).__name__}, which drops "
+            "positions the layer attends to")
 
 
 def _cached_rows(layer: Any) -> int:
@@ -101,7 +106,10 @@ def attention_windows(model: Any, cache: Any) -> Optional[tuple[LayerWindow, ...
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
     types = _layer_types(model)
-    if all(t == "full_attention" for t in types):
+    if types is None:
+        for index, layer in enumerate(getattr(cache, "layers", [])):
+            if isinstance(layer, DynamicSlidingWindowLayer):
+                raise CacheError(_full_but_sliding(index, layer))
         return None
     layers = list(getattr(cache, "layers", []))
     if len(layers) < len(types) and getattr(cache, "layer_class_to_replicate", None) is not None:
@@ -121,7 +129,7 @@ def attention_windows(model: Any, cache: Any) -> Optional[tuple[LayerWindow, ...
         if attribute is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise CacheError(f"layer type {layer_type!r} needs a positive int config.{attribute}, got {size!r}")
         if attribute is None and isinstance(layer, DynamicSlidingWindowLayer):
-            raise CacheError(f"layer {index} is full attention but its cache layer keeps a sliding window")
+            raise CacheError(_full_but_sliding(index, layer))
         rows = _cached_rows(layer)
         seen = windows.setdefault(layer_type, LayerWindow(layer_type, size, rows))
         if seen.cached != rows:

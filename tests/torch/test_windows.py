@@ -173,7 +173,7 @@ def test_a_cache_that_does_not_fit_the_layer_types_is_a_typed_error() -> None:
     model = MODELS["gemma2"]()
     prompt = list(range(2, 12))
     all_sliding = tiny_family("gemma2", "eager", sliding_window=WINDOW, layer_types=["sliding_attention"] * 2)
-    with pytest.raises(CacheError, match="full attention but its cache layer keeps a sliding window"):
+    with pytest.raises(CacheError, match="full attention but its cache layer is a DynamicSlidingWindowLayer"):
         prefill(model, prompt, DynamicCache(config=all_sliding.config))
     # a cache without the model's config (every layer full) still verifies exactly: the sliding
     # layers' rule comes from the model, the keys from the cache
