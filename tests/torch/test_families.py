@@ -26,7 +26,7 @@ from latticekit.torch.target import Target
 from lk_torch_helpers import tiny_family
 
 WINDOW = 8
-NEW_TOKENS = 16
+NEW_TOKENS = 12
 SHORT_PROMPT = [3, 17, 42, 8, 25]  # shorter than the window
 LONG_PROMPT = [(7 * i + 3) % 120 + 2 for i in range(3 * WINDOW + 5)]  # 3.6 windows
 COSTS = StepCosts([0, 1, 8, 64], [0.010, 0.010, 0.011, 0.020], 50, draft_s=0.0001)
@@ -148,3 +148,22 @@ def test_uncommittable_family_decodes_plainly_with_one_warning(family: str) -> N
     cache = Target(model).new_cache()
     with pytest.raises(CacheError, match=layer):
         verify(model, cache, [SHORT_PROMPT[0]], DraftTree.from_drafts([[5, 6]]))
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "lfm2"])
+def test_sampling_over_windows_and_plainly(family: str) -> None:
+    """``temperature > 0`` decodes over a mixed sliding/full model (the tree-sampling rule, whose
+    per-step logits ``test_windows.py`` checks against plain decoding) and, after the warning,
+    over one whose cache takes no tree; both reproducible under a seeded generator."""
+    model_type, fields, attn = (SLIDING[family] if family in SLIDING else PLAIN[family][:3])
+    model = build(model_type, fields, attn)
+    heads = PeekingHeads(model, LONG_PROMPT + hf_greedy(model, LONG_PROMPT) + [0] * 8, num_heads=4)
+    runs = []
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = lk.generate(model, LONG_PROMPT, heads=heads, max_new_tokens=NEW_TOKENS, eos_token_id=[], costs=COSTS,
+                              temperature=0.8, generator=torch.Generator().manual_seed(5))
+        assert len([w for w in caught if "latticekit.generate" in str(w.message)]) == (family in PLAIN)
+        runs.append(out.tokens)
+    assert runs[0] == runs[1] and len(runs[0]) == NEW_TOKENS
