@@ -12,9 +12,10 @@ decoding the tokens are exactly the prepared model's own greedy tokens; with ``t
 they are distributed exactly like its samples (lossless tree sampling).
 
 Models whose cache cannot be committed after a tree pass (linear attention, recurrent or
-convolution states: a rejected node's update cannot be taken back) decode without drafts:
+convolution states: a rejected node's update cannot be taken back), and those whose attention
+places its biases by key order (ALiBi, GPT-Neo's local layers), decode without drafts:
 transformers' own causal pass over the prompt, then one plain step per token, the calls HF
-``generate`` makes, after one warning naming the layer type.
+``generate`` makes, after one warning naming the layer type or the reason.
 
 Needs torch; ``import latticekit`` does not import it.
 """
@@ -155,13 +156,14 @@ def generate(
     from latticekit.decoding.loop import decode
     from latticekit.torch import prepare_target
     from latticekit.torch.target import Target
+    from latticekit.torch.windows import index_bound_attention
 
     prompt = _prompt_ids(input_ids)
     if prepare:
         prepare_target(model, heads=heads)
     if eos_token_id is None:
         eos_token_id = _default_eos(model)
-    refusal = Target(model).tree_refusal()
+    refusal = index_bound_attention(model) or Target(model).tree_refusal()
     if refusal is not None:
         warnings.warn(f"latticekit.generate decodes {type(model).__name__} without drafts, one token per call: "
                       f"{refusal}", UserWarning, stacklevel=3)

@@ -107,11 +107,9 @@ class ModelTarget:
 
     def first(self, ids: list[int]) -> tuple[int, ...]:
         if self.plain:
-            self.cache = self.target.new_cache()
             prompt = torch.tensor([ids], dtype=torch.long, device=self.target.device)
-            logits, hidden = self.target.forward_last(prompt, self.cache)
-            self.hidden = hidden[0]
-            return (_next_token(logits[0], self.config, self.generator),)
+            logits, self.hidden, self.cache = self.target.forward_prompt(prompt)
+            return (_next_token(logits, self.config, self.generator),)
         self.cache = prefill(self.model, ids)
         logits, self.hidden = self.target.step(self.cache, ids[-1], len(ids) - 1)
         return (_next_token(logits, self.config, self.generator),)
@@ -209,7 +207,7 @@ def decode(
     prompt = _prompt_list(prompt_ids)
     if strategy.needs_heads and heads is None:
         raise HeadsError(f"decoder {config.label!r} needs draft heads")
-    target = Target(model)
+    target = Target(model, tree_masks=not plain)
     num_heads = getattr(heads, "num_heads", None)
     num_heads = num_heads if isinstance(num_heads, int) else None
     if strategy.needs_reference and reference is None:

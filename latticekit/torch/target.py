@@ -20,7 +20,7 @@ import torch
 from latticekit.errors import CacheError, DeviceMismatchError, UnsupportedModelError
 from latticekit.torch.cache import KVCache, cache_device, check_committable
 from latticekit.torch.tree import mask_from_visibility
-from latticekit.torch.windows import LayerWindow, Masks, attention_windows
+from latticekit.torch.windows import LayerWindow, Masks, attention_windows, index_bound_attention
 
 __all__ = ["Target", "keeps_logits"]
 
@@ -51,8 +51,8 @@ class Target:
 
     Raises:
         UnsupportedModelError: a model that is neither, an HF model without output embeddings
-            or (with ``tree_masks``) whose attention cannot take a 4-D mask, or one without
-            parameters.
+            or (with ``tree_masks``) whose attention cannot take a 4-D mask or places its biases by
+            key order (ALiBi, GPT-Neo's local layers), or one without parameters.
     """
 
     def __init__(self, model: Any, *, tree_masks: bool = True) -> None:
@@ -66,6 +66,9 @@ class Target:
                     f"attention implementation {attn!r} cannot take a custom 4-D tree mask; "
                     f"load the model with attn_implementation in {MASKABLE_ATTENTION}"
                 )
+            reason = index_bound_attention(model) if tree_masks else None
+            if reason is not None:
+                raise UnsupportedModelError(reason)
             head = model.get_output_embeddings()
             if head is None:
                 raise UnsupportedModelError(f"{type(model).__name__} has no output embeddings (not a causal LM?)")
@@ -183,6 +186,35 @@ class Target:
         keep = {"logits_to_keep": 1} if keeps_logits(type(self.model)) else {}
         logits, hidden = self._hf_forward(hook, captured, cache, input_ids=input_ids, **keep)
         return logits[:, -1], hidden
+
+    def forward_prompt(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """transformers' own causal pass over a prompt with no cache given, so the model makes the
+        cache it makes under HF ``generate`` (a model with a cache class of its own included):
+        the decoding of a model whose cache takes no tree pass.
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `(1, L)`): the prompt.
+
+        Returns:
+            The last position's logits `(vocab,)` and final hidden state `(hidden,)`, and the
+            cache the model returned (pass it to :meth:`step`).
+
+        Raises:
+            UnsupportedModelError: a protocol module, or a model that returns no cache.
+        """
+        if not self.is_hf:
+            raise UnsupportedModelError("forward_prompt needs an HF causal LM")
+        captured: list[torch.Tensor] = []
+        hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0][:, -1]))
+        keep = {"logits_to_keep": 1} if keeps_logits(type(self.model)) else {}
+        try:
+            out = self.model(input_ids=input_ids, use_cache=True, **keep)
+        finally:
+            hook.remove()
+        cache = getattr(out, self.cache_keyword, None)
+        if cache is None:
+            raise UnsupportedModelError(f"{type(self.model).__name__} returned no cache as {self.cache_keyword!r}")
+        return out.logits[0, -1], captured[-1][0], cache
 
     def _hf_forward(
         self, hook: Any, captured: list[torch.Tensor], cache: Any, **inputs: Any

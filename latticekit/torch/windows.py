@@ -33,7 +33,14 @@ import torch
 from latticekit.errors import CacheError
 from latticekit.torch.tree import DraftTree, mask_from_visibility
 
-__all__ = ["LayerWindow", "attention_windows", "window_visibility", "tree_pass_masks", "prefill_masks"]
+__all__ = [
+    "LayerWindow",
+    "attention_windows",
+    "index_bound_attention",
+    "window_visibility",
+    "tree_pass_masks",
+    "prefill_masks",
+]
 
 #: Layer types -> the config attribute holding their window (None: full attention).
 _WINDOW_ATTRIBUTE = {
@@ -72,6 +79,22 @@ def _layer_types(model: Any) -> Optional[tuple[str, ...]]:
         types = tuple(get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0])
         _LAYER_TYPES[model] = None if all(t == "full_attention" for t in types) else types
     return _LAYER_TYPES[model]
+
+
+def index_bound_attention(model: Any) -> Optional[str]:
+    """Why an HF model's attention cannot score a tree, or None: its position biases or local
+    windows follow the keys' order in the pass, not their positions (ALiBi in BLOOM, MPT and
+    Falcon with ``alibi``; GPT-Neo's local layers, masked by a band over key indices), so a
+    node's ancestors, which sit among other branches' nodes, get another node's bias."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type == "bloom" or (model_type == "falcon" and getattr(config, "alibi", False)) or (
+        model_type == "mpt" and getattr(getattr(config, "attn_config", None), "alibi", False)
+    ):
+        return f"{type(model).__name__} adds ALiBi position biases by key order, not position: a tree pass would misplace them"
+    if model_type == "gpt_neo" and "local" in getattr(config, "attention_layers", ()):
+        return f"{type(model).__name__}'s local attention layers mask by key order, not position: a tree pass would misplace their window"
+    return None
 
 
 def _full_but_sliding(index: int, layer: Any) -> str:

@@ -92,6 +92,8 @@ def tiny_family(model_type: str, attn: str = "sdpa", seed: int = 0, **fields: An
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # transformers' notes on tiny configs
+        # GPTBigCode's module scripts a function at import (transformers' call, not latticekit's)
+        warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
         return AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
 
 

@@ -1,8 +1,10 @@
 """``lk.generate`` gives HF greedy's exact tokens on a tiny random model of every causal-LM family
 a user would bring: full attention, sliding windows (Mistral, Qwen 2, Phi-3, Starcoder 2 with
 ``sliding_window`` set; Gemma 2/3, GPT-OSS, Cohere 2, EXAONE 4, OLMo 3 mixing sliding and full
-layers), chunked attention (Llama 4), and the models whose cache cannot be committed (linear
-attention, convolution and recurrent states), which decode without drafts after one warning.
+layers), chunked attention (Llama 4), and the models latticekit cannot verify trees for, which
+decode without drafts after one warning: caches that cannot be committed (linear attention,
+convolution and recurrent states) and attention that places its biases by key order (ALiBi,
+GPT-Neo's local layers).
 
 Each family is one test id; the sliding families' window (8) is shorter than every long prompt
 and than prompt plus generation. A family this transformers does not ship is skipped with the
@@ -16,11 +18,12 @@ from typing import Any, Optional
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 import latticekit as lk
 from decoding.decoding_helpers import PeekingHeads
 from latticekit.decoding.costs import StepCosts
-from latticekit.errors import CacheError
+from latticekit.errors import CacheError, UnsupportedModelError
 from latticekit.torch import DraftTree, prepare_target, verify
 from latticekit.torch.target import Target
 from lk_torch_helpers import tiny_family
@@ -61,6 +64,13 @@ FULL: dict[str, tuple[str, dict[str, Any], str]] = {
     "seed_oss": ("seed_oss", {}, "sdpa"),
     "granitemoe": ("granitemoe", MOE, "sdpa"),
     "olmoe": ("olmoe", dict(num_experts=4, num_experts_per_tok=2), "sdpa"),
+    "deepseek_v3": ("deepseek_v3", dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                                        moe_intermediate_size=32, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+                                        qk_nope_head_dim=8, v_head_dim=8, first_k_dense_replace=1, n_group=1,
+                                        topk_group=1), "sdpa"),
+    "gpt_bigcode": ("gpt_bigcode", dict(n_layer=2, n_head=4, n_embd=32), "sdpa"),
+    "codegen": ("codegen", dict(n_layer=2, n_head=4, n_embd=32, rotary_dim=4), "eager"),
+    "helium": ("helium", {}, "sdpa"),
 }
 SLIDING: dict[str, tuple[str, dict[str, Any], str]] = {
     "mistral-window": ("mistral", dict(sliding_window=WINDOW), "sdpa"),
@@ -74,21 +84,32 @@ SLIDING: dict[str, tuple[str, dict[str, Any], str]] = {
     "cohere2": ("cohere2", dict(sliding_window=WINDOW, layer_types=MIXED), "sdpa"),
     "exaone4": ("exaone4", dict(sliding_window=WINDOW, layer_types=MIXED), "sdpa"),
     "olmo3": ("olmo3", dict(sliding_window=WINDOW, layer_types=MIXED), "sdpa"),
+    "ministral": ("ministral", dict(sliding_window=WINDOW, layer_types=MIXED), "sdpa"),
     "llama4_text-chunked": ("llama4_text", dict(attention_chunk_size=WINDOW, layer_types=["chunked_attention", "full_attention"],
                                                 no_rope_layers=[1, 1], num_local_experts=2, intermediate_size_mlp=64), "sdpa"),
 }
-#: family id -> (model_type, config fields, attention, the cache layer type the warning names)
-PLAIN: dict[str, tuple[str, dict[str, Any], str, str]] = {
-    "lfm2": ("lfm2", dict(layer_types=["conv", "full_attention"]), "sdpa", "LinearAttentionLayer"),
+#: family id -> (model_type, config fields, attention, what the warning names, verify's typed error)
+PLAIN: dict[str, tuple[str, dict[str, Any], str, str, type]] = {
+    "lfm2": ("lfm2", dict(layer_types=["conv", "full_attention"]), "sdpa", "LinearAttentionLayer", CacheError),
     "qwen3_next": ("qwen3_next", dict(layer_types=["linear_attention", "full_attention"], num_experts=4,
                                       num_experts_per_tok=2, moe_intermediate_size=32, linear_num_value_heads=4,
                                       linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8),
-                   "sdpa", "LinearAttentionLayer"),
+                   "sdpa", "LinearAttentionLayer", CacheError),
     "jamba": ("jamba", dict(attn_layer_period=2, attn_layer_offset=1, num_experts=2, expert_layer_period=2,
-                            mamba_d_state=8), "sdpa", "LinearAttentionLayer"),
+                            mamba_d_state=8), "sdpa", "LinearAttentionLayer", CacheError),
     "falcon_h1": ("falcon_h1", dict(mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8,
-                                    mamba_n_groups=1, mamba_chunk_size=16), "sdpa", "LinearAttentionAndFullAttentionLayer"),
-    "mamba": ("mamba", dict(state_size=8), "eager", "LinearAttentionLayer"),
+                                    mamba_n_groups=1, mamba_chunk_size=16), "sdpa",
+                  "LinearAttentionAndFullAttentionLayer", CacheError),
+    "mamba": ("mamba", dict(state_size=8), "eager", "LinearAttentionLayer", CacheError),
+    # a cache class of its own (MiniMaxCache before 5.24): the plain decode takes the model's
+    "minimax": ("minimax", dict(layer_types=["linear_attention", "full_attention"], num_local_experts=2), "sdpa",
+                "LinearAttentionLayer", CacheError),
+    # position biases and local windows placed by key order, not position
+    "bloom": ("bloom", dict(n_layer=2, n_head=4), "eager", "ALiBi", UnsupportedModelError),
+    "mpt": ("mpt", dict(d_model=32, n_heads=4, n_layers=2), "eager", "ALiBi", UnsupportedModelError),
+    "falcon-alibi": ("falcon", dict(alibi=True), "eager", "ALiBi", UnsupportedModelError),
+    "gpt_neo": ("gpt_neo", dict(window_size=WINDOW, attention_types=[[["global", "local"], 1]], num_layers=2),
+                "eager", "local attention", UnsupportedModelError),
 }
 
 
@@ -131,8 +152,8 @@ def test_windowed_family_matches_hf_greedy(family: str) -> None:
 
 
 @pytest.mark.parametrize("family", list(PLAIN))
-def test_uncommittable_family_decodes_plainly_with_one_warning(family: str) -> None:
-    model_type, fields, attn, layer = PLAIN[family]
+def test_unverifiable_family_decodes_plainly_with_one_warning(family: str) -> None:
+    model_type, fields, attn, named, error = PLAIN[family]
     model = build(model_type, fields, attn)
     for prompt in (SHORT_PROMPT, LONG_PROMPT):
         reference = hf_greedy(model, prompt)
@@ -141,13 +162,12 @@ def test_uncommittable_family_decodes_plainly_with_one_warning(family: str) -> N
             warnings.simplefilter("always")
             out = lk.generate(model, prompt, heads=heads, max_new_tokens=NEW_TOKENS, eos_token_id=[], costs=COSTS)
         ours = [w for w in caught if "latticekit.generate" in str(w.message)]
-        assert len(ours) == 1 and layer in str(ours[0].message) and ours[0].filename == __file__
+        assert len(ours) == 1 and named in str(ours[0].message) and ours[0].filename == __file__
         assert out.tokens == reference
         assert all(len(step.emitted) == 1 and not step.drafts for step in out.steps)
-    # verify itself keeps its typed error, before it writes to the cache
-    cache = Target(model).new_cache()
-    with pytest.raises(CacheError, match=layer):
-        verify(model, cache, [SHORT_PROMPT[0]], DraftTree.from_drafts([[5, 6]]))
+    # verify itself keeps its typed error, before it writes to any cache
+    with pytest.raises(error, match=named):
+        verify(model, DynamicCache(config=model.config), [SHORT_PROMPT[0]], DraftTree.from_drafts([[5, 6]]))
 
 
 @pytest.mark.parametrize("family", ["gemma3_text", "lfm2"])
@@ -155,7 +175,7 @@ def test_sampling_over_windows_and_plainly(family: str) -> None:
     """``temperature > 0`` decodes over a mixed sliding/full model (the tree-sampling rule, whose
     per-step logits ``test_windows.py`` checks against plain decoding) and, after the warning,
     over one whose cache takes no tree; both reproducible under a seeded generator."""
-    model_type, fields, attn = (SLIDING[family] if family in SLIDING else PLAIN[family][:3])
+    model_type, fields, attn = SLIDING[family] if family in SLIDING else PLAIN[family][:3]
     model = build(model_type, fields, attn)
     heads = PeekingHeads(model, LONG_PROMPT + hf_greedy(model, LONG_PROMPT) + [0] * 8, num_heads=4)
     runs = []
