@@ -150,8 +150,9 @@ def generate(
         latticekit.torch errors: an unsupported model (see :func:`latticekit.torch.verify`).
 
     Warns:
-        UserWarning: once, when the model's cache takes no tree pass (it names the layer type);
-            the decode then drafts nothing and makes HF ``generate``'s calls.
+        UserWarning: once, when no tree pass can run over the model (a cache layer that cannot be
+            committed, named, or attention biased by key order, e.g. ALiBi); the decode then
+            drafts nothing and makes HF ``generate``'s calls.
     """
     from latticekit.decoding.loop import decode
     from latticekit.torch import prepare_target
