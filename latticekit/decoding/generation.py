@@ -11,11 +11,18 @@ heads pay for themselves. Under greedy
 decoding the tokens are exactly the prepared model's own greedy tokens; with ``temperature > 0``
 they are distributed exactly like its samples (lossless tree sampling).
 
+Models whose cache cannot be committed after a tree pass (linear attention, recurrent or
+convolution states: a rejected node's update cannot be taken back), and those whose attention
+places its biases by key order (ALiBi, GPT-Neo's local layers), decode without drafts:
+transformers' own causal pass over the prompt, then one plain step per token, the calls HF
+``generate`` makes, after one warning naming the layer type or the reason.
+
 Needs torch; ``import latticekit`` does not import it.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -141,19 +148,34 @@ def generate(
     Raises:
         DecoderConfigError: bad ``input_ids``, ``max_new_tokens``, ``temperature`` or ``top_p``.
         latticekit.torch errors: an unsupported model (see :func:`latticekit.torch.verify`).
+
+    Warns:
+        UserWarning: once, when no tree pass can run over the model (a cache layer that cannot be
+            committed, named, or attention biased by key order, e.g. ALiBi); the decode then
+            drafts nothing and makes HF ``generate``'s calls.
     """
     from latticekit.decoding.loop import decode
     from latticekit.torch import prepare_target
+    from latticekit.torch.target import Target
+    from latticekit.torch.windows import index_bound_attention
 
     prompt = _prompt_ids(input_ids)
     if prepare:
         prepare_target(model, heads=heads)
     if eos_token_id is None:
         eos_token_id = _default_eos(model)
-    config = DecoderConfig("auto", alpha=1.0 if lm is not None else 0.0, temperature=temperature, top_p=top_p)
-    decoding = decode(model, heads, prompt, config, max_new_tokens=max_new_tokens, lms=lm,
-                      eos_token_id=eos_token_id, generator=generator, costs=costs, acceptance=acceptance,
-                      streamer=streamer, record_lattices=False, memory=memory)
+    refusal = index_bound_attention(model) or Target(model).tree_refusal()
+    if refusal is not None:
+        warnings.warn(f"latticekit.generate decodes {type(model).__name__} without drafts, one token per call: "
+                      f"{refusal}", UserWarning, stacklevel=3)
+        config = DecoderConfig("greedy", temperature=temperature, top_p=top_p)
+        decoding = decode(model, None, prompt, config, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                          generator=generator, streamer=streamer, record_lattices=False, memory=memory, plain=True)
+    else:
+        config = DecoderConfig("auto", alpha=1.0 if lm is not None else 0.0, temperature=temperature, top_p=top_p)
+        decoding = decode(model, heads, prompt, config, max_new_tokens=max_new_tokens, lms=lm,
+                          eos_token_id=eos_token_id, generator=generator, costs=costs, acceptance=acceptance,
+                          streamer=streamer, record_lattices=False, memory=memory)
     device = next(model.parameters()).device
     sequences = torch.tensor([decoding.prompt + decoding.tokens], dtype=torch.long, device=device)
     return GenerateOutput(sequences, decoding)

@@ -87,19 +87,29 @@ def _next_token(logits: torch.Tensor, config: DecoderConfig, generator: Optional
 
 class ModelTarget:
     """A model as the loop's target (:class:`~latticekit.decoding.steps.StepTarget`): its KV
-    cache, the final hidden state of its last call (the heads read it), and its lattice source."""
+    cache, the final hidden state of its last call (the heads read it), and its lattice source.
+
+    ``plain``: the model's cache takes no tree pass (see :meth:`Target.tree_refusal`); the prompt
+    is then fed as transformers' own causal pass and every step is one plain token, the calls
+    HF ``generate`` makes (the drafter must never draft)."""
 
     timed = True
     lattice_s: Optional[float] = None
 
-    def __init__(self, target: Target, config: DecoderConfig, source: Any, generator: Optional[torch.Generator]) -> None:
+    def __init__(self, target: Target, config: DecoderConfig, source: Any, generator: Optional[torch.Generator],
+                 plain: bool = False) -> None:
         self.model, self.target = target.model, target
         self.config, self.source, self.generator = config, source, generator
         self.rule: AcceptanceRule = "greedy" if config.temperature == 0 else "sampling"
+        self.plain = plain
         self.cache: Any = None
         self.hidden: Optional[torch.Tensor] = None
 
     def first(self, ids: list[int]) -> tuple[int, ...]:
+        if self.plain:
+            prompt = torch.tensor([ids], dtype=torch.long, device=self.target.device)
+            logits, self.hidden, self.cache = self.target.forward_prompt(prompt)
+            return (_next_token(logits, self.config, self.generator),)
         self.cache = prefill(self.model, ids)
         logits, self.hidden = self.target.step(self.cache, ids[-1], len(ids) - 1)
         return (_next_token(logits, self.config, self.generator),)
@@ -108,6 +118,8 @@ class ModelTarget:
         if not draft:
             logits, self.hidden = self.target.step(self.cache, ids[-1], len(ids) - 1)
             return (_next_token(logits, self.config, self.generator),), 0
+        if self.plain:
+            raise DecoderConfigError("this model's cache takes no tree pass: its decode cannot draft")
         tree = DraftTree.from_trie(draft.tokens, draft.parents)
         result = verify(self.model, self.cache, ids, tree, self.rule, temperature=self.config.temperature or 1.0,
                         top_p=self.config.top_p, generator=self.generator)
@@ -139,6 +151,7 @@ def decode(
     streamer: Any = None,
     record_lattices: bool = True,
     memory: Any = None,
+    plain: bool = False,
 ) -> Decoding:
     """Decodes ``max_new_tokens`` tokens after a prompt with one decoder.
 
@@ -174,6 +187,9 @@ def decode(
         memory: an :class:`~latticekit.drafting.memory.AnswerMemory` of earlier answers: ``auto``
             (and the drafters built on it) drafts from it too, and the decode's new tokens are
             added to it at the end. None: no memory.
+        plain: feed the prompt as transformers' own causal pass and decode one plain token per
+            call, as HF ``generate`` does, for a model whose cache takes no tree pass
+            (:func:`latticekit.generate` falls back to it); only the ``greedy`` decoder.
 
     Returns:
         The new tokens and one :class:`StepRecord` per target call.
@@ -185,11 +201,13 @@ def decode(
         latticekit.torch errors: an unsupported model (see :func:`latticekit.torch.verify`).
     """
     strategy = drafter_class(config)
+    if plain and config.method != "greedy":
+        raise DecoderConfigError(f"plain decoding takes no drafts: decoder {config.label!r} drafts")
     check_max_new_tokens(max_new_tokens)
     prompt = _prompt_list(prompt_ids)
     if strategy.needs_heads and heads is None:
         raise HeadsError(f"decoder {config.label!r} needs draft heads")
-    target = Target(model)
+    target = Target(model, tree_masks=not plain)
     num_heads = getattr(heads, "num_heads", None)
     num_heads = num_heads if isinstance(num_heads, int) else None
     if strategy.needs_reference and reference is None:
@@ -217,7 +235,7 @@ def decode(
     clock = _Clock(target.device)
     eos = eos_set(eos_token_id)
     stream = _Stream(streamer, prompt, max_new_tokens, eos)
-    out = run_steps(ModelTarget(target, config, source, generator), drafter, config, prompt, max_new_tokens,
+    out = run_steps(ModelTarget(target, config, source, generator, plain), drafter, config, prompt, max_new_tokens,
                     eos, emit=stream.put, record_lattices=record_lattices, clock=clock)
     stream.end()
     if memory is not None:

@@ -4,19 +4,36 @@ After a tree pass the cache holds the prefix followed by one entry per tree node
 order. Committing keeps the prefix and the accepted nodes' entries (which need not be
 contiguous: they are gathered to the front of the tree segment) and drops the rest, so
 rejected nodes never leak into later steps.
+
+An HF cache's layers may be full attention (``DynamicLayer``, all positions) or sliding window
+(``DynamicSlidingWindowLayer``, the last ``sliding_window - 1`` positions, as transformers keeps
+them after every update; chunked layers share the class). During a tree pass a sliding layer
+keeps every row (:func:`keeping_tree_rows`), so that the commit can gather the accepted nodes
+after the prefix's last positions and then trim the layer as transformers would. Layers that
+hold no per-position keys (linear attention, convolution and other recurrent states) cannot
+drop a rejected node's update: they are refused.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Optional
 
 import torch
 
 from latticekit.errors import CacheError
 
-__all__ = ["KVCache", "slab_cache_class", "cache_length", "cache_device", "check_committable", "commit_accepted"]
+__all__ = [
+    "KVCache",
+    "slab_cache_class",
+    "cache_length",
+    "cache_device",
+    "check_committable",
+    "commit_accepted",
+    "keeping_tree_rows",
+]
 
 
 class KVCache:
@@ -89,10 +106,16 @@ def _slab_of(cache: Any) -> Any:
     return cache._slab
 
 
+def _sliding_layer_class() -> Optional[type[Any]]:
+    """``transformers.cache_utils.DynamicSlidingWindowLayer`` if transformers was imported."""
+    module = sys.modules.get("transformers.cache_utils")
+    return None if module is None else module.DynamicSlidingWindowLayer
+
+
 def _hf_layers(cache: Any) -> list[Any]:
     """The layers of an HF cache whose entries can be gathered, or a CacheError."""
     try:
-        from transformers.cache_utils import DynamicLayer
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
     except ImportError as exc:  # pragma: no cover - only reached with an HF cache object
         raise CacheError(f"cannot commit a {type(cache).__name__} without transformers") from exc
     layers = getattr(cache, "layers", None)
@@ -102,14 +125,36 @@ def _hf_layers(cache: Any) -> list[Any]:
             "latticekit.torch.SlabCache or latticekit.torch.KVCache"
         )
     for layer in layers:
-        # Subclasses (sliding window, quantised, indexed) keep extra state that a gather
-        # would silently corrupt, so only the plain full-attention layer is accepted.
-        if type(layer) is not DynamicLayer:
+        # Other subclasses (quantised, indexed, linear attention with a recurrent state) keep
+        # extra state that a gather would silently corrupt, so only these two are accepted.
+        if type(layer) is not DynamicLayer and type(layer) is not DynamicSlidingWindowLayer:
             raise CacheError(
-                f"unsupported cache layer {type(layer).__name__}: only full-attention "
-                "DynamicCache layers can be committed"
+                f"unsupported cache layer {type(layer).__name__}: only full-attention and "
+                "sliding-window DynamicCache layers (DynamicLayer, DynamicSlidingWindowLayer) can be committed"
             )
     return layers
+
+
+@contextmanager
+def keeping_tree_rows(cache: Any, new_rows: int) -> Iterator[None]:
+    """Within the block, the sliding-window layers of an HF cache keep the ``new_rows`` rows a
+    pass gives them (the root and every tree node) after those they hold, instead of trimming
+    to their window; :func:`commit_accepted` trims them. Nothing changes for other caches and
+    layers."""
+    sliding = _sliding_layer_class()
+    layers = [] if sliding is None else [
+        layer for layer in getattr(cache, "layers", []) if type(layer) is sliding
+    ]
+    windows = [layer.sliding_window for layer in layers]
+    try:
+        for layer in layers:
+            held = int(layer.keys.shape[-2]) if layer.is_initialized else 0
+            # update() keeps the last sliding_window - 1 rows: here, all of them
+            layer.sliding_window = max(layer.sliding_window, held + new_rows + 1)
+        yield
+    finally:
+        for layer, window in zip(layers, windows):
+            layer.sliding_window = window
 
 
 def check_committable(cache: Any) -> None:
@@ -155,7 +200,10 @@ def commit_accepted(cache: Any, prefix_len: int, num_nodes: int, accepted_nodes:
     prefix of draft 0, the best p-best path) are not touched; the rest are moved right after
     them, and the cache is truncated. A :class:`SlabCache` moves the rows of all layers with
     one copy per tensor (two in all) and truncates by setting lengths; other caches take one
-    or two indexing operations per layer tensor.
+    or two indexing operations per layer tensor. A sliding-window layer (which kept the whole
+    tree, :func:`keeping_tree_rows`) holds only the prefix's last positions before the tree: its
+    accepted rows move the same way after those, then it keeps its last ``sliding_window - 1``
+    positions, as transformers' own update does.
 
     Args:
         cache: a :class:`KVCache`, a :class:`SlabCache` or an HF ``DynamicCache`` holding
@@ -165,7 +213,8 @@ def commit_accepted(cache: Any, prefix_len: int, num_nodes: int, accepted_nodes:
         accepted_nodes: accepted node indices, root's child first (increasing, as on any path).
 
     Raises:
-        CacheError: the cache kind is unsupported or does not hold ``prefix_len + num_nodes``.
+        CacheError: the cache kind is unsupported or does not hold ``prefix_len + num_nodes``,
+            or a sliding-window layer trimmed the tree's rows before the commit.
     """
     held = cache_length(cache)
     if held != prefix_len + num_nodes:
@@ -198,10 +247,31 @@ def commit_accepted(cache: Any, prefix_len: int, num_nodes: int, accepted_nodes:
                     _move_rows(tensor, dst, src_start, move, src)
                 store[i] = tensor.narrow(-2, 0, kept)
         return
+    sliding = _sliding_layer_class()
     for layer in _hf_layers(cache):
-        if layer.is_initialized:
+        if not layer.is_initialized:
+            continue
+        if type(layer) is not sliding:
             if move:
                 _move_rows(layer.keys, dst, src_start, move, src)
                 _move_rows(layer.values, dst, src_start, move, src)
             layer.keys = layer.keys.narrow(-2, 0, kept)
             layer.values = layer.values.narrow(-2, 0, kept)
+            continue
+        # A sliding layer holds the prefix's last positions, then the tree (keeping_tree_rows).
+        held_prefix = int(layer.keys.shape[-2]) - num_nodes
+        if held_prefix < min(prefix_len, layer.sliding_window - 1):
+            raise CacheError(
+                f"a sliding-window layer holds {held_prefix} prefix positions after the tree, fewer than its "
+                "window needs: it trimmed the pass's rows (run the pass inside keeping_tree_rows, as "
+                "verify and tree_forward do)"
+            )
+        shift = prefix_len - held_prefix
+        if move:
+            layer_src = None if src is None else src - shift
+            _move_rows(layer.keys, dst - shift, src_start - shift, move, layer_src)
+            _move_rows(layer.values, dst - shift, src_start - shift, move, layer_src)
+        # then the window transformers keeps after an update
+        layer.keys = layer.keys.narrow(-2, 0, kept - shift)[:, :, -layer.sliding_window + 1 :, :]
+        layer.values = layer.values.narrow(-2, 0, kept - shift)[:, :, -layer.sliding_window + 1 :, :]
+        layer.cumulative_length = kept

@@ -20,6 +20,7 @@ import torch
 from latticekit.errors import CacheError, DeviceMismatchError, UnsupportedModelError
 from latticekit.torch.cache import KVCache, cache_device, check_committable
 from latticekit.torch.tree import mask_from_visibility
+from latticekit.torch.windows import LayerWindow, Masks, attention_windows, index_bound_attention
 
 __all__ = ["Target", "keeps_logits"]
 
@@ -31,7 +32,8 @@ KEEPS_LOGITS: dict[type, bool] = {}
 #: HF causal LM classes -> the keyword their forward takes the KV cache by (signature read once):
 #: ``cache`` from transformers 5.24, which deprecates ``past_key_values`` (a FutureWarning on
 #: every call, removal announced for 5.40); ``past_key_values`` before, where ``cache`` would
-#: silently fall into ``**kwargs`` and leave the cache unused.
+#: silently fall into ``**kwargs`` and leave the cache unused; ``cache_params`` for Mamba-style
+#: models before 5.24.
 CACHE_KEYWORDS: dict[type, str] = {}
 #: HF models -> whether their logits are exactly ``output_embeddings(body's last hidden state)``
 #: (checked on the first tree pass; absent until then). Only then may rows be projected apart.
@@ -49,8 +51,8 @@ class Target:
 
     Raises:
         UnsupportedModelError: a model that is neither, an HF model without output embeddings
-            or (with ``tree_masks``) whose attention cannot take a 4-D mask, or one without
-            parameters.
+            or (with ``tree_masks``) whose attention cannot take a 4-D mask or places its biases by
+            key order (ALiBi, GPT-Neo's local layers), or one without parameters.
     """
 
     def __init__(self, model: Any, *, tree_masks: bool = True) -> None:
@@ -64,6 +66,9 @@ class Target:
                     f"attention implementation {attn!r} cannot take a custom 4-D tree mask; "
                     f"load the model with attn_implementation in {MASKABLE_ATTENTION}"
                 )
+            reason = index_bound_attention(model) if tree_masks else None
+            if reason is not None:
+                raise UnsupportedModelError(reason)
             head = model.get_output_embeddings()
             if head is None:
                 raise UnsupportedModelError(f"{type(model).__name__} has no output embeddings (not a causal LM?)")
@@ -99,6 +104,18 @@ class Target:
                 return DynamicCache(config=self.model.config)
         return KVCache()
 
+    def tree_refusal(self) -> Optional[str]:
+        """Why tree passes cannot run over this model's cache, naming the layer type that
+        cannot be committed or masked (linear attention, a recurrent or convolution state, ...),
+        or None when they can. Builds an empty cache; runs nothing."""
+        try:
+            cache = self.new_cache()
+            check_committable(cache)
+            self.attention_windows(cache)
+        except CacheError as exc:
+            return str(exc)
+        return None
+
     def check_cache(self, cache: Any) -> None:
         if self.is_hf:
             from transformers import Cache
@@ -112,6 +129,16 @@ class Target:
         if device is not None and device != self.device:
             raise DeviceMismatchError(f"the KV cache lives on {device}, the model on {self.device}")
 
+    def attention_windows(self, cache: Any) -> Optional[tuple[LayerWindow, ...]]:
+        """The layer types of an HF model whose layers are not all full attention, with what
+        ``cache`` holds for each (:func:`latticekit.torch.windows.attention_windows`); None for
+        full-attention models and protocol modules (one mask serves every layer).
+
+        Raises:
+            CacheError: a layer type that takes no tree mask, or a cache that does not fit it.
+        """
+        return attention_windows(self.model, cache) if self.is_hf else None
+
     @property
     def mask_dtype(self) -> torch.dtype:
         """Boolean masks for protocol modules; additive masks in the model's dtype for HF models,
@@ -119,9 +146,10 @@ class Target:
         return self.dtype if self.is_hf else torch.bool
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Optional[torch.Tensor], cache: Any
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Optional[Masks], cache: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Runs `(1, n)` tokens over the cache with a `(1, 1, n, cached + n)` mask of ``mask_dtype``.
+        """Runs `(1, n)` tokens over the cache with a `(1, 1, n, cached + n)` mask of ``mask_dtype``
+        (an HF model with windowed layers: ``{layer_type: mask}``, see ``latticekit.torch.windows``).
 
         Returns:
             Logits `(n, vocab)` and final hidden states `(n, hidden)`.
@@ -158,6 +186,35 @@ class Target:
         keep = {"logits_to_keep": 1} if keeps_logits(type(self.model)) else {}
         logits, hidden = self._hf_forward(hook, captured, cache, input_ids=input_ids, **keep)
         return logits[:, -1], hidden
+
+    def forward_prompt(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """transformers' own causal pass over a prompt with no cache given, so the model makes the
+        cache it makes under HF ``generate`` (a model with a cache class of its own included):
+        the decoding of a model whose cache takes no tree pass.
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `(1, L)`): the prompt.
+
+        Returns:
+            The last position's logits `(vocab,)` and final hidden state `(hidden,)`, and the
+            cache the model returned (pass it to :meth:`step`).
+
+        Raises:
+            UnsupportedModelError: a protocol module, or a model that returns no cache.
+        """
+        if not self.is_hf:
+            raise UnsupportedModelError("forward_prompt needs an HF causal LM")
+        captured: list[torch.Tensor] = []
+        hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0][:, -1]))
+        keep = {"logits_to_keep": 1} if keeps_logits(type(self.model)) else {}
+        try:
+            out = self.model(input_ids=input_ids, use_cache=True, **keep)
+        finally:
+            hook.remove()
+        cache = getattr(out, self.cache_keyword, None)
+        if cache is None:
+            raise UnsupportedModelError(f"{type(self.model).__name__} returned no cache as {self.cache_keyword!r}")
+        return out.logits[0, -1], captured[-1][0], cache
 
     def _hf_forward(
         self, hook: Any, captured: list[torch.Tensor], cache: Any, **inputs: Any
@@ -208,7 +265,7 @@ class Target:
         return self.model.logits_from_hidden(hidden)
 
     def forward_rows(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any, rows: list[int]
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Masks, cache: Any, rows: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As :meth:`forward`, but the logits of ``rows`` only; needs ``projects_rows``.
 
@@ -235,7 +292,7 @@ class Target:
         return logits[0], hidden[0]
 
     def forward_probing_head(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Masks, cache: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` for an HF model not checked yet: also records whether its logits are
         bit for bit the output embeddings applied to its body's output (no soft-capping, logit
@@ -265,9 +322,11 @@ def keeps_logits(model_class: type[torch.nn.Module]) -> bool:
 
 def cache_keyword(model_class: type[torch.nn.Module]) -> str:
     """The keyword an HF model class's forward takes its KV cache by: ``cache`` where its
-    signature names it (transformers >= 5.24), else ``past_key_values``."""
+    signature names it (transformers >= 5.24), else ``past_key_values``, else ``cache_params``
+    (Mamba-style models before 5.24)."""
     keyword = CACHE_KEYWORDS.get(model_class)
     if keyword is None:
         params = inspect.signature(model_class.forward).parameters
-        keyword = CACHE_KEYWORDS[model_class] = "cache" if "cache" in params else "past_key_values"
+        named = [name for name in ("cache", "past_key_values", "cache_params") if name in params]
+        keyword = CACHE_KEYWORDS[model_class] = named[0] if named else "past_key_values"
     return keyword

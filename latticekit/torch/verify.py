@@ -10,11 +10,16 @@ last prompt token) is fed as the tree's root together with all draft nodes in on
 
 After acceptance the cache keeps ``x_0 .. x_{L-1}`` and the accepted nodes, so the new
 sequence ``prefix_ids + accepted + [bonus]`` satisfies the invariant again.
+
+Models with sliding-window or chunked layers (``latticekit.torch.windows``) get one mask per
+layer type, each over the positions its layers hold and restricted to their window; their
+sliding-window cache layers keep the whole tree during the pass and are trimmed at the commit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
@@ -30,10 +35,11 @@ from latticekit.torch.acceptance import (
     token_verify,
     tree_sampling_accept,
 )
-from latticekit.torch.cache import cache_length, commit_accepted
+from latticekit.torch.cache import cache_length, commit_accepted, keeping_tree_rows
 from latticekit.torch.logits import ArgmaxRows, TreeLogits, first_block_rows
 from latticekit.torch.target import HEAD_IS_LAST_STEP, Target
 from latticekit.torch.tree import ROOT, DraftTree, mask_from_visibility
+from latticekit.torch.windows import LayerWindow, Masks, prefill_masks, tree_pass_masks
 
 __all__ = [
     "AcceptanceRule",
@@ -141,8 +147,13 @@ def prefill(model: Any, prefix_ids: Union[torch.Tensor, Sequence[int]], past_key
         raise CacheError(f"the cache holds {held} positions, more than the {todo} to prefill")
     if held < todo:
         n = todo - held
-        visible = np.concatenate([np.ones((n, held), dtype=bool), np.tri(n, dtype=bool)], axis=1)
-        mask = mask_from_visibility(visible, target.mask_dtype, target.device)
+        windows = target.attention_windows(cache)
+        mask: Masks
+        if windows is None:
+            visible = np.concatenate([np.ones((n, held), dtype=bool), np.tri(n, dtype=bool)], axis=1)
+            mask = mask_from_visibility(visible, target.mask_dtype, target.device)
+        else:
+            mask = prefill_masks(held, todo, windows, target.mask_dtype, target.device)
         positions = torch.arange(held, todo, device=target.device)[None]
         target.forward(ids[None, held:todo], positions, mask, cache)
     return cache
@@ -203,8 +214,12 @@ def _check_rule_inputs(
 
 
 def tree_pass_inputs(
-    tree: DraftTree, prefix_ids: torch.Tensor, node_tokens: torch.Tensor, mask_dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    tree: DraftTree,
+    prefix_ids: torch.Tensor,
+    node_tokens: torch.Tensor,
+    mask_dtype: torch.dtype,
+    windows: Optional[Sequence[LayerWindow]] = None,
+) -> tuple[torch.Tensor, torch.Tensor, Masks]:
     """The inputs of one tree pass: the root ``prefix_ids[-1]`` followed by every node.
 
     Args:
@@ -213,14 +228,21 @@ def tree_pass_inputs(
             its last token.
         node_tokens (`torch.LongTensor` of shape `(num_nodes,)`): ``tree.tokens`` on the device.
         mask_dtype: ``torch.bool`` or a floating dtype (additive mask).
+        windows: the model's layer types when they are not all full attention
+            (:meth:`Target.attention_windows`); None: one mask over the whole sequence.
 
     Returns:
         ``input_ids`` and ``position_ids`` of shape `(1, num_nodes + 1)`, and the attention mask
         of shape `(1, 1, num_nodes + 1, L + num_nodes)`: the root sees the cache and itself,
-        node i the cache, the root, its ancestors and itself.
+        node i the cache, the root, its ancestors and itself. With ``windows``, the mask of
+        each layer type instead (:func:`latticekit.torch.windows.tree_pass_masks`).
     """
     prefix_len, device = prefix_ids.shape[0], node_tokens.device
-    mask = tree.pass_mask(prefix_len, mask_dtype, device)
+    mask: Masks
+    if windows is None:
+        mask = tree.pass_mask(prefix_len, mask_dtype, device)
+    else:
+        mask = tree_pass_masks(tree, prefix_len, windows, mask_dtype, device)
     _, offsets = tree.pass_arrays(device)
     input_ids = torch.cat([prefix_ids[-1:], node_tokens])[None]
     position_ids = (offsets + prefix_len)[None]
@@ -241,8 +263,9 @@ def _prepare(
 
 def _checked_pass_inputs(
     target: Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Validates the tree and the cache; returns the node tokens, input ids, positions and mask."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Masks, bool]:
+    """Validates the tree and the cache; returns the node tokens, input ids, positions, mask and
+    whether the model has windowed layers (the pass then runs inside ``keeping_tree_rows``)."""
     if int(tree.tokens.max()) >= target.vocab_size:  # ids are >= 0 by construction
         raise VocabularyError(
             f"the drafts hold id {int(tree.tokens.max())}, outside the model's vocabulary "
@@ -258,14 +281,17 @@ def _checked_pass_inputs(
             f"the cache holds {held} positions but a prefix of {prefix_len} tokens needs exactly "
             f"{prefix_len - 1} (all but the last token); {hint}"
         )
-    return (node_tokens, *tree_pass_inputs(tree, ids, node_tokens, target.mask_dtype))
+    windows = target.attention_windows(past_key_values)
+    input_ids, positions, mask = tree_pass_inputs(tree, ids, node_tokens, target.mask_dtype, windows)
+    return node_tokens, input_ids, positions, mask, windows is not None
 
 
 def _tree_forward(target: Target, past_key_values: Any, ids: torch.Tensor, tree: DraftTree) -> TreeOutputs:
     """Validated inputs -> one pass of root + nodes, logits of every row; the cache gains
     ``num_nodes + 1`` positions."""
-    node_tokens, input_ids, positions, mask = _checked_pass_inputs(target, past_key_values, ids, tree)
-    logits, hidden = target.forward(input_ids, positions, mask, past_key_values)
+    node_tokens, input_ids, positions, mask, windowed = _checked_pass_inputs(target, past_key_values, ids, tree)
+    with keeping_tree_rows(past_key_values, tree.num_nodes + 1) if windowed else nullcontext():
+        logits, hidden = target.forward(input_ids, positions, mask, past_key_values)
     return TreeOutputs(logits, hidden, node_tokens)
 
 
@@ -276,15 +302,16 @@ def _tree_logits(
     draft 0 only, the rest left to :class:`TreeLogits` (every row when the target cannot
     project rows apart or the tree is small, see :func:`first_block_rows`). Returns the logits
     and the node tokens on the device."""
-    node_tokens, input_ids, positions, mask = _checked_pass_inputs(target, past_key_values, ids, tree)
+    node_tokens, input_ids, positions, mask, windowed = _checked_pass_inputs(target, past_key_values, ids, tree)
     rows = first_block_rows(tree) if target.projects_rows else None
-    if rows is not None:
-        logits, hidden = target.forward_rows(input_ids, positions, mask, past_key_values, rows)
-        return TreeLogits(tree, hidden, target.project, rows, logits), node_tokens
-    if target.is_hf and target.body is not None and target.model not in HEAD_IS_LAST_STEP:
-        logits, hidden = target.forward_probing_head(input_ids, positions, mask, past_key_values)
-    else:
-        logits, hidden = target.forward(input_ids, positions, mask, past_key_values)
+    with keeping_tree_rows(past_key_values, tree.num_nodes + 1) if windowed else nullcontext():
+        if rows is not None:
+            logits, hidden = target.forward_rows(input_ids, positions, mask, past_key_values, rows)
+            return TreeLogits(tree, hidden, target.project, rows, logits), node_tokens
+        if target.is_hf and target.body is not None and target.model not in HEAD_IS_LAST_STEP:
+            logits, hidden = target.forward_probing_head(input_ids, positions, mask, past_key_values)
+        else:
+            logits, hidden = target.forward(input_ids, positions, mask, past_key_values)
     return TreeLogits.complete(tree, hidden, logits), node_tokens
 
 

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from typing import Any, Optional
 
 import numpy as np
+import pytest
 import torch
+import transformers
 from torch import nn
 from transformers import (
+    CONFIG_MAPPING,
+    AutoModelForCausalLM,
     CohereConfig,
     CohereForCausalLM,
     DynamicCache,
@@ -61,6 +66,35 @@ def tiny_cohere(dtype: torch.dtype = torch.float32, seed: int = 0) -> CohereForC
         initializer_range=INIT_RANGE, bos_token_id=0, eos_token_id=1, pad_token_id=0, attn_implementation="sdpa",
     )
     return CohereForCausalLM(cfg).eval().to(dtype)
+
+
+#: The fields every :func:`tiny_family` model shares: 2 layers, hidden 32, 4 query heads over
+#: 2 key/value heads, vocabulary 128.
+FAMILY_BASE: dict[str, Any] = dict(
+    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, initializer_range=INIT_RANGE,
+    bos_token_id=0, eos_token_id=1, pad_token_id=0, tie_word_embeddings=False,
+)
+
+
+def tiny_family(model_type: str, attn: str = "sdpa", seed: int = 0, **fields: Any) -> Any:
+    """A tiny seeded HF causal LM of any family (``model_type`` as transformers names it),
+    :data:`FAMILY_BASE` with ``fields`` over it; skips the test when this transformers does not
+    ship the family."""
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type!r} model")
+    config_class = CONFIG_MAPPING[model_type]
+    head_dim = FAMILY_BASE["hidden_size"] // FAMILY_BASE["num_attention_heads"]
+    try:  # families whose default head_dim is not hidden / heads (Gemma: 256) get that
+        config = config_class(**{**FAMILY_BASE, "head_dim": head_dim, **fields})
+    except AttributeError:  # head_dim is a read-only property there (Falcon)
+        config = config_class(**{**FAMILY_BASE, **fields})
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # transformers' notes on tiny configs
+        # GPTBigCode's module scripts a function at import (transformers' call, not latticekit's)
+        warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
 
 
 class TinyProtocolLM(nn.Module):
