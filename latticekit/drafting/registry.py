@@ -33,6 +33,7 @@ class Strategy(Protocol):
     default_k: ClassVar[int]
     default_p: ClassVar[int]
     knobs: ClassVar[frozenset[str]]
+    samples: ClassVar[bool]
 
 
 _DRAFTERS: dict[str, type[Strategy]] = {}
