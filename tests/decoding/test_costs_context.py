@@ -42,14 +42,15 @@ def test_a_probe_that_fits_is_left_alone() -> None:
     model = short_gpt2(256)
     costs = measure_step_costs(model, sizes=(0, 1, 4), prefix_tokens=8, long_prefix=16, repeats=1)
     assert costs.nodes == [0, 1, 4] and "context" not in costs.description
-    # 8 tokens + 2 rounds of trees growing the sequence by up to (1 + 2 + 5 + 8) need 40 > 36
-    small = measure_step_costs(short_gpt2(36), sizes=(0, 1, 4, 8), prefix_tokens=8, long_prefix=30, repeats=1)
-    assert small.nodes == [0, 1, 4] and small.prefix_tokens >= 8 and small.description["context"] == 36
+    # a call runs the pending token and up to 8 nodes over 8 cached tokens: 17 > 12 positions; the
+    # prefix is cut to 6 (half the context) and the 8-node tree dropped; the long prefix to 7
+    small = measure_step_costs(short_gpt2(12), sizes=(0, 1, 4, 8), prefix_tokens=8, long_prefix=30, repeats=1)
+    assert small.nodes == [0, 1, 4] and small.prefix_tokens == 6 + 1 and small.description["context"] == 12
 
 
 def test_a_context_too_short_for_any_probe_is_a_config_error(tmp_path: Any) -> None:
-    model = short_gpt2(16)  # a 1-token prefix and trees of 0 and 1 node over 6 rounds need 19
-    with pytest.raises(DecoderConfigError, match="context of 16 positions .* too short for the step-cost probe"):
+    model = short_gpt2(2)  # a 1-token prefix, its pending token and a 1-node tree need 3
+    with pytest.raises(DecoderConfigError, match="context of 2 positions .* too short for the step-cost probe"):
         step_costs(model, cache_dir=tmp_path)
     with pytest.raises(DecoderConfigError, match="too short"):
         lk.generate(model, PROMPT[:3], heads=RandomHeads(model, num_heads=4), max_new_tokens=3, eos_token_id=[])
