@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -399,7 +400,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"# latticekit against HF on {where}", "",
              f"- torch {info['torch']}, transformers {info['transformers']}, Python {info['python']}; "
              f"{info['machine']['platform']}", f"- command: `{report['command']}`",
-             f"- date: {report['date']}; {report['seconds']:.0f} s in all", ""]
+             f"- date: {report['date']}; {report['seconds']:.0f} s in all; load average at the start "
+             f"{info['machine'].get('load_average')}, at the end {report.get('load_average_end')}", ""]
     acc = report.get("acceptance")
     if acc:
         lines += [f"## Acceptance: {acc['model']}", "",
@@ -512,6 +514,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         report["rescore"] = device_rows(embedded_token_lm(), str(device), iters=args.rescore_iters)
     report["seconds"] = time.perf_counter() - start
+    report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]  # machine() has the start's
     out = Path(args.out) if args.out else OUT / device.type
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
