@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import latticekit as lk
 from decoding_helpers import INIT_RANGE, VOCAB, RandomHeads
 from latticekit.decoding import DecoderConfigError, greedy_decode
-from latticekit.decoding.costs import DEFAULT_SIZES, measure_step_costs, step_costs
+from latticekit.decoding.costs import DEFAULT_SIZES, fit_probe, measure_step_costs, step_costs
 
 PROMPT = [3, 17, 42, 8, 25, 60, 11]
 
@@ -54,3 +56,26 @@ def test_a_context_too_short_for_any_probe_is_a_config_error(tmp_path: Any) -> N
         step_costs(model, cache_dir=tmp_path)
     with pytest.raises(DecoderConfigError, match="too short"):
         lk.generate(model, PROMPT[:3], heads=RandomHeads(model, num_heads=4), max_new_tokens=3, eos_token_id=[])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 2000), st.lists(st.integers(1, 128), min_size=1, max_size=8, unique=True),
+       st.integers(1, 600), st.one_of(st.none(), st.integers(2, 3000)))
+def test_a_fitted_probe_fits_and_an_unfitted_one_is_left_alone(context: int, trees: list[int], prefix: int,
+                                                               long_prefix: Any) -> None:
+    """Every call of a fitted probe runs its pending token and tree over at most ``context``
+    positions; a probe that fits is returned as given; one that cannot fit is refused."""
+    sizes = [0] + sorted(trees)
+    if long_prefix is not None and long_prefix <= prefix:
+        long_prefix = prefix + long_prefix
+    try:
+        got_sizes, got_prefix, got_long = fit_probe(context, sizes, prefix, long_prefix)
+    except DecoderConfigError:
+        assert 1 + 1 + sizes[1] > context  # not even a 1-token prefix with the two smallest sizes
+        return
+    assert got_sizes == sizes[:len(got_sizes)] and len(got_sizes) >= 2 and got_prefix >= 1
+    assert got_prefix + 1 + got_sizes[-1] <= context
+    assert got_long is None or (got_prefix < got_long <= long_prefix and got_long + 1 + got_sizes[-1] <= context)
+    if prefix + 1 + sizes[-1] <= context and (long_prefix is None or long_prefix + 1 + sizes[-1] <= context):
+        assert (got_sizes, got_prefix, got_long) == (sizes, prefix, long_prefix)
+    assert fit_probe(None, sizes, prefix, long_prefix) == (sizes, prefix, long_prefix)
