@@ -16,6 +16,11 @@ product, but with two or more rows as a GEMM that re-packs its weight on every c
   every cached key and value per query group before attention, a copy of the whole cache per
   layer and pass. The ``latticekit_sdpa`` attention stacks each group's queries instead
   (:func:`grouped_sdpa`), which is the same arithmetic on the same numbers.
+* **Attention without per-length plans** (CUDA, SDPA attention): the passes run under
+  ``torch.nn.attention.sdpa_kernel`` restricted to flash, memory-efficient and math attention
+  (:data:`CUDA_SDPA_BACKENDS`). torch's default for bfloat16 on recent GPUs is cuDNN's, which
+  builds a plan for every key length it has not seen; a decode's cache grows every step, so
+  every pass paid 30-40 ms more on an H200 (10-21 ms steps; ``docs/gpu.md``).
 
 Measured on the project's 2-core CPU (SmolLM2-135M, 200 cached tokens, one process, variants
 interleaved; ``docs/speed.md``): one token 43 ms eager -> ~20 ms prepared; 9 tokens 72 -> ~25 ms.
@@ -27,13 +32,15 @@ the same prepared model. Nothing changes on other devices and dtypes but the att
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Optional, cast
+from typing import Any, ContextManager, Optional, cast
 
 import torch
 from torch import nn
 
-__all__ = ["PackedLinear", "Preparation", "prepare_target", "prepare_heads", "grouped_sdpa", "ATTENTION"]
+__all__ = ["PackedLinear", "Preparation", "prepare_target", "prepare_heads", "grouped_sdpa", "ATTENTION",
+           "CUDA_SDPA_BACKENDS", "sdpa_backends", "sdpa_context"]
 
 #: The attention implementation name prepared HF models use (registered with transformers).
 ATTENTION = "latticekit_sdpa"
@@ -43,6 +50,10 @@ _PACK_ROWS = 32
 _PACKABLE = (torch.float32, torch.bfloat16)
 #: Sibling projections fused into one GEMM: same input, computed back to back by the block.
 _SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+#: The ``torch.nn.attention.SDPBackend`` members a prepared model's passes may use on CUDA: all
+#: but cuDNN's (a plan per new key length). Flash serves the unmasked plain steps, memory-efficient
+#: attention the masked tree passes, math what neither takes.
+CUDA_SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 
 @dataclass
@@ -55,6 +66,8 @@ class Preparation:
         fused: groups of sibling projections sharing one GEMM.
         attention: the attention implementation after preparation (HF models).
         heads: ids of the head modules prepared along with it.
+        sdpa_backends: the ``SDPBackend`` names its passes are restricted to
+            (:func:`sdpa_backends`); None: torch chooses.
     """
 
     device: str
@@ -62,11 +75,14 @@ class Preparation:
     fused: int = 0
     attention: Optional[str] = None
     heads: set[int] = field(default_factory=set)
+    sdpa_backends: Optional[tuple[str, ...]] = None
 
     def describe(self) -> str:
         parts = [f"{self.packed} packed linears", f"{self.fused} fused projection groups"]
         if self.attention:
             parts.append(f"attention {self.attention}")
+        if self.sdpa_backends:
+            parts.append("SDPA " + "/".join(name.split("_")[0].lower() for name in self.sdpa_backends))
         return f"prepared for {self.device}: " + ", ".join(parts)
 
 
@@ -204,6 +220,26 @@ def grouped_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     return out.reshape(batch, heads, n, dim).transpose(1, 2).contiguous(), None
 
 
+def sdpa_backends(device: Any, attention: Optional[str], is_hf: bool = True) -> Optional[tuple[str, ...]]:
+    """The SDPA backends a model prepared on ``device`` runs its passes under:
+    :data:`CUDA_SDPA_BACKENDS` on CUDA for SDPA attention (transformers' ``sdpa`` or
+    :data:`ATTENTION`; a protocol module, ``is_hf`` False, may call SDPA too), else None: torch's
+    own choice (the CPU has no per-length plans; eager attention calls no SDPA)."""
+    if torch.device(device).type != "cuda":
+        return None
+    return CUDA_SDPA_BACKENDS if not is_hf or attention in ("sdpa", ATTENTION) else None
+
+
+def sdpa_context(names: Optional[tuple[str, ...]]) -> ContextManager[Any]:
+    """``torch.nn.attention.sdpa_kernel`` over the backends ``names`` (``SDPBackend`` members), or
+    a context that changes nothing for None: what a prepared model's passes run in."""
+    if not names:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, name) for name in names])
+
+
 _REGISTERED = False
 
 
@@ -255,7 +291,9 @@ def prepare_target(model: Any, heads: Optional[nn.Module] = None) -> Any:
     Changes the model in place and returns it; a second call does nothing (idempotent). On the
     CPU with float32 or bfloat16 weights: sibling projections fused and every ``nn.Linear``
     packed by oneDNN. HF models with grouped-query ``sdpa`` attention switch to
-    :func:`grouped_sdpa` (any device). Move the model to its device before preparing it.
+    :func:`grouped_sdpa` (any device). On CUDA, passes through ``latticekit.torch`` run their SDPA
+    attention without cuDNN's (:func:`sdpa_backends`). Move the model to its device before
+    preparing it.
 
     Args:
         model: an HF causal LM or a protocol module, in eval mode.
@@ -277,6 +315,7 @@ def prepare_target(model: Any, heads: Optional[nn.Module] = None) -> Any:
             _register_attention()
             model.set_attn_implementation(ATTENTION)
         prep.attention = getattr(config, "_attn_implementation", None) if config is not None else None
+        prep.sdpa_backends = sdpa_backends(prep.device, prep.attention, is_hf=config is not None)
         model.latticekit_preparation = prep
     if heads is not None:
         prepare_heads(heads, model)

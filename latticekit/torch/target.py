@@ -4,7 +4,9 @@
 verification adapter: a tree pass over a KV cache (mask, positions, hidden-state capture), the
 same pass with the output projection applied to chosen rows only, the plain one-token step
 of ordinary decoding, and the plain batched pass of replay tracing; every call of an HF model
-goes through one method (hidden states captured by a hook).
+goes through one method (hidden states captured by a hook). A prepared model's passes run in
+its attention context (on CUDA, SDPA without cuDNN's per-length plans:
+``latticekit.torch.prepare.sdpa_backends``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from latticekit.errors import CacheError, DeviceMismatchError, UnsupportedModelError
 from latticekit.torch.cache import KVCache, cache_device, check_committable
+from latticekit.torch.prepare import sdpa_context
 from latticekit.torch.tree import mask_from_visibility
 from latticekit.torch.windows import LayerWindow, Masks, attention_windows, index_bound_attention
 
@@ -91,6 +94,9 @@ class Target:
             raise UnsupportedModelError(f"{type(model).__name__} has no parameters")
         self.device = param.device
         self.dtype = param.dtype
+        prep = getattr(model, "latticekit_preparation", None)
+        #: the SDPA backends the passes run under (``Preparation.sdpa_backends``), None: torch's choice
+        self.sdpa_backends: Optional[tuple[str, ...]] = getattr(prep, "sdpa_backends", None)
 
     def new_cache(self) -> Any:
         if self.is_hf:
@@ -155,7 +161,8 @@ class Target:
             Logits `(n, vocab)` and final hidden states `(n, hidden)`.
         """
         if not self.is_hf:
-            logits, hidden = self.model(input_ids, position_ids, mask, cache)
+            with sdpa_context(self.sdpa_backends):
+                logits, hidden = self.model(input_ids, position_ids, mask, cache)
             return logits[0], hidden[0]
         captured: list[torch.Tensor] = []
         hook = self.head.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
@@ -224,7 +231,8 @@ class Target:
         hook and returns the logits and the last captured hidden states, batch dimension kept."""
         inputs[self.cache_keyword] = cache
         try:
-            out = self.model(use_cache=True, **inputs)
+            with sdpa_context(self.sdpa_backends):
+                out = self.model(use_cache=True, **inputs)
         finally:
             hook.remove()
         return out.logits, captured[-1]
@@ -273,7 +281,8 @@ class Target:
             Logits `(len(rows), vocab)` and final hidden states `(n, hidden)` of every row.
         """
         if not self.is_hf:
-            hidden = self.model.forward_hidden(input_ids, position_ids, mask, cache)[0]
+            with sdpa_context(self.sdpa_backends):
+                hidden = self.model.forward_hidden(input_ids, position_ids, mask, cache)[0]
             index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
             return self.model.logits_from_hidden(hidden.index_select(0, index)), hidden
         assert self.body is not None
