@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 ROOT=${LK_MATRIX_DIR:-${TMPDIR:-/tmp}/latticekit-transformers-matrix}
-TESTS=(tests/torch tests/heads tests/decoding/test_generate.py tests/decoding/test_decoders.py
+TESTS=(tests/torch_adapter tests/heads tests/decoding/test_generate.py tests/decoding/test_decoders.py
        tests/decoding/test_no_warnings.py tests/decoding/test_costs_context.py)
 
 oldest=$(sed -n 's/.*"transformers>=\([0-9][0-9.]*\),<[0-9][0-9.]*".*/\1/p' pyproject.toml | sort -u)

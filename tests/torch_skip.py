@@ -2,7 +2,7 @@
 
 ``pytest.importorskip`` raised from a conftest skips the directory when pytest collects it from
 above (``pytest`` / ``pytest tests``), but is an error when the directory itself is the
-argument (``pytest tests/torch``); catching it and ignoring the directory's test files covers
+argument (``pytest tests/torch_adapter``); catching it and ignoring the directory's test files covers
 both, and the report header says why.
 """
 

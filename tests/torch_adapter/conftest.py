@@ -2,4 +2,4 @@
 
 from torch_skip import torch_or_skip
 
-torch_or_skip(globals(), "tests/torch")
+torch_or_skip(globals(), "tests/torch_adapter")
