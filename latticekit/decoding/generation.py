@@ -101,6 +101,7 @@ def generate(
     costs: Any = None,
     acceptance: Any = None,
     memory: Any = None,
+    arms: Any = True,
 ) -> GenerateOutput:
     """Decodes ``max_new_tokens`` tokens after ``input_ids``, drafting where it pays.
 
@@ -134,6 +135,13 @@ def generate(
             ``latticekit.drafting.memory.default_memory()``, the process's, or one per session):
             drafting reads it beside the text, and the new tokens are added to it. None (the
             default): no memory across calls.
+        arms: where the drafter's choice of sources starts from and keeps its outcomes (what
+            each way of drafting brought, when to probe the others): True (the default) the
+            process's store, kept on disk beside the step costs
+            (:func:`~latticekit.decoding.loop.default_arm_store`), so a call starts where the
+            last one with this model, device and heads stopped; an
+            :class:`~latticekit.drafting.outcomes.ArmStore`: that one; False: every call
+            learns anew.
 
     Returns:
         The sequences (prompt + new tokens) and the decode's per-step records.
@@ -142,7 +150,7 @@ def generate(
         DecoderConfigError: bad ``input_ids``, ``max_new_tokens``, ``temperature`` or ``top_p``.
         latticekit.torch errors: an unsupported model (see :func:`latticekit.torch.verify`).
     """
-    from latticekit.decoding.loop import decode
+    from latticekit.decoding.loop import decode, default_arm_store
     from latticekit.torch import prepare_target
 
     prompt = _prompt_ids(input_ids)
@@ -153,7 +161,8 @@ def generate(
     config = DecoderConfig("auto", alpha=1.0 if lm is not None else 0.0, temperature=temperature, top_p=top_p)
     decoding = decode(model, heads, prompt, config, max_new_tokens=max_new_tokens, lms=lm,
                       eos_token_id=eos_token_id, generator=generator, costs=costs, acceptance=acceptance,
-                      streamer=streamer, record_lattices=False, memory=memory)
+                      streamer=streamer, record_lattices=False, memory=memory,
+                      arms=default_arm_store() if arms is True else arms or None)
     device = next(model.parameters()).device
     sequences = torch.tensor([decoding.prompt + decoding.tokens], dtype=torch.long, device=device)
     return GenerateOutput(sequences, decoding)
