@@ -233,7 +233,7 @@ def decode(
     out = run_steps(ModelTarget(target, config, source, generator), drafter, config, prompt, max_new_tokens,
                     eos, emit=stream.put, record_lattices=record_lattices, clock=clock)
     stream.end()
-    if key is not None:
+    if key is not None and isinstance(drafter, AutoDrafter):
         arms.put(key, drafter.arm_outcomes())
     if memory is not None:
         memory.add(out.tokens)
