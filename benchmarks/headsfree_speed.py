@@ -12,7 +12,11 @@ tokens are checked equal to latticekit's greedy decoding on that prompt:
 * ``headsfree``: latticekit with no heads (the decoded text's n-gram cache and the shipped Katz
   4-gram, ``latticekit.drafting.drafters.headsfree``);
 * ``heads+ngram``: the shipped heads' lattice united with those n-gram continuations;
-* ``auto``: the shipped heads and 4-gram as ``latticekit.generate`` uses them today.
+* ``auto``: the shipped heads and 4-gram as ``latticekit.generate`` uses them, each call learning
+  its arms anew; ``auto@none``: the same without heads (``generate`` without heads); a name
+  ending ``/kept`` (``auto/kept``, ``auto@none/kept``): the arms' outcomes kept across calls, as
+  ``generate`` keeps them by default, in ``<out>/arms`` (``latticekit.drafting.outcomes``; the
+  warm-up call and every earlier chunk of the run feed it).
 
 Domains (nothing the heads or the n-gram model saw):
 
@@ -100,7 +104,7 @@ class CallCounter:
 
 
 def run_one(name: str, model: Any, heads: Any, lm: Any, costs: Any, counter: CallCounter,
-            prompt: dict[str, Any]) -> dict[str, Any]:
+            prompt: dict[str, Any], arms: Any = None) -> dict[str, Any]:
     """One decode: tokens, wall seconds, target calls, per-step figures (latticekit's)."""
     from latticekit.decoding import DecoderConfig, decode
 
@@ -116,9 +120,11 @@ def run_one(name: str, model: Any, heads: Any, lm: Any, costs: Any, counter: Cal
         wall = time.perf_counter() - t0
         tokens = out[0, len(ids):].tolist()
         return {"tokens": tokens, "wall_s": wall, "calls": counter.calls - before, "steps": None}
-    spec, _, which = name.partition("@")  # auto@untrained: with untrained heads
+    kept = name.endswith("/kept")  # arm outcomes kept across calls
+    spec, _, which = name.removesuffix("/kept").partition("@")  # auto@untrained: with untrained heads
     use = None if spec == "headsfree" else heads[which or "default"]
-    d = decode(model, use, ids, DecoderConfig.parse(spec), max_new_tokens=new, lms=lm, eos_token_id=eos, costs=costs)
+    d = decode(model, use, ids, DecoderConfig.parse(spec), max_new_tokens=new, lms=lm, eos_token_id=eos, costs=costs,
+               arms=arms if kept else None)
     steps = [{"nodes": s.tree_nodes,
               "accepted": s.num_accepted, "draft_s": s.heads_s + s.search_s, "model_s": s.model_s}
              for s in d.steps]
@@ -139,7 +145,9 @@ def run_chunk(args: argparse.Namespace) -> int:
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
     model, tokenizer, description = load_target("smollm2")
-    heads = {"default": load_heads("default", model)}
+    from latticekit.drafting.outcomes import ArmStore
+
+    heads = {"default": load_heads("default", model), "none": None}
     if any(name.endswith("@untrained") for name in args.decoders):
         heads["untrained"] = load_heads(f"untrained:{heads['default'].num_heads}", model)
         prepare_target(model, heads=heads["untrained"])
@@ -147,6 +155,7 @@ def run_chunk(args: argparse.Namespace) -> int:
     counter = CallCounter(model)
     lm = embedded_token_lm()
     out = Path(args.out)
+    arms = ArmStore(out / "arms")
     costs_file = out / "step_costs.json"
     if args.measure_costs:
         from latticekit.decoding.costs import measure_step_costs
@@ -180,13 +189,13 @@ def run_chunk(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         first = plist[chosen[0]]
         for name in names:  # warm-up: every decoder once (oneDNN kernels, caches, the n-gram index)
-            run_one(name, model, heads, lm, costs, counter, dict(first, max_new_tokens=16))
+            run_one(name, model, heads, lm, costs, counter, dict(first, max_new_tokens=16), arms)
         for r in range(args.repeats):
             for i in chosen:
                 prompt = plist[i]
                 shift = (i + r) % len(names)
                 order = names[shift:] + names[:shift]
-                results = {name: run_one(name, model, heads, lm, costs, counter, prompt) for name in order}
+                results = {name: run_one(name, model, heads, lm, costs, counter, prompt, arms) for name in order}
                 want = results["greedy"]["tokens"]
                 for name in names:
                     res = results[name]
@@ -209,8 +218,9 @@ def run_chunk(args: argparse.Namespace) -> int:
 
 # -- the report --------------------------------------------------------------------------------------
 
-def summarise(runs: dict[str, list[list[dict[str, Any]]]], repeats: int) -> dict[str, Any]:
-    """decoder -> figures, from runs[decoder][repeat] = one result per prompt."""
+def summarise(runs: dict[str, list[list[dict[str, Any]]]], repeats: int, versus: tuple[str, ...] = ()) -> dict[str, Any]:
+    """decoder -> figures, from runs[decoder][repeat] = one result per prompt; ``versus``:
+    decoders every other is also compared with, repeat by repeat."""
     def rate(rows: list[dict[str, Any]]) -> float:
         return sum(x["tokens"] for x in rows) / sum(x["wall_s"] for x in rows)
 
@@ -228,6 +238,10 @@ def summarise(runs: dict[str, list[list[dict[str, Any]]]], repeats: int) -> dict
             "vs_greedy": statistics.median(x / g for x, g in zip(rates, greedy)),
             "vs_best_pld": statistics.median(x / p for x, p in zip(rates, pld)),
         }
+        for other in versus:
+            if other in runs and other != name:
+                each = [x / rate(runs[other][r]) for r, x in enumerate(rates)]
+                figures.setdefault("versus", {})[other] = {"median": statistics.median(each), "each": each}
         steps = [s for rows in per_repeat for x in rows if x["steps"] for s in x["steps"][1:]]
         if steps:
             figures.update({
@@ -260,7 +274,7 @@ def merge(args: argparse.Namespace) -> int:
             "prompts": sum(len(c["prompts"]) for c in mine), "origin": mine[0]["origin"],
             "prompt_tokens_median": statistics.median(t for c in mine for t in c["prompt_tokens"]),
             "repeats": repeats, "mismatches": [m for c in mine for m in c["mismatches"]],
-            "decoders": summarise(runs, repeats)}
+            "decoders": summarise(runs, repeats, tuple(args.versus))}
         report["chunks"] += [{"domain": domain, "prompts": [c["prompts"][0], c["prompts"][-1] + 1],
                               "seconds": c["seconds"], "date": c["meta"]["date"]} for c in mine]
     (out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -314,6 +328,13 @@ def markdown(report: dict[str, Any]) -> str:
                      if "draft_ms" in f else "| - | - | - |")
             lines.append(f"| {name} | {f['tokens_per_call']:.3f} | {f['tokens_per_s']:.1f} | {f['vs_greedy']:.3f}x "
                          f"| {f['vs_best_pld']:.3f}x | {per} {extra}")
+        versus = sorted({o for f in block["decoders"].values() for o in f.get("versus", {})})
+        for other in versus:
+            lines += ["", f"Against `{other}`, repeat by repeat (median; each repeat's ratio):", "",
+                      "| decoder | median | each repeat |", "|---|---|---|"]
+            lines += [f"| {name} | {f['versus'][other]['median']:.3f}x | "
+                      + ", ".join(f"{x:.3f}" for x in f["versus"][other]["each"]) + " |"
+                      for name, f in block["decoders"].items() if other in f.get("versus", {})]
         if block["mismatches"]:
             lines += ["", "Outputs that differed from greedy's: " + ", ".join(
                 f"{m['decoder']} on prompt {m['prompt']} (repeat {m['repeat']}, token {m['first_difference']})"
@@ -339,6 +360,7 @@ def main() -> int:
     p.add_argument("--max-new-tokens-instruction", type=int, default=128)
     p.add_argument("--max-new-tokens-copy", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--versus", nargs="*", default=[], help="--merge: decoders to compare every other with")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="headsfree")

@@ -108,6 +108,7 @@ def generate(
     costs: Any = None,
     acceptance: Any = None,
     memory: Any = None,
+    arms: Any = False,
 ) -> GenerateOutput:
     """Decodes ``max_new_tokens`` tokens after ``input_ids``, drafting where it pays.
 
@@ -141,6 +142,14 @@ def generate(
             ``latticekit.drafting.memory.default_memory()``, the process's, or one per session):
             drafting reads it beside the text, and the new tokens are added to it. None (the
             default): no memory across calls.
+        arms: where the drafter's choice of sources starts from and keeps its outcomes (what
+            each way of drafting brought, when to probe the others): False (the default) every
+            call learns anew; True the process's store, kept on disk beside the step costs
+            (:func:`~latticekit.decoding.loop.default_arm_store`), so a call starts where the
+            last one with this model, device and heads stopped; an
+            :class:`~latticekit.drafting.outcomes.ArmStore`: that one. Off by default: kept
+            outcomes help calls that resemble each other and cost calls of another kind
+            (docs/speed.md measures both).
 
     Returns:
         The sequences (prompt + new tokens) and the decode's per-step records.
@@ -154,7 +163,7 @@ def generate(
             committed, named, or attention biased by key order, e.g. ALiBi); the decode then
             drafts nothing and makes HF ``generate``'s calls.
     """
-    from latticekit.decoding.loop import decode
+    from latticekit.decoding.loop import decode, default_arm_store
     from latticekit.torch import prepare_target
     from latticekit.torch.target import Target
     from latticekit.torch.windows import index_bound_attention
@@ -175,7 +184,8 @@ def generate(
         config = DecoderConfig("auto", alpha=1.0 if lm is not None else 0.0, temperature=temperature, top_p=top_p)
         decoding = decode(model, heads, prompt, config, max_new_tokens=max_new_tokens, lms=lm,
                           eos_token_id=eos_token_id, generator=generator, costs=costs, acceptance=acceptance,
-                          streamer=streamer, record_lattices=False, memory=memory)
+                          streamer=streamer, record_lattices=False, memory=memory,
+                          arms=default_arm_store() if arms is True else arms or None)
     device = next(model.parameters()).device
     sequences = torch.tensor([decoding.prompt + decoding.tokens], dtype=torch.long, device=device)
     return GenerateOutput(sequences, decoding)

@@ -31,6 +31,8 @@ from latticekit.decoding.lattices import lattice_source
 from latticekit.decoding.records import Decoding
 from latticekit.decoding.steps import check_max_new_tokens, cut_at_eos, eos_set, run_steps
 from latticekit.drafting.config import DecoderConfig
+from latticekit.drafting.drafters.auto import AutoDrafter
+from latticekit.drafting.outcomes import ArmStore, outcomes_key
 from latticekit.drafting.protocol import drafter_class, make_drafter
 from latticekit.drafting.tree import Draft
 from latticekit.errors import DecoderConfigError, HeadsError
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
     from latticekit.heads.protocol import DraftHeads
     from latticekit.torch.verify import AcceptanceRule
 
-__all__ = ["decode", "greedy_decode", "ModelTarget"]
+__all__ = ["decode", "greedy_decode", "ModelTarget", "arms_key", "default_arm_store"]
 
 
 def _prompt_list(prompt_ids: Any) -> list[int]:
@@ -152,6 +154,7 @@ def decode(
     record_lattices: bool = True,
     memory: Any = None,
     plain: bool = False,
+    arms: Any = None,
 ) -> Decoding:
     """Decodes ``max_new_tokens`` tokens after a prompt with one decoder.
 
@@ -190,6 +193,10 @@ def decode(
         plain: feed the prompt as transformers' own causal pass and decode one plain token per
             call, as HF ``generate`` does, for a model whose cache takes no tree pass
             (:func:`latticekit.generate` falls back to it); only the ``greedy`` decoder.
+        arms: ``auto`` (and the drafters built on it) only: an
+            :class:`~latticekit.drafting.outcomes.ArmStore`: the drafter starts its choice of
+            sources from the outcomes kept there for this model, device, heads and drafter
+            (:func:`arms_key`), and keeps its own there at the end. None: it learns anew.
 
     Returns:
         The new tokens and one :class:`StepRecord` per target call.
@@ -227,6 +234,12 @@ def decode(
     drafter = make_drafter(config, lms=lms, rescorer=rescorer, reference=reference, vocab_size=target.vocab_size,
                            num_heads=num_heads, has_heads=heads is not None, costs=costs, acceptance=acceptance,
                            heads_fingerprint=fingerprint, memory=memory)
+    key = None  # heads with no fingerprint cannot be told apart: their outcomes are not kept
+    if arms is not None and isinstance(drafter, AutoDrafter) and (heads is None or fingerprint is not None):
+        key = arms_key(model, fingerprint, drafter)
+        kept = arms.get(key)
+        if kept is not None:
+            drafter.resume(kept)
     if drafter.k > target.vocab_size:
         raise DecoderConfigError(f"k={drafter.k} exceeds the vocabulary ({target.vocab_size})")
     source = None
@@ -238,9 +251,38 @@ def decode(
     out = run_steps(ModelTarget(target, config, source, generator, plain), drafter, config, prompt, max_new_tokens,
                     eos, emit=stream.put, record_lattices=record_lattices, clock=clock)
     stream.end()
+    if key is not None and isinstance(drafter, AutoDrafter):
+        arms.put(key, drafter.arm_outcomes())
     if memory is not None:
         memory.add(out.tokens)
     return out
+
+
+_ARM_STORES: dict[str, ArmStore] = {}
+
+
+def default_arm_store() -> ArmStore:
+    """The process's :class:`~latticekit.drafting.outcomes.ArmStore` (what
+    :func:`~latticekit.generate` keeps arm outcomes in by default): its files beside the step
+    costs' (:func:`~latticekit.decoding.costs.default_cache_dir`, ``arms-<key>.json``).
+    ``default_arm_store().clear()`` forgets them all."""
+    from latticekit.decoding.costs import default_cache_dir
+
+    folder = str(default_cache_dir())
+    return _ARM_STORES.setdefault(folder, ArmStore(folder))
+
+
+def arms_key(model: Any, heads_fingerprint: Optional[str], drafter: AutoDrafter) -> str:
+    """What ``auto``'s arm outcomes depend on, as a key of
+    :class:`~latticekit.drafting.outcomes.ArmStore`: the model (its name, and what its step
+    costs are keyed on: shape, dtype, preparation, device, threads, torch), the heads'
+    fingerprint, the drafter (its config, arms, whether it has an n-gram model and a memory)."""
+    from latticekit.decoding.costs import describe
+
+    config = getattr(model, "config", None)
+    return outcomes_key(model=describe(model), name=getattr(config, "name_or_path", None), heads=heads_fingerprint,
+                        drafter=drafter.config.label, arms=drafter.arms, lm=repr(drafter.lm),
+                        memory=drafter.memory is not None)
 
 
 class _Stream:

@@ -323,3 +323,97 @@ def test_auto_drafts_from_earlier_answers_and_remembers_its_own(setup: Any, lm: 
     assert tree.sources is not None and held - text  # the memory proposes what the text cannot
     for path, bits in zip(tree.paths_to(range(tree.size)), tree.sources.tolist()):
         assert bits == (SOURCES["text"] if path in text else 0) | (SOURCES["memory"] if path in held else 0)
+
+
+# -- arm outcomes kept across calls -----------------------------------------------------------------
+
+def _lattice_reads(out: Any) -> list[int]:
+    return [i for i, s in enumerate(out.steps) if s.lattice_tokens is not None]
+
+
+def test_a_second_call_starts_from_the_first_calls_arm_outcomes(setup: Any, lm: lk.NGramLM, tmp_path: Path) -> None:
+    from latticekit.decoding.loop import arms_key
+    from latticekit.drafting import make_drafter
+    from latticekit.drafting.outcomes import ArmStore
+    from latticekit.heads.fingerprint import cached_heads_fingerprint
+
+    model, _, _ = setup
+    bad = RandomHeads(model, num_heads=H)  # heads that never pay: a fresh call reads them to learn that
+    costs = flat_costs(per_node=0.002, draft_s=0.001, heads_s=0.003)  # fixed seconds: deterministic choices
+    want = greedy_decode(model, PROMPT, 60).tokens
+    store = ArmStore(tmp_path)
+    run = lambda arms: decode(model, bad, PROMPT, DecoderConfig.parse("auto"), max_new_tokens=60, lms=lm,  # noqa: E731
+                              costs=costs, arms=arms)
+    fresh = run(None)
+    first, second = run(store), run(store)
+    assert fresh.tokens == first.tokens == second.tokens == want
+    assert _lattice_reads(first) == _lattice_reads(fresh)  # an empty store: a fresh call
+    assert _lattice_reads(fresh)[:2] == [1, 2]  # the warm-up reads the heads (step 0: the prompt's) ...
+    assert len(_lattice_reads(second)) < len(_lattice_reads(first)) and _lattice_reads(second)[0] > 2  # ... once
+    # what the first call kept, read back from its file in another process, starts the same second call
+    fingerprint = cached_heads_fingerprint(bad)
+    drafter = make_drafter(DecoderConfig.parse("auto"), lms=lm, vocab_size=64, has_heads=True, costs=costs,
+                           heads_fingerprint=fingerprint)
+    key = arms_key(model, fingerprint, drafter)
+    elsewhere = ArmStore(tmp_path / "elsewhere")
+    first_only = ArmStore(tmp_path / "first")
+    run(first_only)
+    kept = ArmStore(tmp_path / "first").get(key)
+    assert kept is not None and kept.arms["union"].interval > 2
+    elsewhere.put(key, kept)
+    assert _lattice_reads(run(elsewhere)) == _lattice_reads(second)
+    store.clear()  # forgotten: the next call is fresh again
+    assert store.get(key) is None and _lattice_reads(run(store)) == _lattice_reads(fresh)
+
+
+def test_arm_outcomes_are_not_shared_across_models_heads_or_threads(setup: Any, lm: lk.NGramLM, tmp_path: Path) -> None:
+    from latticekit.decoding.loop import arms_key
+    from latticekit.drafting import make_drafter
+    from latticekit.drafting.outcomes import ArmStore
+
+    model, _, _ = setup
+    other = tiny_llama(seed=1)
+    other.config.num_hidden_layers = 2  # same shape: told apart by its name
+    other.config.name_or_path = "another/model"
+    costs = flat_costs(per_node=0.002, draft_s=0.001, heads_s=0.003)
+    store = ArmStore(tmp_path)
+    for target in (model, other):
+        bad = RandomHeads(target, num_heads=H)
+        fresh = decode(target, bad, PROMPT, DecoderConfig.parse("auto"), max_new_tokens=40, lms=lm, costs=costs)
+        kept = decode(target, bad, PROMPT, DecoderConfig.parse("auto"), max_new_tokens=40, lms=lm, costs=costs,
+                      arms=store)
+        assert _lattice_reads(kept) == _lattice_reads(fresh)  # the other model's outcomes are not its own
+        assert kept.tokens == greedy_decode(target, PROMPT, 40).tokens
+    assert len(list(tmp_path.glob("arms-*.json"))) == 2
+    drafter = make_drafter(DecoderConfig.parse("auto"), lms=lm, vocab_size=64, has_heads=True, costs=costs)
+    plain = make_drafter(DecoderConfig.parse("auto"), lms=lm, vocab_size=64, costs=costs)
+    keys = {arms_key(model, "a", drafter), arms_key(model, "b", drafter), arms_key(model, None, plain),
+            arms_key(other, "a", drafter)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        keys.add(arms_key(model, "a", drafter))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(keys) == 5
+
+
+def test_generate_keeps_arm_outcomes_when_told_and_not_by_default(setup: Any, lm: lk.NGramLM, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from latticekit.decoding.loop import default_arm_store
+
+    model, reference, heads = setup
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = tmp_path / "latticekit"
+    for arms in (False, None):  # None: generate's default
+        more = {} if arms is None else {"arms": arms}
+        out = lk.generate(model, PROMPT, heads=heads, lm=lm, max_new_tokens=NEW, eos_token_id=[], costs=flat_costs(),
+                          **more)
+        assert out.tokens == reference[len(PROMPT): len(PROMPT) + NEW] and not folder.exists()
+    for _ in range(2):
+        out = lk.generate(model, PROMPT, heads=heads, lm=lm, max_new_tokens=NEW, eos_token_id=[], costs=flat_costs(),
+                          arms=True)
+        assert out.tokens == reference[len(PROMPT): len(PROMPT) + NEW]
+    assert len(list(folder.glob("arms-*.json"))) == 1 and default_arm_store().folder == folder
+    default_arm_store().clear()
+    assert not list(folder.glob("arms-*.json"))

@@ -44,7 +44,10 @@ where their projection is dear) stop being read within a few steps, their cost c
 are read again when a probe finds them paying; and the union is read where heads and text
 complement each other (heads know what the text does not; the text knows what is being
 copied). Every tree's nodes, verified or not, teach their sources' models once the text
-reaches them.
+reaches them. The arm choice's state can outlive the call (:meth:`AutoDrafter.arm_outcomes`,
+:meth:`AutoDrafter.resume`, :mod:`latticekit.drafting.outcomes`): ``generate`` starts each call
+where the last one with the same model, device and heads stopped, so a short request does not
+pay the whole exploration.
 
 The single-source drafters are the same class with one arm: ``heads`` (the heads' lattice
 alone), ``headsfree`` (the text alone) and ``heads+ngram`` (the union always).
@@ -73,6 +76,7 @@ from latticekit.drafting.continuations import Continuations, best_continuations
 from latticekit.drafting.costs import StepCosts
 from latticekit.drafting.config import DecoderConfig
 from latticekit.drafting.memory import AnswerMemory, memory_continuations, united_with_memory
+from latticekit.drafting.outcomes import ArmOutcomes, ArmRecord
 from latticekit.drafting.protocol import Draft, Drafter, DraftInput, DraftResources
 from latticekit.drafting.registry import register
 from latticekit.drafting.drafters.ngram import select_lm, uniform_lm
@@ -410,6 +414,27 @@ class AutoDrafter(Drafter):
                 self.paired.add(tree.union[0], tree.union[1], accepted + 1, tree.seconds)
                 self.record("union", tree.union[0], tree.union[1], plain_s)
             self.unread = still
+
+    def arm_outcomes(self) -> ArmOutcomes:
+        """The arm choice's state (:mod:`latticekit.drafting.outcomes`), for the next call to
+        start from (:meth:`resume`)."""
+        arms = {name: ArmRecord(s.tokens, s.seconds, s.steps, self.steps - s.last, s.interval)
+                for name, s in self.arm_stats.items()}
+        p = self.paired
+        return ArmOutcomes(arms, (p.union_tokens, p.union_seconds, p.tokens, p.seconds))
+
+    def resume(self, kept: ArmOutcomes) -> None:
+        """Starts the arm choice from an earlier call's :meth:`arm_outcomes` (a call that
+        stopped ``since`` steps after reading an arm is that many steps before this one's
+        first: decay and probes go on as in one long call). Outcomes of other arms are ignored."""
+        if set(kept.arms) != set(self.arms) or self.steps:
+            return
+        for name, r in kept.arms.items():
+            stats = self.arm_stats[name]
+            stats.tokens, stats.seconds, stats.steps, stats.last, stats.interval = \
+                r.tokens, r.seconds, r.steps, -r.since, r.interval
+        p = self.paired
+        p.union_tokens, p.union_seconds, p.tokens, p.seconds = kept.paired
 
     def record(self, arm: str, tokens: int, seconds: float, plain_s: float) -> None:
         """What a step of ``arm`` brought: ``tokens`` emitted for ``seconds`` (its tree's target
