@@ -238,7 +238,7 @@ class CandidateLattice:
         lattice = SausageLattice(tokens, out_scores, widths)
         if columns:
             lattice = united(lattice, columns, self._scorer(logits - normaliser))
-        return lattice, None
+        return lattice
 
     def _scorer(self, logprobs: torch.Tensor) -> Callable[[int, np.ndarray], np.ndarray]:
         """``(row, tokens) -> log-probabilities`` over the candidates (NaN for other tokens);

@@ -339,3 +339,49 @@ def test_estimates_are_corrected_by_what_was_accepted_against_what_was_expected(
     before = proposer.correction
     proposer._learn((1, "plain", 0.0, 0.0), 1.0, emitted=1, accepted=0, tokens=None)  # a plain step says nothing
     assert proposer.correction == before
+
+
+def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattice(tmp_path: Path) -> None:
+    """One step of the lattice proposer as vLLM's runner drives it: the hidden states the hook
+    kept (one row per request, none verified drafts), the heads run on the batch's rows, each
+    request's chain the one its own lattice gives (against the lattice built for it alone)."""
+    import weakref
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from latticekit.decoding.lattices import FullLattice
+    from latticekit.heads.modules import BlockHeads
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    heads = BlockHeads.for_model(model, num_heads=4).eval()
+    given = tmp_path / "heads.bin"
+    given.write_bytes(b"")  # the setting names a file; the heads are put in place as load_model would
+    proposer = LatticeProposer(engine_config(k=3, vocab=64), ProposerConfig(heads=str(given), step_costs=(0.1, 0.0),
+                                                                             k=4, p=4))
+    proposer.heads = heads
+    runner = Runner()
+    runner.input_batch = SimpleNamespace(req_ids=["a", "b"], spec_token_ids=[[], []])
+    runner.requests = {"a": SimpleNamespace(prompt_token_ids=[1, 2, 3]), "b": SimpleNamespace(prompt_token_ids=[4])}
+    proposer._runner = weakref.ref(runner)
+    batch = Batch(2)
+    texts = [[1, 2, 3, 9, 10], [4, 20, 21, 22]]
+    for r, text in enumerate(texts):
+        batch.put(r, text)
+    hidden = torch.randn(2, 32)
+    proposer._hidden = hidden  # what the hook on the logits processor keeps
+    out = proposer.propose([[10], [22]], batch.lengths, batch.ids)
+    assert proposer.counters["lattice_rows"] == 2 and proposer.counters["errors"] == 0 and all(out)
+    assert proposer.counters["hidden_mismatch"] == 0
+    for r, text in enumerate(texts):
+        alone = ChainDrafter(None, 64, AcceptanceModel.prior(trust="head+cache"), candidates=32, max_depth=12)
+        alone.observe(text)
+        with torch.no_grad():
+            lattice, _ = FullLattice(heads, 4, 64)(hidden[r], text, entropy=False)
+        chain, _ = alone.propose_lattice(3, lattice, uniform_lm(), 4, 0.0)
+        assert out[r] == chain.tolist()
+    proposer._hidden = torch.randn(3, 32)  # rows that do not add up to the batch: n-grams alone, counted
+    proposer.propose([[10], [22]], batch.lengths, batch.ids)
+    assert proposer.counters["hidden_mismatch"] == 1 and proposer.counters["errors"] == 0
