@@ -4,7 +4,10 @@ vLLM's own ``medusa`` method drafts each head's arg-max. This proposer reads the
 Medusa checkpoint, or latticekit's own heads file) and, per request and step:
 
 1. takes the target's final hidden state at the request's last emitted token (the state whose
-   logits gave that token) and runs the heads on it: head i >= 2 scores the token at t + i;
+   logits gave that token) and runs the heads on it: head i >= 2 scores the token at t + i.
+   The heads run once per step on the states of every request that drafts, and the candidate
+   vocabulary's rows are projected in one product for them all
+   (:func:`~latticekit.decoding.lattices.candidate_lattices`);
 2. builds the sausage lattice of each head's top k tokens (log-softmax scores), its root the
    token just emitted, over a candidate vocabulary as latticekit's own loop does
    (:class:`~latticekit.decoding.lattices.CandidateLattice`: the n-gram model's 8,192 most
@@ -22,8 +25,9 @@ target model the runner hands to ``load_model``: a forward pre-hook on its ``log
 (a ``torch.nn`` hook, no vLLM code replaced) keeps the states the step computed logits from,
 one row per request plus one per verified draft token, in batch order; the row of a request's
 last emitted token is its first row plus the tokens it emitted, less one (the index vLLM's own
-Medusa proposer takes). The heads' cost is measured with the rest of drafting, so where they do
-not repay it (a large batch on a CPU) the proposer drafts less, or pauses.
+Medusa proposer takes). The heads' cost is measured with the rest of drafting and counts in
+the arms' outcomes, so where they do not repay it (a large batch on a CPU) the proposer drafts
+less, or keeps to plain steps (which run no heads at all).
 """
 
 from __future__ import annotations

@@ -12,7 +12,13 @@ Per row this proposer drafts latticekit's n-gram continuations of the request's 
 (:class:`~latticekit.drafting.chains.ChainDrafter`); per batch it chooses every chain's
 length for the most expected tokens per second under the step costs it measures from the
 engine's own steps (:func:`~latticekit.drafting.chains.allocate`): drafts shrink as the batch
-grows, down to none. Request state follows the batch: it is created when a request first
+grows, down to none. Whether to draft, and how eagerly, is learnt from outcomes: per load
+bucket (the batch's rows, by powers of two) the arms ``plain`` (no drafting work at all),
+``lean``, ``model`` and ``eager`` (a draft token priced at 4, 1 and 1/4 times the fitted cost)
+keep the tokens the engine really emitted per second it really took (the wall time between
+calls, and the drafting), and :func:`~latticekit.drafting.arms.choose_arm` keeps the best and
+probes the others ever more rarely; the estimates are scaled by the draft tokens accepted over
+those expected. Request state follows the batch: it is created when a request first
 appears, kept while a preempted request waits (bounded), and freed when the request finishes.
 With ``memory_tokens`` set, a finished request's output goes into the engine's memory of
 earlier answers (:class:`~latticekit.drafting.memory.AnswerMemory`), which every request drafts
