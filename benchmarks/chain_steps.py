@@ -12,6 +12,12 @@ drafter that copies the text could have had accepted there.
 * **over**: the chain went past what was accepted (tokens wasted: those verified and rejected);
 * **missed**: no chain where the oracle had two tokens or more.
 
+Then, on the same positions (every position of every greedy stream, so that neither drafter's
+own trajectory decides where it is asked), each pair of drafters named in ``--pairs``: the
+tokens each would have had accepted there, where one got two or more and the other none
+(split into the other's empty and wrong chains), and whether the wrong chain's first token was
+the text's more frequent follower of the context (at context lengths 1-8) than the truth.
+
 Usage::
 
     PYTHONPATH=. python benchmarks/chain_steps.py [--workload code] [--count 60] [--n 8]
@@ -87,6 +93,47 @@ def classify(streams: Sequence[tuple[Sequence[int], Sequence[int]]], source: Any
     return out
 
 
+def follower_count(text: Sequence[int], context: int, token: int) -> int:
+    """How often ``token`` follows the last ``context`` tokens of ``text`` earlier in it."""
+    tail = list(text[-context:])
+    return sum(1 for i in range(len(text) - context) if list(text[i:i + context]) == tail
+               and text[i + context] == token)
+
+
+def same_positions(streams: Sequence[tuple[Sequence[int], Sequence[int]]], first: Any, second: Any,
+                   n: int) -> dict[str, Any]:
+    """Both drafters asked at every position of the greedy streams (see the module docstring)."""
+    from latticekit.eval.chain_replay import accepted_prefix
+
+    out: dict[str, Any] = {"positions": 0, "accepted": [0, 0], "drafted": [0, 0], "more": [0, 0],
+                           "only": [0, 0], "other_empty": [0, 0], "other_wrong": [0, 0],
+                           "wrong_was_more_frequent": [0, 0]}
+    for prompt, continuation in streams:
+        prompt, continuation = [int(t) for t in prompt], [int(t) for t in continuation]
+        first.start(prompt)
+        second.start(prompt)
+        for t in range(1, len(continuation)):
+            ids = prompt + continuation[:t]
+            chains = [list(first.propose(ids, continuation[t - 1:t], n))[:n],
+                      list(second.propose(ids, continuation[t - 1:t], n))[:n]]
+            got = [accepted_prefix(c, continuation, t) for c in chains]
+            out["positions"] += 1
+            for i in (0, 1):
+                out["accepted"][i] += got[i]
+                out["drafted"][i] += len(chains[i])
+                out["more"][i] += max(0, got[i] - got[1 - i])
+                if got[i] >= 2 and got[1 - i] == 0:
+                    out["only"][i] += 1
+                    other = chains[1 - i]
+                    out["other_empty" if not other else "other_wrong"][i] += 1
+                    if other and all(follower_count(ids, k, other[0]) >= follower_count(ids, k, continuation[t])
+                                     for k in (1, 2, 4, 8)):
+                        out["wrong_was_more_frequent"][i] += 1
+        first.finish(prompt + continuation)
+        second.finish(prompt + continuation)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", default="code")
@@ -95,6 +142,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--drafters", nargs="+", default=["vllm-ngram-2-4", "suffix", "latticekit-chain",
                                                      "latticekit-chain+memory"])
+    p.add_argument("--pairs", nargs="+", default=["latticekit-chain:suffix", "latticekit-chain+memory:suffix"],
+                   help="drafters compared on the same positions (first:second)")
     p.add_argument("--out", default=None, help="a JSON file for the counts")
     args = p.parse_args()
     from replay_drafters import STREAMS, drafters
@@ -111,8 +160,19 @@ def main() -> None:
               f"accepted {got['accepted'] / steps:.2f}; whole {got['whole']} (early {got['early']}, "
               f"{got['early_lost']} tokens lost), over {got['over']} ({got['over_wasted']} wasted), "
               f"missed {got['missed']} ({got['missed_lost']} lost) of {steps} steps", flush=True)
+    pairs = {}
+    for pair in args.pairs:
+        a, b = pair.split(":")
+        got = pairs[pair] = same_positions(streams, factories[a](), factories[b](), args.n)
+        print(f"{a} vs {b} on the same {got['positions']} positions: accepted {got['accepted'][0]} / "
+              f"{got['accepted'][1]}, drafted {got['drafted'][0]} / {got['drafted'][1]}; two or more where the "
+              f"other had none: {got['only'][0]} / {got['only'][1]} (the other's chain empty "
+              f"{got['other_empty'][0]} / {got['other_empty'][1]}, wrong {got['other_wrong'][0]} / "
+              f"{got['other_wrong'][1]}, its wrong first token the text's more frequent follower "
+              f"{got['wrong_was_more_frequent'][0]} / {got['wrong_was_more_frequent'][1]})", flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        Path(args.out).write_text(json.dumps({"args": vars(args), "results": results, "same_positions": pairs},
+                                              indent=1))
 
 
 if __name__ == "__main__":
