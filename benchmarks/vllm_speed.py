@@ -226,8 +226,7 @@ def main() -> None:
                   flush=True)
             del specs[name]
     common = dict(model=str(folder), dtype="float32", max_model_len=4096, max_num_seqs=max(args.concurrency),
-                  enforce_eager=True, seed=0, disable_log_stats=False,
-                  distributed_executor_backend="uni")  # the worker inside the engine's process: one process an engine
+                  enforce_eager=True, seed=0, disable_log_stats=False)  # about 3 GB an engine (its core and worker)
     engines: dict[str, Any] = {}
     # vLLM's ngram engine last: its proposer imports numba, whose function wrappers make the CPU
     # worker's kernel registration (vllm/triton_utils/dispatcher.py, a scan of sys.modules) fail
