@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from latticekit.heads.protocol import DraftHeads, ProjectedHeads
 
-__all__ = ["FullLattice", "CandidateLattice", "lattice_source", "entropy_of_logprobs", "head_logits", "united"]
+__all__ = ["FullLattice", "CandidateLattice", "candidate_lattices", "lattice_source", "entropy_of_logprobs", "head_logits", "united"]
 
 
 def head_logits(heads: DraftHeads, hidden: torch.Tensor, vocab_size: int,
@@ -201,25 +201,26 @@ class CandidateLattice:
             self._column[fresh] = np.arange(len(self._candidate_ids), len(self._candidate_ids) + len(fresh))
             self._candidate_ids = np.concatenate([self._candidate_ids, np.asarray(fresh, dtype=np.int64)])
 
-    def _project(self, states: torch.Tensor) -> torch.Tensor:
+    def _project_static(self, states: torch.Tensor) -> torch.Tensor:
+        """``states`` (n, hidden) projected on the static candidates' rows."""
         if self._packed is not None:
-            static = torch.ops.mkldnn._linear_pointwise(states, self._packed, None, "none", [], "")
-        else:
-            static = states @ self._rows.T
-        if not self._extra_ids:
-            return static
-        return torch.cat([static, states @ self._extra_rows.T], dim=1)
+            return torch.ops.mkldnn._linear_pointwise(states, self._packed, None, "none", [], "")
+        return states @ self._rows.T
 
     def __call__(self, hidden: torch.Tensor, ids: Sequence[int], columns: Sequence[Sequence[int]] = (),
                  entropy: bool = True) -> tuple[SausageLattice, None]:
         """As :meth:`FullLattice.__call__`; a column token outside the candidate vocabulary is
         left out."""
+        return candidate_lattices([self], hidden[None], [ids], columns)[0], None
+
+    def _lattice(self, states: torch.Tensor, static: torch.Tensor, ids: Sequence[int],
+                 columns: Sequence[Sequence[int]]) -> SausageLattice:
+        """The lattice of heads 2..h's ``states`` (h - 1, hidden), their logits over the static
+        candidates ``static`` already projected (the text's tokens projected here)."""
         self._add_context(ids)
-        if getattr(self.heads, "token_conditioned", False):
-            states = self.heads.head_states(hidden, int(ids[-1]))[1:]
-        else:
-            states = self.heads.head_states(hidden)[1:]
-        logits = self._project(states).float()
+        if self._extra_ids:
+            static = torch.cat([static, states @ self._extra_rows.T], dim=1)
+        logits = static.float()
         k = min(self.k, logits.shape[1])
         values, index = torch.topk(logits, k, dim=-1)
         normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
@@ -237,7 +238,7 @@ class CandidateLattice:
         lattice = SausageLattice(tokens, out_scores, widths)
         if columns:
             lattice = united(lattice, columns, self._scorer(logits - normaliser))
-        return lattice, None
+        return lattice
 
     def _scorer(self, logprobs: torch.Tensor) -> Callable[[int, np.ndarray], np.ndarray]:
         """``(row, tokens) -> log-probabilities`` over the candidates (NaN for other tokens);
@@ -251,6 +252,23 @@ class CandidateLattice:
             return np.where(at >= 0, rows[row - 1, np.maximum(at, 0)], np.nan)
 
         return score
+
+
+def candidate_lattices(sources: Sequence[CandidateLattice], hidden: torch.Tensor, ids: Sequence[Sequence[int]],
+                       columns: Sequence[Sequence[int]] = ()) -> list[SausageLattice]:
+    """One lattice per row of ``hidden`` (rows, hidden): row i's from ``sources[i]`` after
+    ``ids[i]``, as :meth:`CandidateLattice.__call__` makes it. The heads run once on the whole
+    batch and the static candidates are projected in one product (the sources share heads and
+    static candidates); each row's own text tokens are projected for it alone."""
+    first = sources[0]
+    if getattr(first.heads, "token_conditioned", False):
+        last = torch.tensor([int(row[-1]) for row in ids], dtype=torch.long, device=hidden.device)
+        states = first.heads.head_states(hidden, last)[:, 1:]
+    else:
+        states = first.heads.head_states(hidden)[:, 1:]
+    rows, heads, width = states.shape
+    static = first._project_static(states.reshape(rows * heads, width)).reshape(rows, heads, -1)
+    return [source._lattice(states[i], static[i], ids[i], columns) for i, source in enumerate(sources)]
 
 
 def lattice_source(heads: DraftHeads, k: int, vocab_size: int, vocabulary: Optional[np.ndarray] = None) -> Any:

@@ -156,14 +156,17 @@ class BatchCosts:
 
     def add(self, tokens: int, seconds: float) -> None:
         """One step: ``tokens`` query tokens took ``seconds``."""
-        if tokens < 1 or not np.isfinite(seconds) or seconds <= 0:
-            return
-        if self.samples >= 4 and seconds > self.idle_factor * self.seconds(tokens):
+        if tokens < 1 or not np.isfinite(seconds) or seconds <= 0 or self.idle(tokens, seconds):
             return
         d = self.decay
         self.w, self.sn, self.snn = d * self.w + 1, d * self.sn + tokens, d * self.snn + tokens * tokens
         self.st, self.snt = d * self.st + seconds, d * self.snt + tokens * seconds
         self.samples += 1
+
+    def idle(self, tokens: int, seconds: float) -> bool:
+        """Whether a step of ``tokens`` query tokens that took ``seconds`` was far slower than
+        predicted: the engine sat idle between requests (not a step's cost)."""
+        return self.samples >= 4 and seconds > self.idle_factor * self.seconds(tokens)
 
     def coefficients(self) -> tuple[float, float]:
         """``(a, b)``: seconds per step and per query token; (0, 0) before any step."""

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from latticekit.drafting.memory import DEFAULT_MAX_TOKENS
 from latticekit.errors import ProposerConfigError
 
 __all__ = ["ENV", "ProposerConfig", "speculative_config", "PROPOSER", "LATTICE_PROPOSER"]
@@ -59,10 +60,11 @@ class ProposerConfig:
         k: arcs per lattice position (each head's top k).
         p: lattice paths searched per request and step.
         alpha: the n-gram model's weight in the lattice search (``draft + alpha * n-gram``).
-        memory_tokens: 0, or the size (tokens) of the engine's memory of earlier answers
-            (:class:`~latticekit.drafting.memory.AnswerMemory`): every finished request's output
-            goes into it, and every request drafts from it beside its own text. One memory per
-            engine process (its proposer), shared by all its requests.
+        memory_tokens: the size (tokens) of the engine's memory of earlier answers
+            (:class:`~latticekit.drafting.memory.AnswerMemory`; 0: none): every finished request's
+            output goes into it, and every request drafts from it beside its own text. One memory
+            per engine process (its proposer), shared by all its requests. Default 2**17 tokens
+            (:data:`~latticekit.drafting.memory.DEFAULT_MAX_TOKENS`, about 45 MB when full).
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -83,7 +85,7 @@ class ProposerConfig:
     p: int = 16
     alpha: float = 1.0
     check_hidden: bool = False
-    memory_tokens: int = 0
+    memory_tokens: int = DEFAULT_MAX_TOKENS
 
     def __post_init__(self) -> None:
         if isinstance(self.memory_tokens, bool) or not isinstance(self.memory_tokens, int) or self.memory_tokens < 0:

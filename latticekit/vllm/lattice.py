@@ -4,7 +4,10 @@ vLLM's own ``medusa`` method drafts each head's arg-max. This proposer reads the
 Medusa checkpoint, or latticekit's own heads file) and, per request and step:
 
 1. takes the target's final hidden state at the request's last emitted token (the state whose
-   logits gave that token) and runs the heads on it: head i >= 2 scores the token at t + i;
+   logits gave that token) and runs the heads on it: head i >= 2 scores the token at t + i.
+   The heads run once per step on the states of every request that drafts, and the candidate
+   vocabulary's rows are projected in one product for them all
+   (:func:`~latticekit.decoding.lattices.candidate_lattices`);
 2. builds the sausage lattice of each head's top k tokens (log-softmax scores), its root the
    token just emitted, over a candidate vocabulary as latticekit's own loop does
    (:class:`~latticekit.decoding.lattices.CandidateLattice`: the n-gram model's 8,192 most
@@ -22,8 +25,9 @@ target model the runner hands to ``load_model``: a forward pre-hook on its ``log
 (a ``torch.nn`` hook, no vLLM code replaced) keeps the states the step computed logits from,
 one row per request plus one per verified draft token, in batch order; the row of a request's
 last emitted token is its first row plus the tokens it emitted, less one (the index vLLM's own
-Medusa proposer takes). The heads' cost is measured with the rest of drafting, so where they do
-not repay it (a large batch on a CPU) the proposer drafts less, or pauses.
+Medusa proposer takes). The heads' cost is measured with the rest of drafting and counts in
+the arms' outcomes, so where they do not repay it (a large batch on a CPU) the proposer drafts
+less, or keeps to plain steps (which run no heads at all).
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ class LatticeProposer(NGramProposer):
         self.alpha = self.config.alpha if self.lm is not None else 0.0
         self.heads: Any = None
         self._hidden: Any = None  # the states of the last step's logits
-        self._row_states: list[Any] = []  # this step's hidden state per row, None where not drafting from it
+        self._lattices: list[Any] = []  # this step's lattice per row, None where not drafting from one
         # each request's lattice source (its candidate vocabulary holds the request's own tokens)
         self._sources: "weakref.WeakKeyDictionary[ChainDrafter, Any]" = weakref.WeakKeyDictionary()
         self.counters |= {"lattice_rows": 0, "hidden_mismatch": 0, "hidden_checked": 0, "hidden_wrong": 0}
@@ -103,10 +107,11 @@ class LatticeProposer(NGramProposer):
 
     # -- one step ---------------------------------------------------------------------------
 
-    def _begin_step(self, sampled: list[list[int]]) -> None:
-        """Finds each emitting request's hidden state among the step's."""
+    def _begin_step(self, sampled: list[list[int]], prepared: list[Optional[tuple[ChainDrafter, int]]]) -> None:
+        """Finds each drafting request's hidden state among the step's and builds every lattice:
+        the heads run once on the batch's states (:func:`~latticekit.decoding.lattices.candidate_lattices`)."""
         hidden, self._hidden = self._hidden, None
-        self._row_states = [None] * len(sampled)
+        self._lattices = [None] * len(sampled)
         if hidden is None or self.heads is None:
             return
         runner = self._runner() if self._runner is not None else None
@@ -117,11 +122,42 @@ class LatticeProposer(NGramProposer):
         if drafts is None or sum(drafts) + len(sampled) != int(hidden.shape[0]):
             self.counters["hidden_mismatch"] += 1
             return
+        rows, states, positions = [], [], []
         for i, row in enumerate(hidden_rows([len(s) for s in sampled], drafts)):
-            if row >= 0:
-                self._row_states[i] = hidden[row]
+            ready = prepared[i]
+            if row >= 0 and ready is not None:
+                rows.append(i)
+                states.append(ready[0])
+                positions.append(row)
                 if self.config.check_hidden:
                     self._check_hidden(hidden[row], sampled[i][-1])
+        if not rows:
+            return
+        import torch
+
+        from latticekit.decoding.lattices import CandidateLattice, candidate_lattices
+
+        batch = hidden.index_select(0, torch.as_tensor(positions, device=hidden.device)).to(self.heads.lm_head.weight.dtype)
+        sources = [self._source(state) for state in states]
+        with torch.inference_mode():
+            if all(isinstance(source, CandidateLattice) for source in sources):
+                lattices = candidate_lattices(sources, batch, [state.model.ids for state in states])
+            else:  # the full vocabulary's lattice, row by row
+                lattices = [source(batch[j], state.model.ids, entropy=False)[0]
+                            for j, (source, state) in enumerate(zip(sources, states))]
+        for i, lattice in zip(rows, lattices):
+            self._lattices[i] = lattice
+        self.counters["lattice_rows"] += len(rows)
+
+    def _source(self, state: ChainDrafter) -> Any:
+        """The request's lattice source (its candidate vocabulary holds the request's own tokens)."""
+        source = self._sources.get(state)
+        if source is None:
+            from latticekit.decoding.lattices import lattice_source
+
+            vocabulary = lm_candidates(self.lm, CANDIDATE_TOKENS) if self.lm is not None else None
+            source = self._sources[state] = lattice_source(self.heads, self.config.k, self.vocab_size, vocabulary)
+        return source
 
     def _check_hidden(self, hidden: Any, token: int) -> None:
         import torch
@@ -132,18 +168,7 @@ class LatticeProposer(NGramProposer):
         self.counters["hidden_wrong"] += int(best != int(token))
 
     def _draft(self, state: ChainDrafter, index: int, room: int) -> tuple[np.ndarray, np.ndarray]:
-        hidden = self._row_states[index] if index < len(self._row_states) else None
-        if hidden is None:
+        lattice = self._lattices[index] if index < len(self._lattices) else None
+        if lattice is None:
             return state.propose(room)
-        import torch
-
-        source = self._sources.get(state)
-        if source is None:
-            from latticekit.decoding.lattices import lattice_source
-
-            vocabulary = lm_candidates(self.lm, CANDIDATE_TOKENS) if self.lm is not None else None
-            source = self._sources[state] = lattice_source(self.heads, self.config.k, self.vocab_size, vocabulary)
-        with torch.inference_mode():
-            lattice, _ = source(hidden.to(self.heads.lm_head.weight.dtype), state.model.ids, entropy=False)
-        self.counters["lattice_rows"] += 1
         return state.propose_lattice(room, lattice, self.search_lm, self.config.p, self.alpha)

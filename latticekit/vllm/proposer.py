@@ -12,7 +12,13 @@ Per row this proposer drafts latticekit's n-gram continuations of the request's 
 (:class:`~latticekit.drafting.chains.ChainDrafter`); per batch it chooses every chain's
 length for the most expected tokens per second under the step costs it measures from the
 engine's own steps (:func:`~latticekit.drafting.chains.allocate`): drafts shrink as the batch
-grows, down to none. Request state follows the batch: it is created when a request first
+grows, down to none. Whether to draft, and how eagerly, is learnt from outcomes: per load
+bucket (the batch's rows, by powers of two) the arms ``plain`` (no drafting work at all),
+``lean``, ``model`` and ``eager`` (a draft token priced at 4, 1 and 1/4 times the fitted cost)
+keep the tokens the engine really emitted per second it really took (the wall time between
+calls, and the drafting), and :func:`~latticekit.drafting.arms.choose_arm` keeps the best and
+probes the others ever more rarely; the estimates are scaled by the draft tokens accepted over
+those expected. Request state follows the batch: it is created when a request first
 appears, kept while a preempted request waits (bounded), and freed when the request finishes.
 With ``memory_tokens`` set, a finished request's output goes into the engine's memory of
 earlier answers (:class:`~latticekit.drafting.memory.AnswerMemory`), which every request drafts
@@ -37,6 +43,7 @@ from typing import Any, Optional, cast
 
 import numpy as np
 
+from latticekit.drafting.arms import ArmStats, choose_arm, probe_outcome
 from latticekit.drafting.calibration import AcceptanceModel
 from latticekit.drafting.chains import BatchCosts, ChainDrafter, allocate
 from latticekit.drafting.memory import AnswerMemory
@@ -44,11 +51,16 @@ from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
 from latticekit.vllm.config import ProposerConfig
 
-__all__ = ["NGramProposer"]
+__all__ = ["NGramProposer", "engine_stats"]
 
 logger = logging.getLogger("latticekit.vllm")
-#: After a step whose drafts would not repay their cost, drafting pauses 2, 4, ... up to this many steps.
-MAX_SKIP = 32
+#: The ways of drafting the proposer chooses among by their outcomes, per load: each level prices
+#: a draft token at this multiple of the fitted per-token step cost in the batch's allocation
+#: (:func:`allocate`), and ``plain`` drafts nothing (no drafting work at all).
+LEVELS = {"model": 1.0, "eager": 0.25, "lean": 4.0}
+ARMS = (*LEVELS, "plain")
+#: Decay per drafted step of the accepted and expected sums that correct the estimates.
+_CORRECTION_DECAY = 0.95
 
 
 def _find_runner() -> Any:
@@ -77,6 +89,52 @@ def _load_lm(name: Optional[str]) -> Optional[NGramLM]:
     except Exception as exc:  # every reader's error, named with the file
         raise ProposerConfigError(f"latticekit vLLM proposer: lm {name!r} is not a readable n-gram model: "
                                   f"{type(exc).__name__}: {exc}") from exc
+
+
+def load_bucket(rows: int) -> int:
+    """The load a step's outcome is kept under: its batch's rows, by powers of two (1, 2-3,
+    4-7, 8-15, 16-31, ...); query tokens follow from the rows and the arm's drafts."""
+    return max(1, int(rows)).bit_length()
+
+
+class _Load:
+    """The arms' outcomes at one load bucket, and its steps."""
+
+    __slots__ = ("arms", "steps")
+
+    def __init__(self) -> None:
+        self.arms = {arm: ArmStats() for arm in ARMS}
+        self.steps = 0
+
+    def worth(self, arm: str) -> float:
+        return self.arms[arm].rate
+
+    def choose(self) -> str:
+        """The arm of the next step (:func:`~latticekit.drafting.arms.choose_arm`)."""
+        self.steps += 1
+        return choose_arm(ARMS, self.arms, self.worth, self.steps) or "plain"
+
+    def record(self, arm: str, tokens: int, seconds: float) -> None:
+        """A step of ``arm`` emitted ``tokens`` in ``seconds`` (engine and drafting)."""
+        stats = self.arms[arm]
+        stats.add(tokens, seconds, self.steps)
+        if stats.probing:
+            probe_outcome(stats, self.worth(arm) >= max(self.worth(a) for a in ARMS if a != arm))
+
+
+def _dynamic_schedule(vllm_config: Any) -> Optional[list[int]]:
+    """vLLM's dynamic speculative decoding schedule (``num_speculative_tokens_per_batch_size``)
+    as vLLM's scheduler expands it: index = the batch's requests, value = the most draft tokens
+    it schedules per request; None when the engine has no schedule. vLLM computes it for its
+    own proposers and does not hand it to a ``custom_class`` one, so the proposer reads it here."""
+    spec = vllm_config.speculative_config
+    schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+    if not schedule:
+        return None
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    return list(build_dynamic_sd_schedule_lookup(schedule, vllm_max_batch_size=int(
+        vllm_config.scheduler_config.max_num_seqs), vllm_num_speculative_tokens=int(spec.num_speculative_tokens)))
 
 
 def _scheduled_tokens(slot_mappings: Any) -> Optional[int]:
@@ -110,6 +168,8 @@ class NGramProposer:
     reads_heads = False
     #: What the acceptance estimates' prior takes at its word (:meth:`AcceptanceModel.prior`).
     trust = "cache"
+    #: The clock steps are timed with (seconds).
+    clock = staticmethod(time.perf_counter)
 
     def __init__(self, vllm_config: Any, config: Optional[ProposerConfig] = None) -> None:
         self.config = config if config is not None else ProposerConfig.from_env()
@@ -119,6 +179,7 @@ class NGramProposer:
                 f"latticekit.vllm.NGramProposer; {type(self).__name__} was given heads={self.config.heads!r}")
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
+        self._schedule = _dynamic_schedule(vllm_config)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.lm = _load_lm(self.config.lm)
@@ -137,14 +198,18 @@ class NGramProposer:
         self._last_end: Optional[float] = None
         self._verify_tokens: Optional[int] = None  # query tokens the next step holds if no request prefills
         self._draft_s = 0.0  # running mean of a drafting call's own seconds
-        self._skip = 0  # steps left without drafting (drafting did not pay)
-        self._probe = 2  # steps skipped after the next step that does not pay
+        #: per load bucket, the arms' outcomes (learnt where the step costs are measured, not given)
+        self.loads: dict[int, _Load] = {}
+        self._pending: Optional[tuple[int, str, float, float]] = None  # the next step's bucket, arm, drafting s, expected
+        self._accepted = self._expected = 0.0  # decayed: draft tokens accepted, and expected, on drafted steps
         self._logged: set[str] = set()
         self._stats_written = 0.0
+        self._finished_now = False  # this call learnt that requests finished (the stats are rewritten then)
+        self._last_ids: list[Any] = []  # the last call's request ids
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0,
                          "draft_seconds": 0.0, "errors": 0, "requests_started": 0, "requests_finished": 0,
-                         "states_evicted": 0}
+                         "states_evicted": 0, **{f"steps_{arm}": 0 for arm in ARMS}}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """vLLM's CPU runner hands the target model over; n-gram drafting needs none of it."""
@@ -154,86 +219,138 @@ class NGramProposer:
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None, **_: Any) -> list[list[int]]:
         """One chain per batch row (see the module docstring); empty chains when anything fails."""
-        start = time.perf_counter()
+        start = self.clock()
         rows = len(sampled_token_ids)
+        pending, self._pending = self._pending, None
+        self._finished_now = False
         try:
-            tokens = _scheduled_tokens(slot_mappings)
-            # a step's cost as drafts make it: decode and verification steps, not prefill (a long
-            # prompt's tokens go through the pass far cheaper per token than a batch's few)
-            if self._last_end is not None and tokens is not None and self._verify_tokens is not None \
-                    and tokens <= self._verify_tokens:
-                self.costs.add(tokens, start - self._last_end)
-            drafted = self._skip == 0
-            out = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            emitted = sum(len(s) for s in sampled_token_ids)
+            accepted = emitted - sum(1 for s in sampled_token_ids if s)  # a row emits its accepted drafts and one
+            self._learn(pending, start, emitted, accepted, _scheduled_tokens(slot_mappings))
+            out, arm, expected = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         except Exception as exc:  # never the engine's problem
             self._failed("propose", exc)
-            out = [[] for _ in range(rows)]
-            drafted = False
-        end = time.perf_counter()
+            out, arm, expected, accepted = [[] for _ in range(rows)], "plain", 0.0, 0
+        end = self.clock()
         spent = end - start
-        if drafted:
+        if arm != "plain":
             self._draft_s = spent if self._draft_s == 0 else 0.9 * self._draft_s + 0.1 * spent
-        self._verify_tokens = rows + sum(len(chain) for chain in out)
+        drafts = sum(len(chain) for chain in out)
+        self._verify_tokens = rows + drafts
+        self._pending = (load_bucket(rows), arm, spent, expected)
         self.counters["calls"] += 1
         self.counters["rows"] += rows
-        # a row emits its accepted draft tokens and one of the target's own
-        self.counters["accepted_tokens"] += sum(max(0, len(emitted) - 1) for emitted in sampled_token_ids)
+        self.counters[f"steps_{arm}"] += 1
+        self.counters["accepted_tokens"] += accepted
         self.counters["draft_seconds"] += spent
         self.counters["drafted_rows"] += sum(1 for chain in out if chain)
-        self.counters["draft_tokens"] += sum(len(chain) for chain in out)
-        if self.config.stats is not None and end - self._stats_written > 0.5:
+        self.counters["draft_tokens"] += drafts
+        if self.config.stats is not None and (end - self._stats_written > 0.5 or self._finished_now):
             self._write_stats(end)
-        self._last_end = time.perf_counter()
+        self._last_end = self.clock()
         return out
 
-    def _propose(self, sampled: list[list[int]], lengths: np.ndarray, buffer: np.ndarray) -> list[list[int]]:
+    def _learn(self, pending: Optional[tuple[int, str, float, float]], start: float, emitted: int, accepted: int,
+               tokens: Optional[int]) -> None:
+        """What the step just run says: its seconds (the engine's, between the last call's end
+        and this one's start, and the last call's drafting) for the step-cost fit and, per load
+        bucket, for the arm the last call chose; the draft tokens it accepted against those the
+        estimates expected. Steps that prefilled a prompt (more query tokens than the last call
+        scheduled) and idle gaps are no arm's outcome."""
+        if pending is None or self._last_end is None:
+            return
+        bucket, arm, draft_s, expected = pending
+        if expected > 0:
+            d = _CORRECTION_DECAY
+            self._accepted, self._expected = d * self._accepted + accepted, d * self._expected + expected
+        engine_s = start - self._last_end
+        if tokens is None or self._verify_tokens is None or tokens > self._verify_tokens:
+            return
+        if self.costs.idle(tokens, engine_s):
+            return
+        self.costs.add(tokens, engine_s)
+        if self.config.step_costs is None:
+            self.loads.setdefault(bucket, _Load()).record(arm, emitted, engine_s + draft_s)
+
+    @property
+    def correction(self) -> float:
+        """Draft tokens accepted over the tokens the estimates expected, lately (1 until there are
+        enough to tell; within [0.2, 2]): the chains' probabilities are scaled by it."""
+        if self._expected < 4:
+            return 1.0
+        return min(2.0, max(0.2, self._accepted / self._expected))
+
+    def _arm(self, rows: int) -> str:
+        """The next step's arm: learnt per load bucket from the outcomes where the step costs are
+        measured; with step costs given (tests, replays), the cost model's allocation always."""
+        if self.config.step_costs is not None:
+            return "model"
+        return self.loads.setdefault(load_bucket(rows), _Load()).choose()
+
+    def _propose(self, sampled: list[list[int]], lengths: np.ndarray,
+                 buffer: np.ndarray) -> tuple[list[list[int]], str, float]:
+        """The chains, the arm that chose them, and the accepted tokens the estimates expect."""
         rows = len(sampled)
         keys = self._row_keys(rows)
-        if self._skip > 0:  # drafting did not pay lately: not even its own work (the states catch up later)
-            self._skip -= 1
-            return [[] for _ in range(rows)]
-        self._begin_step(sampled)
+        arm = self._arm(rows)
+        if arm == "plain":  # no drafting work at all (the states catch up when drafting resumes)
+            return [[] for _ in range(rows)], arm, 0.0
+        cap = self._schedule[min(rows, len(self._schedule) - 1)] if self._schedule is not None else None
+        prepared: list[Optional[tuple[ChainDrafter, int]]] = [None] * rows
+        for i in range(rows):
+            if sampled[i] and cap != 0:  # nothing sampled: a prefill chunk or a discarded row
+                try:
+                    prepared[i] = self._row_state(keys[i], int(lengths[i]), buffer[i], len(sampled[i]), cap)
+                except Exception as exc:
+                    self._failed("row", exc)
+                    self.states.pop(keys[i], None)
+        self._begin_step(sampled, prepared)
         chains: list[np.ndarray] = []
         probabilities: list[np.ndarray] = []
-        for i in range(rows):
+        correction = self.correction
+        for i, ready in enumerate(prepared):
             chain, prob = np.zeros(0, dtype=np.int64), np.zeros(0)
-            if sampled[i]:  # nothing sampled: a prefill chunk or a discarded row
+            if ready is not None:
                 try:
-                    chain, prob = self._draft_row(i, keys[i], int(lengths[i]), buffer[i], len(sampled[i]))
+                    chain, prob = self._draft(ready[0], i, ready[1])
                 except Exception as exc:
                     self._failed("row", exc)
                     self.states.pop(keys[i], None)
             chains.append(chain)
-            probabilities.append(prob)
+            probabilities.append(np.minimum(prob * correction, 1.0))
         if self.config.step_costs is not None:
             a, b = self.config.step_costs
         else:
             a, b = self.costs.coefficients()
         if a == 0 and b == 0:  # no step measured yet: a token at the prior's price
             a, b = 1.0, self.config.prior_ratio
+        b *= LEVELS[arm]
         chosen = allocate(probabilities, a, b, overhead=self._draft_s)
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
-        expected = rows + sum(float(p[:n].sum()) for p, n in zip(probabilities, chosen))
+        expected = sum(float(p[:n].sum()) for p, n in zip(probabilities, chosen))
         drafts = sum(chosen)
         # the drafts must repay the drafting too, against a step that drafts nothing at all
-        if not drafts or expected / (a + self._draft_s + b * (rows + drafts)) <= rows / (a + b * rows):
-            self._skip, self._probe = self._probe, min(2 * self._probe, MAX_SKIP)
-            return [[] for _ in range(rows)]
-        self._probe = 2
-        return [chain[:n].tolist() for chain, n in zip(chains, chosen)]
+        if not drafts or (rows + expected) / (a + self._draft_s + b * (rows + drafts)) <= rows / (a + b * rows):
+            return [[] for _ in range(rows)], arm, 0.0
+        return [chain[:n].tolist() for chain, n in zip(chains, chosen)], arm, expected
 
-    def _begin_step(self, sampled: list[list[int]]) -> None:
-        """What a step's drafting needs for the whole batch before its rows (nothing here)."""
+    def _begin_step(self, sampled: list[list[int]], prepared: list[Optional[tuple[ChainDrafter, int]]]) -> None:
+        """What a step's drafting needs for the whole batch, its rows' states up to date
+        (``prepared``: per row, its state and room, or None where it does not draft): nothing here."""
 
     def _draft(self, state: ChainDrafter, index: int, room: int) -> tuple[np.ndarray, np.ndarray]:
         """Row ``index``'s chain, its state up to date."""
         return state.propose(room)
 
-    def _draft_row(self, index: int, key: Any, length: int, row: np.ndarray,
-                   emitted: int) -> tuple[np.ndarray, np.ndarray]:
+    def _row_state(self, key: Any, length: int, row: np.ndarray, emitted: int,
+                   cap: Optional[int] = None) -> Optional[tuple[ChainDrafter, int]]:
+        """The row's request state, synced to its text, and the room for its chain; None where
+        there is no room."""
         room = min(self.k, self.config.max_depth, self.max_model_len - length - 1)
+        if cap is not None:  # vLLM's own schedule of speculative tokens by batch size
+            room = min(room, cap)
         if length < 1 or room < 1:
-            return np.zeros(0, dtype=np.int64), np.zeros(0)
+            return None
         ids = cast(Sequence[int], row[:length])  # an int array: indexed and sliced as the drafter reads ids
         state = self.states.get(key)
         if state is not None and state.length and (length - state.start < state.length or int(
@@ -253,7 +370,7 @@ class NGramProposer:
         else:
             self.states.move_to_end(key)
         state.observe(ids)
-        return self._draft(state, index, room)
+        return state, room
 
     # -- which request a row is ---------------------------------------------------------------
 
@@ -271,6 +388,9 @@ class NGramProposer:
             for key in [k for k in self.states if not isinstance(k, int) and k not in live]:
                 self.states.pop(key).remember()  # finished: a preempted request stays in runner.requests
                 self.counters["requests_finished"] += 1
+            # requests of the last call that finished (drafted for or not)
+            self._finished_now = any(key not in live for key in self._last_ids)
+        self._last_ids = req_ids
         return req_ids
 
     def _prompt_length(self, key: Any, fallback: int) -> int:
@@ -294,7 +414,10 @@ class NGramProposer:
         a, b = self.costs.coefficients()
         memory = {"memory_tokens": len(self.memory), "memory_answers": self.memory.added} if self.memory is not None \
             else {}
-        return {**self.counters, "step_costs": [a, b], "states": len(self.states), "pid": os.getpid(), **memory}
+        arms = {str(bucket): {arm: [round(o.rate, 3), o.steps] for arm, o in load.arms.items()}
+                for bucket, load in sorted(self.loads.items())}
+        return {**self.counters, "step_costs": [a, b], "states": len(self.states), "pid": os.getpid(),
+                "correction": self.correction, "arms": arms, **memory}
 
     def _write_stats(self, now: float) -> None:
         self._stats_written = now
@@ -307,3 +430,14 @@ class NGramProposer:
                 f.write(json.dumps(self.stats()).encode())
         except Exception as exc:
             self._failed("stats", exc)
+
+
+def engine_stats(llm: Any, path: Any) -> dict[str, Any]:
+    """The counters of the proposer of ``llm`` (a ``vllm.LLM`` whose proposer writes ``stats``
+    to ``path``) after the requests it has run: the proposer rewrites the file at most every
+    half second, and whenever it learns that requests finished (at its next call), so one
+    request of one token brings the file up to date (that request's step counted too)."""
+    import vllm
+
+    llm.generate([{"prompt_token_ids": [1, 2]}], vllm.SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    return cast(dict[str, Any], json.loads(open(path, encoding="utf-8").read()))

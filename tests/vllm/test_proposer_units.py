@@ -152,21 +152,21 @@ def test_an_exception_becomes_empty_drafts_logged_once(caplog: pytest.LogCapture
     bad = np.full((2, 20), np.nan, dtype=np.float32)  # a buffer of no token ids
     with caplog.at_level("ERROR", logger="latticekit.vllm"):
         assert proposer.propose([[7], [7]], np.array([15, 15]), bad) == [[], []]
-        # and it recovers, after a pause (a step without drafts pauses drafting for 2 steps)
+        # and it recovers at once
         recovered = [proposer.propose([[7], [7]], batch.lengths, batch.ids)[0] for _ in range(3)]
         assert proposer.propose([[7], [7]], np.array([15, 15]), bad) == [[], []]  # the same kind again
-    assert recovered == [[], [], [5, 6, 7, 5]]
+    assert recovered == [[5, 6, 7, 5]] * 3
     assert proposer.stats()["errors"] == 4 and len(caplog.records) == 1 and "row" in caplog.records[0].message
 
 
-def test_drafting_pauses_where_it_does_not_repay_itself() -> None:
+def test_drafts_nothing_where_drafts_do_not_repay_themselves() -> None:
     # a step of 0.1 s and 0.2 s per query token: only near-certain drafts would pay, and a third is not
     proposer = NGramProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.2)))
     batch = Batch()
     batch.put(0, [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2])
     calls = [proposer.propose([[2]], batch.lengths[:1], batch.ids[:1]) for _ in range(12)]
     assert calls == [[[]]] * 12
-    assert proposer.counters["proposed_tokens"] > 0 and proposer._probe > 2  # it looked, then paused longer
+    assert proposer.counters["proposed_tokens"] > 0  # it looked
 
 
 def test_a_model_over_other_token_ids_is_refused_at_start() -> None:
@@ -236,11 +236,152 @@ def test_finished_answers_feed_the_engines_memory() -> None:
     proposer.propose([[14]], batch.lengths, batch.ids)
     runner.input_batch.req_ids, runner.requests = ["b"], {"b": SimpleNamespace(prompt_token_ids=[4, 5, 6])}
     batch.put(0, [4, 5, 6, 10, 11])
-    # "a"'s answer, not its prompt (after the 2 steps' pause that "a"'s draftless step began)
-    assert [proposer.propose([[11]], batch.lengths, batch.ids) for _ in range(3)] == [[[]], [[]], [[12, 13, 14]]]
+    # "a"'s answer, not its prompt
+    assert proposer.propose([[11]], batch.lengths, batch.ids) == [[12, 13, 14]]
     assert proposer.memory is not None and proposer.memory.answers == [(10, 11, 12, 13, 14)]
     assert proposer.stats()["memory_answers"] == 1 and proposer.stats()["errors"] == 0
-    without = NGramProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.0)))
+    without = NGramProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.0), memory_tokens=0))
     assert without.memory is None and without.propose([[11]], batch.lengths, batch.ids) == [[]]  # b's text alone
     with pytest.raises(ProposerConfigError, match="memory_tokens"):
         ProposerConfig(memory_tokens=-1)
+
+
+class Clock:
+    """The proposer's clock, moved by the simulated engine: a step of n query tokens takes a + b n."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedProposer(NGramProposer):
+    """The n-gram proposer whose drafting takes 2 ms of the simulated clock per row drafted."""
+
+    clock: Clock
+
+    def _draft(self, state: ChainDrafter, index: int, room: int) -> tuple[np.ndarray, np.ndarray]:
+        self.clock.now += 0.002
+        return super()._draft(state, index, room)
+
+
+def drive(proposer: NGramProposer, truths: list[list[int]], prompt: int, steps: int, a: float, b: float,
+          clock: Clock) -> list[str]:
+    """``steps`` greedy steps of the rows whose whole texts are ``truths`` (the first ``prompt``
+    tokens given), each step's seconds ``a + b * query tokens`` on ``clock``: a step accepts the
+    longest prefix of a row's draft that its text continues with, and one token more. Returns
+    the arm of each step."""
+    rows = len(truths)
+    batch = Batch(rows, max(len(t) for t in truths) + 1)
+    for r, text in enumerate(truths):
+        batch.put(r, text[:prompt])
+    drafts: list[list[int]] = [[] for _ in range(rows)]
+    arms = []
+    for _ in range(steps):
+        clock.now += a + b * (rows + sum(len(d) for d in drafts))
+        sampled = []
+        for r, text in enumerate(truths):
+            at = int(batch.lengths[r])
+            accepted = 0
+            while accepted < len(drafts[r]) and text[at + accepted] == drafts[r][accepted]:
+                accepted += 1
+            emitted = text[at:at + accepted + 1]
+            batch.put(r, text[:at + len(emitted)])
+            sampled.append(emitted)
+        slots = {"layer": np.zeros(rows + sum(len(d) for d in drafts))}  # the step's query tokens
+        drafts = proposer.propose(sampled, batch.lengths, batch.ids, slot_mappings=slots)
+        assert proposer._pending is not None
+        arms.append(proposer._pending[1])
+    return arms
+
+
+def test_outcomes_keep_plain_steps_under_load_probe_cheaply_and_draft_again_when_the_load_drops() -> None:
+    rng = np.random.default_rng(0)
+    proposer = TimedProposer(engine_config(k=6, max_model_len=4096, vocab=1000), ProposerConfig())
+    clock = proposer.clock = Clock()
+    # 16 requests whose drafts a step rarely accepts (random text), at 0.1 s + 10 ms a query token
+    noise = [rng.integers(0, 40, 800).tolist() for _ in range(16)]
+    busy = drive(proposer, noise, 64, 300, 0.1, 0.01, clock)
+    late = busy[100:]
+    assert late.count("plain") / len(late) >= 0.8  # the drafting arms are probed, not kept
+    assert proposer.stats()["arms"]["5"]["plain"][1] >= 150
+    # the load drops to one request copying its prompt: drafting wins within a few dozen steps
+    copy = [list(range(100, 160)) * 12]
+    quiet = drive(proposer, copy, 70, 60, 0.1, 0.01, clock)
+    assert quiet[30:].count("plain") <= 6
+    assert max(proposer.stats()["arms"]["1"][arm][0] for arm in ("model", "eager", "lean")) > \
+        2 * proposer.stats()["arms"]["1"]["plain"][0]
+
+
+def test_vllms_schedule_of_draft_tokens_by_batch_size_caps_the_chains() -> None:
+    config = engine_config(k=6, max_model_len=128)
+    config.speculative_config.num_speculative_tokens_per_batch_size = [(1, 1, 6), (2, 16, 2)]
+    config.scheduler_config = SimpleNamespace(max_num_seqs=16)
+    proposer = NGramProposer(config, ProposerConfig(step_costs=(0.1, 0.0)))
+    batch = Batch(2, 128)
+    batch.put(0, [5, 6, 7, 8, 9] * 8)
+    batch.put(1, [5, 6, 7, 8, 9] * 8)
+    assert proposer.propose([[9]], batch.lengths[:1], batch.ids[:1]) == [[5, 6, 7, 8, 9, 5]]
+    assert proposer.propose([[9], [9]], batch.lengths, batch.ids) == [[5, 6], [5, 6]]
+
+
+def test_estimates_are_corrected_by_what_was_accepted_against_what_was_expected() -> None:
+    proposer = NGramProposer(engine_config(), ProposerConfig())
+    proposer._last_end = 0.0
+    assert proposer.correction == 1.0  # nothing drafted yet
+    for _ in range(20):  # steps that expected 4 draft tokens accepted, and got 1
+        proposer._learn((1, "model", 0.001, 4.0), 1.0, emitted=2, accepted=1, tokens=None)
+    assert proposer.correction == pytest.approx(0.25)
+    for _ in range(200):  # ... and then 10
+        proposer._learn((1, "model", 0.001, 4.0), 1.0, emitted=11, accepted=10, tokens=None)
+    assert proposer.correction == 2.0  # its bound
+    before = proposer.correction
+    proposer._learn((1, "plain", 0.0, 0.0), 1.0, emitted=1, accepted=0, tokens=None)  # a plain step says nothing
+    assert proposer.correction == before
+
+
+def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattice(tmp_path: Path) -> None:
+    """One step of the lattice proposer as vLLM's runner drives it: the hidden states the hook
+    kept (one row per request, none verified drafts), the heads run on the batch's rows, each
+    request's chain the one its own lattice gives (against the lattice built for it alone)."""
+    import weakref
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from latticekit.decoding.lattices import FullLattice
+    from latticekit.heads.modules import BlockHeads
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    heads = BlockHeads.for_model(model, num_heads=4).eval()
+    given = tmp_path / "heads.bin"
+    given.write_bytes(b"")  # the setting names a file; the heads are put in place as load_model would
+    proposer = LatticeProposer(engine_config(k=3, vocab=64), ProposerConfig(heads=str(given), step_costs=(0.1, 0.0),
+                                                                             k=4, p=4))
+    proposer.heads = heads
+    runner = Runner()
+    runner.input_batch = SimpleNamespace(req_ids=["a", "b"], spec_token_ids=[[], []])
+    runner.requests = {"a": SimpleNamespace(prompt_token_ids=[1, 2, 3]), "b": SimpleNamespace(prompt_token_ids=[4])}
+    proposer._runner = weakref.ref(runner)
+    batch = Batch(2)
+    texts = [[1, 2, 3, 9, 10], [4, 20, 21, 22]]
+    for r, text in enumerate(texts):
+        batch.put(r, text)
+    hidden = torch.randn(2, 32)
+    proposer._hidden = hidden  # what the hook on the logits processor keeps
+    out = proposer.propose([[10], [22]], batch.lengths, batch.ids)
+    assert proposer.counters["lattice_rows"] == 2 and proposer.counters["errors"] == 0 and all(out)
+    assert proposer.counters["hidden_mismatch"] == 0
+    for r, text in enumerate(texts):
+        alone = ChainDrafter(None, 64, AcceptanceModel.prior(trust="head+cache"), candidates=32, max_depth=12)
+        alone.observe(text)
+        with torch.no_grad():
+            lattice, _ = FullLattice(heads, 4, 64)(hidden[r], text, entropy=False)
+        chain, _ = alone.propose_lattice(3, lattice, uniform_lm(), 4, 0.0)
+        assert out[r] == chain.tolist()
+    proposer._hidden = torch.randn(3, 32)  # rows that do not add up to the batch: n-grams alone, counted
+    proposer.propose([[10], [22]], batch.lengths, batch.ids)
+    assert proposer.counters["hidden_mismatch"] == 1 and proposer.counters["errors"] == 0

@@ -19,11 +19,11 @@ def load_benchmark():
 
 def test_phases_get_distinct_prompts():
     bench = load_benchmark()
-    counts = bench.phase_counts([1, 4, 16], prompts=16, prompts_at_1=6)
-    assert counts == [6, 16, 16]
+    counts = bench.phase_counts([1, 4, 16], groups=3)
+    assert counts == [3, 12, 48]
     for domain, texts in bench.requests(sum(counts) + 1, list(bench.DOMAINS)).items():
         phases, warmup = bench.deal(texts, counts)
         assert [len(p) for p in phases] == counts, domain
         used = [t for p in phases for t in p] + [warmup]
         assert len(set(used)) == len(used), domain
-        assert phases[0] == texts[:6], domain  # concurrency 1 keeps the first requests in id order
+        assert phases[0] == texts[:3], domain  # concurrency 1 keeps the first requests in id order

@@ -62,6 +62,10 @@ from typing import Optional, cast
 
 import numpy as np
 
+from latticekit.drafting.arms import ARM_DECAY as _ARM_DECAY
+from latticekit.drafting.arms import MAX_PROBE_INTERVAL  # noqa: F401  (re-exported: the tests read it)
+from latticekit.drafting.arms import ArmStats as _Arm
+from latticekit.drafting.arms import choose_arm, probe_outcome
 from latticekit.drafting.cache_model import CacheModel
 from latticekit.drafting.calibration import (
     SOURCES,
@@ -90,14 +94,6 @@ __all__ = ["AutoDrafter", "choose_nodes", "lm_candidates"]
 
 #: Static candidate vocabulary of the heads' lattice: the n-gram model's most probable tokens.
 CANDIDATE_TOKENS = 8192
-#: An arm that is not the best is probed after this many steps, then twice as many while it keeps losing...
-_FIRST_PROBE = 2
-#: ... up to this many.
-MAX_PROBE_INTERVAL = 32
-#: Steps every arm is read before the outcomes choose.
-_WARMUP_STEPS = 2
-#: Decay per decode step of an arm's outcome sums (a memory of ~10 of its steps).
-_ARM_DECAY = 0.9
 #: The longest continuation the n-gram models draft (heads-free candidates).
 MAX_NGRAM_DEPTH = 12
 #: Continuations of the text searched per step by drafters whose ``p`` counts lattice paths.
@@ -334,17 +330,7 @@ class AutoDrafter(Drafter):
 
     def choose_arm(self, plain_s: float) -> Optional[str]:
         """This step's arm, or None for a plain step (see the module docstring)."""
-        stats = self.arm_stats
-        for arm in self.arms:  # every arm tried twice first
-            if stats[arm].steps < _WARMUP_STEPS:
-                return arm
-        top = max(self.arms, key=self.worth)
-        best: Optional[str] = top if self.worth(top) > 1.0 / plain_s else None
-        for arm in self.arms:
-            if arm != best and self.steps - stats[arm].last >= stats[arm].interval:
-                stats[arm].probing = True
-                return arm
-        return best
+        return choose_arm(self.arms, self.arm_stats, self.worth, self.steps, 1.0 / plain_s)
 
     def worth(self, arm: str) -> float:
         """An arm's tokens per second. The union's, where it was weighed against the text alone
@@ -443,10 +429,8 @@ class AutoDrafter(Drafter):
         stats = self.arm_stats[arm]
         stats.add(tokens, seconds, self.steps)
         if stats.probing:
-            stats.probing = False
             others = [self.worth(a) for a in self.arms if a != arm]
-            wins = self.worth(arm) > max(others + [1.0 / plain_s])
-            stats.interval = _FIRST_PROBE if wins else min(2 * stats.interval, MAX_PROBE_INTERVAL)
+            probe_outcome(stats, self.worth(arm) > max(others + [1.0 / plain_s]))
 
 
 class _Unread:
@@ -491,27 +475,3 @@ class _Paired:
         self.seconds = _ARM_DECAY * self.seconds + seconds
 
 
-class _Arm:
-    """One way of drafting's outcomes: tokens emitted and seconds spent, each decayed by
-    :data:`_ARM_DECAY` per step of the decode since the arm was last read (a probe after a long
-    pause outweighs the stale history), and when to probe it next."""
-
-    __slots__ = ("tokens", "seconds", "steps", "last", "interval", "probing")
-
-    def __init__(self) -> None:
-        self.tokens = self.seconds = 0.0
-        self.steps = self.last = 0
-        self.interval = _FIRST_PROBE
-        self.probing = False
-
-    @property
-    def rate(self) -> float:
-        """Tokens per second (0 before any outcome)."""
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def add(self, tokens: int, seconds: float, step: int) -> None:
-        decay = _ARM_DECAY ** (step - self.last) if self.steps else 0.0
-        self.tokens = decay * self.tokens + tokens
-        self.seconds = decay * self.seconds + seconds
-        self.steps += 1
-        self.last = step

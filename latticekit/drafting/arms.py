@@ -1,0 +1,83 @@
+"""Ways of drafting chosen by their outcomes: the arms ``auto`` and the vLLM proposer choose among.
+
+An *arm* is one way of drafting (``auto``: reading the heads' lattice with the text, or the text
+alone; the vLLM proposer: drafting at one level of aggressiveness, or not drafting). Each keeps
+the tokens it really emitted per second it really cost (:class:`ArmStats`; between calls,
+:class:`~latticekit.drafting.outcomes.ArmOutcomes` holds them as plain data), decayed over its
+recent steps. :func:`choose_arm` takes the arm worth the most, or a plain step when none beats
+a plain step's rate; every arm is tried :data:`WARMUP_STEPS` times first, and an arm that is not
+the best is probed after :data:`FIRST_PROBE` steps, then twice as long while it keeps losing
+(:func:`probe_outcome`), up to :data:`MAX_PROBE_INTERVAL`; its probe's outcome outweighs its
+stale history (the decay counts the steps since it was last read).
+
+Plain Python: nothing here imports torch or an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Optional
+
+__all__ = ["ArmStats", "choose_arm", "probe_outcome", "WARMUP_STEPS", "FIRST_PROBE", "MAX_PROBE_INTERVAL",
+           "ARM_DECAY"]
+
+#: Steps every arm is read before the outcomes choose.
+WARMUP_STEPS = 2
+#: An arm that is not the best is probed after this many steps, then twice as many while it keeps losing...
+FIRST_PROBE = 2
+#: ... up to this many.
+MAX_PROBE_INTERVAL = 32
+#: Decay per step of an arm's outcome sums (a memory of ~10 of its steps).
+ARM_DECAY = 0.9
+
+
+class ArmStats:
+    """One way of drafting's outcomes: tokens emitted and seconds spent, each decayed by
+    :data:`ARM_DECAY` per step since the arm was last read (a probe after a long pause
+    outweighs the stale history), and when to probe it next."""
+
+    __slots__ = ("tokens", "seconds", "steps", "last", "interval", "probing")
+
+    def __init__(self) -> None:
+        self.tokens = self.seconds = 0.0
+        self.steps = self.last = 0
+        self.interval = FIRST_PROBE
+        self.probing = False
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second (0 before any outcome)."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def add(self, tokens: float, seconds: float, step: int) -> None:
+        decay = ARM_DECAY ** (step - self.last) if self.steps else 0.0
+        self.tokens = decay * self.tokens + tokens
+        self.seconds = decay * self.seconds + seconds
+        self.steps += 1
+        self.last = step
+
+
+def choose_arm(arms: Sequence[str], stats: Mapping[str, ArmStats], worth: Callable[[str], float], step: int,
+               plain_rate: float = 0.0) -> Optional[str]:
+    """This step's arm, or None for a plain step: the first arm read fewer than
+    :data:`WARMUP_STEPS` times; else an arm due for its probe (``step - last >= interval``,
+    marked ``probing``); else the arm ``worth`` the most if it beats ``plain_rate`` (a plain
+    step's tokens per second; 0 where a plain step is itself an arm)."""
+    for arm in arms:  # every arm tried first
+        if stats[arm].steps < WARMUP_STEPS:
+            return arm
+    top = max(arms, key=worth)
+    best: Optional[str] = top if worth(top) > plain_rate else None
+    for arm in arms:
+        if arm != best and step - stats[arm].last >= stats[arm].interval:
+            stats[arm].probing = True
+            return arm
+    return best
+
+
+def probe_outcome(stats: ArmStats, wins: bool) -> None:
+    """After an arm's outcome is recorded: a probe that won is read again soon; one that lost,
+    half as often as before."""
+    if stats.probing:
+        stats.probing = False
+        stats.interval = FIRST_PROBE if wins else min(2 * stats.interval, MAX_PROBE_INTERVAL)
