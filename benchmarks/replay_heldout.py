@@ -40,7 +40,7 @@ def main() -> None:
 
     from latticekit._machine import machine
     from latticekit.eval.chain_replay import replay_chains
-    from latticekit.eval.loading import smollm2_hf_folder
+    from latticekit.loading import smollm2_hf_folder
 
     texts = requests(args.count, ["heldout"])["heldout"]
     llm = vllm.LLM(model=str(smollm2_hf_folder()), dtype="float32", max_model_len=4096, max_num_seqs=16,
