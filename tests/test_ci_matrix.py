@@ -74,3 +74,21 @@ def test_a_test_environment_without_torch_is_named_not_skipped(test_environment:
     assert out.returncode == 2
     assert "lacks torch" in out.stderr and str(test_environment) in out.stderr
     assert not any(tmp_path.iterdir())  # no venv was built
+
+
+def test_without_torch_the_torch_tests_say_so(tmp_path: Path) -> None:
+    """An environment without torch skips the torch adapter's tests with a message naming torch.
+    (Their folder was tests/torch: on pytest's path it was a namespace package named torch, so
+    without the real one `import torch` found the folder, and the tests died on "module 'torch'
+    has no attribute 'set_num_threads'".)"""
+    blocker = tmp_path / "no_torch"
+    blocker.mkdir()
+    # what a missing module raises (pytest.importorskip skips on it)
+    (blocker / "torch.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), str(ROOT)])}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only",
+                          "tests/torch_adapter"], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 5, out.stdout + out.stderr  # no tests collected: every file skipped
+    assert "tests/torch_adapter skipped" in out.stdout and "torch" in out.stdout
+    assert "set_num_threads" not in out.stdout + out.stderr
+    assert not [p for p in (ROOT / "tests").iterdir() if p.name in ("torch", "vllm", "transformers")]
