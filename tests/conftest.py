@@ -20,7 +20,8 @@ def pytest_sessionfinish(session, exitstatus):
     pytest's capture, closed once the session ends. Engines that shut down after that (at exit)
     logged into the closed stream, and Python printed a ``--- Logging error ---`` traceback for
     each line. Before pytest closes its capture, every such handler is pointed at the process's
-    own stderr, and vLLM's shutdown chatter below warnings is dropped."""
+    own stderr, and vLLM's shutdown chatter below errors is dropped (its process manager warns
+    as it stops the engines' processes at exit, which is how the module-scoped engines end)."""
     import logging
 
     loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)] + [logging.root]
@@ -29,4 +30,4 @@ def pytest_sessionfinish(session, exitstatus):
             if type(handler) is logging.StreamHandler and handler.stream not in (sys.__stdout__, sys.__stderr__):
                 handler.setStream(sys.__stderr__)
     if "vllm" in sys.modules:
-        logging.getLogger("vllm").setLevel(logging.WARNING)
+        logging.getLogger("vllm").setLevel(logging.ERROR)
