@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from latticekit.drafting import DecoderConfig
 from latticekit.drafting.calibration import SOURCES, AcceptanceModel, CandidateTree, SourceAcceptance
 from latticekit.drafting.costs import StepCosts
-from latticekit.drafting.drafters.auto import MAX_PROBE_INTERVAL, AutoDrafter
+from latticekit.drafting.arms import MAX_PROBE_INTERVAL
+from latticekit.drafting.drafters.auto import AutoDrafter
 from latticekit.errors import DecoderConfigError
 
 paths_and_bits = st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=4),

@@ -62,10 +62,7 @@ from typing import Optional, cast
 
 import numpy as np
 
-from latticekit.drafting.arms import ARM_DECAY as _ARM_DECAY
-from latticekit.drafting.arms import MAX_PROBE_INTERVAL  # noqa: F401  (re-exported: the tests read it)
-from latticekit.drafting.arms import ArmStats as _Arm
-from latticekit.drafting.arms import choose_arm, probe_outcome
+from latticekit.drafting.arms import ARM_DECAY, ArmStats, choose_arm, probe_outcome
 from latticekit.drafting.cache_model import CacheModel
 from latticekit.drafting.calibration import (
     SOURCES,
@@ -180,7 +177,7 @@ class AutoDrafter(Drafter):
         self.max_nodes = int(max_nodes)
         self.pending = PendingLabels()
         self.arms = self.arms_for(reads_heads)
-        self.arm_stats = {arm: _Arm() for arm in self.arms}
+        self.arm_stats = {arm: ArmStats() for arm in self.arms}
         read = {"heads", "text"} if "union" in self.arms else set()
         read |= set(self.arms) - {"union"}
         if "text" in read and memory is not None:
@@ -456,7 +453,7 @@ def _draft_of(tree: CandidateTree, chosen: np.ndarray) -> Draft:
 
 class _Paired:
     """The union's and the text alone's tokens and seconds on the same steps (the union's),
-    decayed by :data:`_ARM_DECAY` per pair (a memory of ~10 pairs)."""
+    decayed by :data:`~latticekit.drafting.arms.ARM_DECAY` per pair (a memory of ~10 pairs)."""
 
     __slots__ = ("union_tokens", "union_seconds", "tokens", "seconds")
 
@@ -469,9 +466,9 @@ class _Paired:
         return (self.union_tokens / self.union_seconds) / (self.tokens / self.seconds)
 
     def add(self, union_tokens: int, union_seconds: float, tokens: int, seconds: float) -> None:
-        self.union_tokens = _ARM_DECAY * self.union_tokens + union_tokens
-        self.union_seconds = _ARM_DECAY * self.union_seconds + union_seconds
-        self.tokens = _ARM_DECAY * self.tokens + tokens
-        self.seconds = _ARM_DECAY * self.seconds + seconds
+        self.union_tokens = ARM_DECAY * self.union_tokens + union_tokens
+        self.union_seconds = ARM_DECAY * self.union_seconds + union_seconds
+        self.tokens = ARM_DECAY * self.tokens + tokens
+        self.seconds = ARM_DECAY * self.seconds + seconds
 
 
