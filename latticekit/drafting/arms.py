@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Optional
 
+from latticekit.drafting.outcomes import ArmRecord
+
 __all__ = ["ArmStats", "choose_arm", "probe_outcome", "WARMUP_STEPS", "FIRST_PROBE", "MAX_PROBE_INTERVAL",
            "ARM_DECAY"]
 
@@ -48,6 +50,18 @@ class ArmStats:
     def rate(self) -> float:
         """Tokens per second (0 before any outcome)."""
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def record(self, step: int) -> ArmRecord:
+        """Its outcomes as plain data at decode step ``step`` (what is kept between calls)."""
+        return ArmRecord(self.tokens, self.seconds, self.steps, step - self.last, self.interval)
+
+    @classmethod
+    def from_record(cls, record: ArmRecord, step: int) -> "ArmStats":
+        """The arm :meth:`record` described, ``record.since`` steps before decode step ``step``."""
+        stats = cls()
+        stats.tokens, stats.seconds, stats.steps = record.tokens, record.seconds, record.steps
+        stats.last, stats.interval = step - record.since, record.interval
+        return stats
 
     def add(self, tokens: float, seconds: float, step: int) -> None:
         decay = ARM_DECAY ** (step - self.last) if self.steps else 0.0

@@ -37,7 +37,9 @@ _PREFIX = "arms-"
 
 @dataclass(frozen=True)
 class ArmRecord:
-    """One arm's outcomes.
+    """One arm's outcomes as plain data: what :meth:`ArmStats.record
+    <latticekit.drafting.arms.ArmStats.record>` gives and :meth:`ArmStats.from_record
+    <latticekit.drafting.arms.ArmStats.from_record>` reads.
 
     Attributes:
         tokens, seconds: the tokens it emitted and the seconds it cost, decayed per step.

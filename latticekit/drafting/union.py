@@ -57,7 +57,6 @@ def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuation
     paths = pbest(lattice, search_lm, p, alpha, context=context)
     drafts = [tuple(int(t) for t in path.tokens[1:]) for path in paths]
     found_paths = found.paths()
-    known = dict(zip(found_paths, range(found.size)))
     everything = drafts + found_paths
     if found_sources is None:
         found_sources = [SOURCES["text"]] * len(found_paths)
@@ -66,13 +65,9 @@ def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuation
     assert tree.cache_logprob is not None  # set by CandidateTree.__post_init__
     # a node at depth d is the lattice's position d (0 is the root): NaN off it, or past its reach
     tree.head_logprob[:] = lattice.arc_scores(tree.depths, tree.tokens)
-    # every node's conditionals in one call of the core; the continuations keep the search's own
-    mixed, static = model.trie_conditionals(ids, tree.parents, tree.tokens)
-    for i, path in enumerate(tree.paths_to(range(tree.size))):
-        j = known.get(path)
-        if j is not None:
-            mixed[i], static[i] = found.logprob[j], found.static_logprob[j]
-    tree.cache_logprob[:], tree.ngram_logprob[:] = mixed, static
+    # every node's conditionals in one call of the core: at the continuations' nodes exactly the
+    # search's own (tests/drafting/test_drafting_reference.py)
+    tree.cache_logprob[:], tree.ngram_logprob[:] = model.trie_conditionals(ids, tree.parents, tree.tokens)
     if lm is None:
         tree.ngram_logprob[:] = np.nan
     missing = np.isnan(tree.head_logprob)

@@ -146,6 +146,25 @@ def test_trie_conditionals_equal_the_reference_node_by_node(tmp_path_factory: An
         paths.append(above + [token])
 
 
+@settings(max_examples=100)
+@given(model=st.one_of(st.none(), arpa_models(max_order=4, max_vocab=6)), stream=streams(),
+       max_order=st.integers(1, 5), p=st.integers(1, 40), max_depth=st.integers(1, 8))
+def test_the_continuation_search_scores_its_nodes_as_trie_conditionals_do(tmp_path_factory: Any, model: Any,
+                                                                        stream: tuple[list[int], list[int]],
+                                                                        max_order: int, p: int,
+                                                                        max_depth: int) -> None:
+    """What united_candidates relies on to score a united tree in one call: the search's own
+    per-node log-probabilities are exactly the trie's conditionals over the same nodes."""
+    lm = model_of(tmp_path_factory, model[0]) if model is not None else None
+    text = stream[0]
+    fast = CacheModel(lm, VOCAB, max_order=max_order, prior=(0.3, 0.5, 0.7), prior_positions=3.0)
+    fast.sync(text)
+    found = best_continuations(fast, text, p, max_depth)
+    got_lp, got_static = fast.trie_conditionals(text, found.parents, found.tokens)
+    assert got_lp.tolist() == found.logprob.tolist()
+    assert np.array_equal(got_static, found.static_logprob, equal_nan=True)
+
+
 def test_trie_conditionals_refuse_a_parent_that_is_not_earlier() -> None:
     model = CacheModel(None, VOCAB)
     model.sync([1, 2, 3, 1, 2])

@@ -77,7 +77,7 @@ from latticekit.drafting.continuations import Continuations, best_continuations
 from latticekit.drafting.costs import StepCosts
 from latticekit.drafting.config import DecoderConfig
 from latticekit.drafting.memory import AnswerMemory, memory_continuations, united_with_memory
-from latticekit.drafting.outcomes import ArmOutcomes, ArmRecord
+from latticekit.drafting.outcomes import ArmOutcomes
 from latticekit.drafting.protocol import Draft, Drafter, DraftInput, DraftResources
 from latticekit.drafting.registry import register
 from latticekit.drafting.drafters.ngram import select_lm, uniform_lm
@@ -401,8 +401,7 @@ class AutoDrafter(Drafter):
     def arm_outcomes(self) -> ArmOutcomes:
         """The arm choice's state (:mod:`latticekit.drafting.outcomes`), for the next call to
         start from (:meth:`resume`)."""
-        arms = {name: ArmRecord(s.tokens, s.seconds, s.steps, self.steps - s.last, s.interval)
-                for name, s in self.arm_stats.items()}
+        arms = {name: s.record(self.steps) for name, s in self.arm_stats.items()}
         p = self.paired
         return ArmOutcomes(arms, (p.union_tokens, p.union_seconds, p.tokens, p.seconds))
 
@@ -412,10 +411,7 @@ class AutoDrafter(Drafter):
         first: decay and probes go on as in one long call). Outcomes of other arms are ignored."""
         if set(kept.arms) != set(self.arms) or self.steps:
             return
-        for name, r in kept.arms.items():
-            stats = self.arm_stats[name]
-            stats.tokens, stats.seconds, stats.steps, stats.last, stats.interval = \
-                r.tokens, r.seconds, r.steps, -r.since, r.interval
+        self.arm_stats.update({name: ArmStats.from_record(r, 0) for name, r in kept.arms.items()})
         p = self.paired
         p.union_tokens, p.union_seconds, p.tokens, p.seconds = kept.paired
 
