@@ -61,7 +61,7 @@ run() {  # run oldest|newest
     version=$("$venv/bin/python" -c "import torch, transformers; print(transformers.__version__)")
     echo "== transformers $version ($which): venv built in $((SECONDS - t0)) s"
     t0=$SECONDS
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider "${TESTS[@]}"
+    "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider "${TESTS[@]}"
     echo "== transformers $version ($which): tests ran in $((SECONDS - t0)) s"
 }
 

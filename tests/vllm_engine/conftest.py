@@ -1,5 +1,6 @@
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,3 +13,14 @@ def folder() -> Path:
     from vllm_helpers import model_folder
 
     return model_folder()
+
+
+@pytest.fixture(scope="session")
+def base(folder: Path) -> Any:
+    """vLLM without speculation: the reference every engine test compares with, one engine for
+    them all (the tests that use it run on one pytest-xdist worker: their ``xdist_group``)."""
+    from vllm_helpers import engine, shutdown
+
+    llm = engine(folder)
+    yield llm
+    shutdown(llm)

