@@ -193,6 +193,7 @@ def test_vllm_serve_with_the_defaults_alone_answers_as_vllm_learns_per_load_and_
     port = free_port()
     stats_path = tmp_path / "stats.json"
     env = dict(os.environ, **{ENV: json.dumps({"stats": str(stats_path)})})
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server as users run it: vLLM's own processes
     log = open(tmp_path / "serve.log", "wb")
     server = subprocess.Popen(
         [sys.executable, "-m", "latticekit.vllm", "serve", str(folder), "--host", "127.0.0.1", "--port", str(port),

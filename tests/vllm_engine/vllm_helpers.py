@@ -8,6 +8,11 @@ from typing import Any
 
 # vLLM's CPU build takes its KV cache size from the environment (GiB): the default is sized for a server
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The tests' engines run in the test's process (vLLM's in-process engine core, its one-process
+# executor): the same engine, scheduler, runner and proposer, without the two processes vLLM's
+# CPU build spawns per engine (each imports torch and vLLM anew: half a minute an engine here).
+# `vllm serve` in test_engine.py runs with vLLM's own processes.
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 #: Chat requests written from offline material (the stdlib's csv module, Python's own docs):
 #: summarization and RAG over a given text, QA, translation, math, a code rewrite.
@@ -36,18 +41,19 @@ def model_folder() -> Path:
 
 
 def engine(folder: Path, **kwargs: Any) -> Any:
-    """A vLLM engine on the CPU as the tests run it: float32, eager, up to 16 requests at once."""
+    """A vLLM engine on the CPU as the tests run it: float32, eager, up to 16 requests at once,
+    in this process (one-process executor; see the module's environment above)."""
     import vllm
 
     settings = dict(model=str(folder), dtype="float32", max_model_len=2048, max_num_seqs=16, enforce_eager=True,
-                    seed=0, disable_log_stats=False)
+                    seed=0, disable_log_stats=False, distributed_executor_backend="uni")
     settings.update(kwargs)
     return vllm.LLM(**settings)
 
 
 def shutdown(llm: Any) -> None:
-    """Stops an engine's core process now (an engine left to the end of the session holds its
-    memory until then, and vLLM kills its process at exit)."""
+    """Stops an engine's core now (its KV cache goes with the engine object: an engine left to
+    the end of the session holds its memory until then)."""
     llm.llm_engine.engine_core.shutdown()
 
 
