@@ -15,6 +15,22 @@ settings.register_profile(
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
+#: The modules that start real vLLM engines, longest first, run before every other test. The
+#: README's test command runs the suite in two processes (pytest-xdist, ``--dist loadfile``),
+#: which hands whole modules to its workers in this order: the engine modules start at once,
+#: beside each other, and build their engines in the test's process before any test loads
+#: llvmlite there (tests/vllm_engine/vllm_helpers.py says why that matters).
+ENGINE_MODULES = ("vllm_engine/test_engine.py", "vllm_engine/test_heads_engine.py", "vllm_engine/test_bad_configs.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        path = item.path.as_posix()
+        return next((i for i, name in enumerate(ENGINE_MODULES) if path.endswith("/tests/" + name)), len(ENGINE_MODULES))
+
+    items.sort(key=rank)  # stable: the collection's order otherwise
+
+
 def pytest_sessionfinish(session, exitstatus):
     """vLLM's log handlers write to the stream that was ``sys.stdout`` when vLLM was imported:
     pytest's capture, closed once the session ends. Engines that shut down after that (at exit)

@@ -17,8 +17,7 @@ def folder() -> Path:
 
 @pytest.fixture(scope="session")
 def base(folder: Path) -> Any:
-    """vLLM without speculation: the reference every engine test compares with, one engine for
-    them all (the tests that use it run on one pytest-xdist worker: their ``xdist_group``)."""
+    """vLLM without speculation: the reference the engine tests of a process compare with."""
     from vllm_helpers import engine, shutdown
 
     llm = engine(folder)

@@ -1,7 +1,7 @@
 """A bad configuration of latticekit's proposers stops a real vLLM engine at start (vLLM's CPU
 build, SmolLM2-135M-Instruct), with the problem named: a typed error where the configuration is
 built, the engine's start failing where the worker reads it. Each test starts (and fails) an
-engine of its own: these run beside the shared engines' tests (no ``xdist_group``)."""
+engine of its own."""
 
 from __future__ import annotations
 

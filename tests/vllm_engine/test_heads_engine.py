@@ -26,9 +26,6 @@ from latticekit.vllm.heads import load_heads_for  # noqa: E402
 from latticekit.vllm.proposer import engine_stats  # noqa: E402
 from vllm_helpers import QUESTIONS, chat, engine, ids, shutdown  # noqa: E402
 
-#: These tests share the session's engines: one pytest-xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group("vllm")
-
 K = 4
 
 

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 # vLLM's CPU build takes its KV cache size from the environment (GiB): the default is sized for a server
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-# The tests' engines run in the test's process (vLLM's in-process engine core, its one-process
-# executor): the same engine, scheduler, runner and proposer, without the two processes vLLM's
-# CPU build spawns per engine (each imports torch and vLLM anew: half a minute an engine here).
-# `vllm serve` in test_engine.py runs with vLLM's own processes.
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 #: Chat requests written from offline material (the stdlib's csv module, Python's own docs):
 #: summarization and RAG over a given text, QA, translation, math, a code rewrite.
@@ -41,12 +37,24 @@ def model_folder() -> Path:
 
 
 def engine(folder: Path, **kwargs: Any) -> Any:
-    """A vLLM engine on the CPU as the tests run it: float32, eager, up to 16 requests at once,
-    in this process (one-process executor; see the module's environment above)."""
-    import vllm
+    """A vLLM engine on the CPU as the tests run it: float32, eager, up to 16 requests at once.
 
+    It runs in the test's process (vLLM's in-process engine core and one-process executor): the
+    same engine core, scheduler, runner and proposer, without the two processes vLLM's CPU build
+    spawns per engine, each importing torch and vLLM anew (half a minute an engine on a small
+    machine). Except where llvmlite is loaded here (numba, which vLLM's ``ngram`` proposer
+    imports): vLLM 0.32.0's CPU worker, rebinding its kernel overrides, scans every loaded module
+    and fails on llvmlite's library object, so the engine then takes vLLM's own processes."""
+    import vllm
+    import vllm.envs
+
+    in_process = "llvmlite" not in sys.modules
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    vllm.envs.disable_envs_cache()  # an in-process engine turns vLLM's cache of the environment on
     settings = dict(model=str(folder), dtype="float32", max_model_len=2048, max_num_seqs=16, enforce_eager=True,
-                    seed=0, disable_log_stats=False, distributed_executor_backend="uni")
+                    seed=0, disable_log_stats=False)
+    if in_process:
+        settings["distributed_executor_backend"] = "uni"
     settings.update(kwargs)
     return vllm.LLM(**settings)
 
