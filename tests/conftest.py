@@ -23,6 +23,13 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 ENGINE_MODULES = ("vllm_engine/test_engine.py", "vllm_engine/test_heads_engine.py", "vllm_engine/test_bad_configs.py")
 
 
+def pytest_configure(config):
+    # pytest-xdist sorts modules by their number of tests before handing them out (its
+    # --loadscope-reorder, on by default): the engine modules, a few tests each, would go last
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     def rank(item):
         path = item.path.as_posix()
