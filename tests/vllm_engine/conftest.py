@@ -1,4 +1,3 @@
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -7,26 +6,22 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # vllm_helpers
 
-try:  # the process as the engines find it (torch missing: these tests are skipped anyway)
+try:  # torch as the engines find it (torch missing: these tests are skipped anyway)
     import torch
 
-    _AS_FOUND: Any = (torch.set_num_threads, torch.get_num_threads(), os.sched_getaffinity(0))
-except (ImportError, AttributeError):
-    _AS_FOUND = None
+    _SET_NUM_THREADS: Any = torch.set_num_threads
+except ImportError:
+    _SET_NUM_THREADS = None
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _process_given_back() -> Any:
     """The engines run in the test's process, and vLLM's CPU worker changes it for whatever runs
     there next: it replaces ``torch.set_num_threads`` with a function that refuses (its threads
-    are bound) and binds the process to its cores. After each module of engine tests the process
-    is given back as it was found (the engines still alive keep their own threads)."""
+    are bound). After each module of engine tests torch's own function is put back."""
     yield
-    if _AS_FOUND is not None:
-        set_num_threads, threads, cores = _AS_FOUND
-        torch.set_num_threads = set_num_threads
-        set_num_threads(threads)
-        os.sched_setaffinity(0, cores)
+    if _SET_NUM_THREADS is not None:
+        torch.set_num_threads = _SET_NUM_THREADS
 
 
 @pytest.fixture(scope="session")
