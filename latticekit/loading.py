@@ -4,7 +4,7 @@ and its tokenizer, the draft heads and the n-gram models."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -167,11 +167,7 @@ def smollm2_hf_folder(folder: Any = None) -> Path:
     from latticekit.decoding.costs import default_cache_dir
 
     out = Path(folder) if folder is not None else default_cache_dir() / "smollm2-135m-instruct-hf"
-
-    def complete() -> bool:
-        return all((out / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
-
-    if complete():
+    if _hf_folder_complete(out):
         return out
     gguf_folder, gguf = smollm2_gguf()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -182,13 +178,16 @@ def smollm2_hf_folder(folder: Any = None) -> Path:
             fcntl.flock(lock, fcntl.LOCK_EX)
         except ImportError:
             pass
-        if complete():
-            return out
-        _convert_smollm2(gguf_folder, gguf, out, complete)
+        if not _hf_folder_complete(out):
+            _convert_smollm2(gguf_folder, gguf, out)
     return out
 
 
-def _convert_smollm2(gguf_folder: str, gguf: str, out: Path, complete: Callable[[], bool]) -> None:
+def _hf_folder_complete(out: Path) -> bool:
+    return all((out / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
+
+
+def _convert_smollm2(gguf_folder: str, gguf: str, out: Path) -> None:
     """The GGUF converted to an HF folder at ``out``: written beside it, renamed into place."""
     import shutil
     import tempfile
@@ -208,14 +207,14 @@ def _convert_smollm2(gguf_folder: str, gguf: str, out: Path, complete: Callable[
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         quantized.generation_config.save_pretrained(tmp)
-        if complete():  # another process made it meanwhile (and may be reading it): it stays
+        if _hf_folder_complete(out):  # without a lock, another process made it meanwhile: it stays
             return
         if out.exists():
             shutil.rmtree(out)
         try:
             tmp.rename(out)
         except OSError:  # another process renamed its own folder into place first
-            if not complete():
+            if not _hf_folder_complete(out):
                 raise
     finally:
         if tmp.exists():
