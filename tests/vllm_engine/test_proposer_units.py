@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +23,7 @@ from latticekit.errors import ProposerConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.vllm import ENV, LATTICE_PROPOSER, LatticeProposer, NGramProposer, ProposerConfig, speculative_config
 from latticekit.vllm.lattice import hidden_rows
+from vllm_helpers import rss_mb
 
 ARPA = Path(__file__).resolve().parents[1] / "data" / "words-small-katz2.arpa.gz"
 
@@ -385,3 +387,66 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     proposer._hidden = torch.randn(3, 32)  # rows that do not add up to the batch: n-grams alone, counted
     proposer.propose([[10], [22]], batch.lengths, batch.ids)
     assert proposer.counters["hidden_mismatch"] == 1 and proposer.counters["errors"] == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status (Linux)")
+def test_request_churn_leaves_the_proposers_memory_flat() -> None:
+    """Thousands of requests start, draft and finish, as vLLM's runner shows them: the states
+    of finished requests are freed, the memory of answers stays within its size, and the
+    process's memory (the proposer's Python and C++ state alike; no engine here, whose own
+    caches grow as it meets new shapes) is flat after a warm-up that fills that memory."""
+    import gc
+    import weakref
+
+    rows, vocab = 8, 49152
+    proposer = NGramProposer(engine_config(k=6, max_model_len=1024, vocab=vocab),
+                             ProposerConfig(lm="embedded", step_costs=(1.0, 0.0), memory_tokens=4096))
+    runner = Runner()
+    proposer._runner = weakref.ref(runner)
+    batch = Batch(rows, 1024)
+    rng = np.random.default_rng(0)
+    live: list[Any] = [None] * rows  # per row: [request id, whole text, tokens shown]
+    started = 0
+
+    def new_request(row: int) -> None:
+        nonlocal started
+        started += 1
+        kind = started % 3
+        if kind == 0:  # repetitive: drafts everywhere
+            text = (rng.integers(0, vocab, size=int(rng.integers(2, 8))).tolist() * 200)[:int(rng.integers(60, 500))]
+        elif kind == 1:
+            text = rng.integers(0, vocab, size=int(rng.integers(2, 300))).tolist()
+        else:  # ids at the vocabulary's edges
+            text = ([vocab - 1, 0] * 100)[:int(rng.integers(2, 120))]
+        prompt = max(1, len(text) - int(rng.integers(1, 40)))
+        live[row] = [f"r{started}", text, prompt]
+        runner.requests[f"r{started}"] = SimpleNamespace(prompt_token_ids=text[:prompt])
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            sampled = []
+            for row in range(rows):
+                if live[row] is None or live[row][2] >= len(live[row][1]):
+                    if live[row] is not None:
+                        del runner.requests[live[row][0]]
+                    new_request(row)
+                    sampled.append([])  # the prefill step
+                else:
+                    live[row][2] += 1
+                    sampled.append([live[row][1][live[row][2] - 1]])
+                batch.put(row, live[row][1][:live[row][2]])
+            runner.input_batch.req_ids = [r[0] for r in live]
+            proposer.propose(sampled, batch.lengths, batch.ids)
+
+    steps(1000)  # warm-up: the memory of answers fills and evicts
+    assert proposer.memory is not None and proposer.memory.evicted > 0
+    gc.collect()
+    before, requests = rss_mb(os.getpid()), proposer.counters["requests_started"]
+    steps(3000)
+    gc.collect()
+    after = rss_mb(os.getpid())
+    stats = proposer.stats()
+    assert stats["errors"] == 0 and stats["requests_started"] - requests >= 300
+    assert stats["states"] <= rows and stats["requests_finished"] >= stats["requests_started"] - rows
+    assert stats["memory_tokens"] <= 4096
+    assert after - before < 8, f"{after - before:.1f} MiB over {stats['requests_started'] - requests} requests"
