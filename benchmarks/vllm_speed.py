@@ -24,6 +24,8 @@ is checked identical to vLLM without speculation. The engines:
   K = ``--k``, ``lm`` = ``--lm``;
 * ``lattice``: latticekit's lattice proposer with latticekit's shipped heads (7 draft heads),
   at the concurrency levels of ``--lattice-at`` only.
+* ``latticekit-NAME`` (``--variant NAME=JSON``): latticekit's n-gram proposer with those settings
+  beside ``--settings``, to compare settings in the same run.
 
 Prompts: the held-out instruction requests of the heads recipe
 (``benchmarks/results/heads/instruction_prompts.json``, built from offline material by
@@ -79,8 +81,6 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine: 16 reque
 
 ROOT = Path(__file__).resolve().parent
 ENGINES = ("none", "empty", "vllm-ngram", "suffix", "latticekit", "medusa", "lattice-medusa", "lattice")
-#: The engines whose proposer is latticekit's (their drafting ms come from its stats file).
-LATTICEKIT = ("latticekit", "lattice-medusa", "lattice")
 DOMAINS = {
     "code": {("code", "rewrite"), ("code", "docstring"), ("code", "test")},
     "summary": {(s, t) for s in ("python-docs", "postgresql-docs") for t in ("summarise", "rewrite", "key-points",
@@ -171,6 +171,9 @@ def main() -> None:
                    help="'none' always runs (the reference)")
     p.add_argument("--lm", default="none", help="latticekit's Katz model ('embedded', a path or 'none': its default)")
     p.add_argument("--settings", default="{}", help="latticekit's settings (JSON) beside its defaults")
+    p.add_argument("--variant", nargs="+", default=[], metavar="NAME=JSON",
+                   help="more latticekit engines in the same run, engine 'latticekit-NAME' with these settings "
+                        "beside --settings (to compare settings interleaved, prompt by prompt)")
     p.add_argument("--domains", nargs="+", default=list(DEFAULT_DOMAINS), choices=list(DOMAINS))
     p.add_argument("--medusa", default=str(ROOT / "cache" / "medusa-smollm2-h4"),
                    help="the Medusa checkpoint folder (vLLM's layout) of the medusa and lattice-medusa engines")
@@ -198,12 +201,18 @@ def main() -> None:
     folder = smollm2_hf_folder()
     from latticekit.heads.modules import DEFAULT_HEADS_PATH
 
-    stats_paths = {name: out / f"proposer_stats-{name}.json" for name in LATTICEKIT}
     lm = {} if args.lm == "none" else {"lm": args.lm}
     lm |= json.loads(args.settings)
     # latticekit's settings reach an engine's worker through the environment when it starts
     settings = {"latticekit": lm, "lattice-medusa": {**lm, "heads": args.medusa},
                 "lattice": {**lm, "heads": str(DEFAULT_HEADS_PATH)}}
+    for variant in args.variant:
+        name, _, given = variant.partition("=")
+        if not name or not given:
+            raise SystemExit(f"--variant {variant!r}: NAME=JSON")
+        settings[f"latticekit-{name}"] = {**lm, **json.loads(given)}
+        args.engines.append(f"latticekit-{name}")
+    stats_paths = {name: out / f"proposer_stats-{name}.json" for name in settings}
     medusa_heads = json.loads((Path(args.medusa) / "config.json").read_text())["num_heads"] \
         if (Path(args.medusa) / "config.json").exists() else None
     specs: dict[str, Any] = {
@@ -234,7 +243,7 @@ def main() -> None:
     specs = dict(sorted(specs.items(), key=lambda item: item[0] == "vllm-ngram"))
     for name, spec in specs.items():
         t0 = time.perf_counter()
-        if name in LATTICEKIT:
+        if name in settings:
             spec = specs[name] = speculative_config(args.k, **settings[name], stats=str(stats_paths[name]))
         engines[name] = vllm.LLM(**common, **({"speculative_config": spec} if spec else {}))
         print(f"engine {name}: started in {time.perf_counter() - t0:.0f} s", flush=True)
