@@ -438,15 +438,15 @@ def test_request_churn_leaves_the_proposers_memory_flat() -> None:
             runner.input_batch.req_ids = [r[0] for r in live]
             proposer.propose(sampled, batch.lengths, batch.ids)
 
-    steps(1000)  # warm-up: the memory of answers fills and evicts
+    steps(800)  # warm-up: the memory of answers fills and evicts
     assert proposer.memory is not None and proposer.memory.evicted > 0
     gc.collect()
     before, requests = rss_mb(os.getpid()), proposer.counters["requests_started"]
-    steps(3000)
+    steps(2000)
     gc.collect()
     after = rss_mb(os.getpid())
     stats = proposer.stats()
-    assert stats["errors"] == 0 and stats["requests_started"] - requests >= 300
+    assert stats["errors"] == 0 and stats["requests_started"] - requests >= 500
     assert stats["states"] <= rows and stats["requests_finished"] >= stats["requests_started"] - rows
     assert stats["memory_tokens"] <= 4096
     assert after - before < 8, f"{after - before:.1f} MiB over {stats['requests_started'] - requests} requests"
