@@ -39,7 +39,7 @@ import traceback
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, Optional, cast
+from typing import Any, NamedTuple, Optional, cast
 
 import numpy as np
 
@@ -59,6 +59,20 @@ logger = logging.getLogger("latticekit.vllm")
 #: (:func:`allocate`), and ``plain`` drafts nothing (no drafting work at all).
 LEVELS = {"model": 1.0, "eager": 0.25, "lean": 4.0}
 ARMS = (*LEVELS, "plain")
+
+
+class _Step(NamedTuple):
+    """What a call decided, for the outcome of the step that verifies it."""
+
+    bucket: int  #: its load bucket
+    arm: str  #: the arm that chose its chains
+    draft_s: float  #: the call's own seconds
+    expected: float  #: the draft tokens the estimates expected accepted
+    #: per level no more eager than ``arm`` (its own included), each drafting row's chain
+    #: length under that level's allocation (request key -> tokens): the shorter chains that
+    #: level would have verified, whose outcome the step tells exactly (a chain's accepted
+    #: prefix does not depend on how far it goes on)
+    chains: dict[str, dict[Any, int]]
 #: Decay per drafted step of the accepted and expected sums that correct the estimates.
 _CORRECTION_DECAY = 0.95
 
@@ -200,7 +214,7 @@ class NGramProposer:
         self._draft_s = 0.0  # running mean of a drafting call's own seconds
         #: per load bucket, the arms' outcomes (learnt where the step costs are measured, not given)
         self.loads: dict[int, _Load] = {}
-        self._pending: Optional[tuple[int, str, float, float]] = None  # the next step's bucket, arm, drafting s, expected
+        self._pending: Optional[_Step] = None  # what the last call decided, for the next step's outcome
         self._accepted = self._expected = 0.0  # decayed: draft tokens accepted, and expected, on drafted steps
         self._logged: set[str] = set()
         self._stats_written = 0.0
@@ -226,18 +240,19 @@ class NGramProposer:
         try:
             emitted = sum(len(s) for s in sampled_token_ids)
             accepted = emitted - sum(1 for s in sampled_token_ids if s)  # a row emits its accepted drafts and one
-            self._learn(pending, start, emitted, accepted, _scheduled_tokens(slot_mappings))
-            out, arm, expected = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            keys = self._row_keys(rows)
+            self._learn(pending, start, sampled_token_ids, keys, _scheduled_tokens(slot_mappings))
+            out, arm, expected, chains = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, keys)
         except Exception as exc:  # never the engine's problem
             self._failed("propose", exc)
-            out, arm, expected, accepted = [[] for _ in range(rows)], "plain", 0.0, 0
+            out, arm, expected, accepted, chains = [[] for _ in range(rows)], "plain", 0.0, 0, {}
         end = self.clock()
         spent = end - start
         if arm != "plain":
             self._draft_s = spent if self._draft_s == 0 else 0.9 * self._draft_s + 0.1 * spent
         drafts = sum(len(chain) for chain in out)
         self._verify_tokens = rows + drafts
-        self._pending = (load_bucket(rows), arm, spent, expected)
+        self._pending = _Step(load_bucket(rows), arm, spent, expected, chains)
         self.counters["calls"] += 1
         self.counters["rows"] += rows
         self.counters[f"steps_{arm}"] += 1
@@ -250,27 +265,49 @@ class NGramProposer:
         self._last_end = self.clock()
         return out
 
-    def _learn(self, pending: Optional[tuple[int, str, float, float]], start: float, emitted: int, accepted: int,
+    def _learn(self, pending: Optional[_Step], start: float, sampled: list[list[int]], keys: list[Any],
                tokens: Optional[int]) -> None:
         """What the step just run says: its seconds (the engine's, between the last call's end
         and this one's start, and the last call's drafting) for the step-cost fit and, per load
-        bucket, for the arm the last call chose; the draft tokens it accepted against those the
-        estimates expected. Steps that prefilled a prompt (more query tokens than the last call
-        scheduled) and idle gaps are no arm's outcome."""
+        bucket, the arms' outcomes; the draft tokens it accepted against those the estimates
+        expected. Steps that prefilled a prompt (more query tokens than the last call scheduled)
+        and idle gaps are no arm's outcome.
+
+        A drafted step is the outcome of its arm and, on the same rows, of every arm less eager
+        (``plain`` included): each would have verified a prefix of the same chains, and a
+        chain's accepted prefix does not depend on how far it goes on, so its tokens are exact,
+        and its seconds are the step's less the fitted cost of the draft tokens it leaves out.
+        Arms compared on the same requests' steps are not swayed by which requests those were."""
         if pending is None or self._last_end is None:
             return
-        bucket, arm, draft_s, expected = pending
-        if expected > 0:
+        emitted = sum(len(s) for s in sampled)
+        rows_emitting = sum(1 for s in sampled if s)
+        if pending.expected > 0:
             d = _CORRECTION_DECAY
-            self._accepted, self._expected = d * self._accepted + accepted, d * self._expected + expected
+            self._accepted = d * self._accepted + emitted - rows_emitting
+            self._expected = d * self._expected + pending.expected
         engine_s = start - self._last_end
         if tokens is None or self._verify_tokens is None or tokens > self._verify_tokens:
             return
         if self.costs.idle(tokens, engine_s):
             return
         self.costs.add(tokens, engine_s)
-        if self.config.step_costs is None:
-            self.loads.setdefault(bucket, _Load()).record(arm, emitted, engine_s + draft_s)
+        if self.config.step_costs is not None:
+            return
+        load = self.loads.setdefault(pending.bucket, _Load())
+        if pending.chains:
+            accepted = {key: len(s) - 1 for key, s in zip(keys, sampled) if s}
+            b = self.costs.coefficients()[1]
+            run = pending.chains[pending.arm]
+            drafted = sum(run.values())
+            for arm, chains in pending.chains.items():  # the arms less eager than the one run
+                if arm != pending.arm and all(n <= run.get(key, 0) for key, n in chains.items()):
+                    got = rows_emitting + sum(min(n, accepted.get(key, 0)) for key, n in chains.items())
+                    saved = b * (drafted - sum(chains.values()))
+                    load.record(arm, got, max(engine_s - saved, 0.5 * engine_s) + pending.draft_s)
+            if pending.arm != "plain":
+                load.record("plain", rows_emitting, max(engine_s - b * drafted, 0.5 * engine_s))
+        load.record(pending.arm, emitted, engine_s + pending.draft_s)
 
     @property
     def correction(self) -> float:
@@ -287,14 +324,14 @@ class NGramProposer:
             return "model"
         return self.loads.setdefault(load_bucket(rows), _Load()).choose()
 
-    def _propose(self, sampled: list[list[int]], lengths: np.ndarray,
-                 buffer: np.ndarray) -> tuple[list[list[int]], str, float]:
-        """The chains, the arm that chose them, and the accepted tokens the estimates expect."""
+    def _propose(self, sampled: list[list[int]], lengths: np.ndarray, buffer: np.ndarray,
+                 keys: list[Any]) -> tuple[list[list[int]], str, float, dict[str, dict[Any, int]]]:
+        """The chains, the arm that chose them, the accepted tokens the estimates expect, and
+        per arm no more eager, the chain lengths it would have chosen (:class:`_Step`)."""
         rows = len(sampled)
-        keys = self._row_keys(rows)
         arm = self._arm(rows)
         if arm == "plain":  # no drafting work at all (the states catch up when drafting resumes)
-            return [[] for _ in range(rows)], arm, 0.0
+            return [[] for _ in range(rows)], arm, 0.0, {}
         cap = self._schedule[min(rows, len(self._schedule) - 1)] if self._schedule is not None else None
         prepared: list[Optional[tuple[ChainDrafter, int]]] = [None] * rows
         for i in range(rows):
@@ -324,15 +361,27 @@ class NGramProposer:
             a, b = self.costs.coefficients()
         if a == 0 and b == 0:  # no step measured yet: a token at the prior's price
             a, b = 1.0, self.config.prior_ratio
-        b *= LEVELS[arm]
-        chosen = allocate(probabilities, a, b, overhead=self._draft_s)
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
+        lengths_by_arm: dict[str, dict[Any, int]] = {}
+        for level in (arm, *(other for other in LEVELS if LEVELS[other] > LEVELS[arm])):
+            chosen, expected = self._allocate(probabilities, a, b * LEVELS[level])
+            lengths_by_arm[level] = {keys[i]: n for i, n in enumerate(chosen) if n}
+            if level == arm:
+                out = [chain[:n].tolist() for chain, n in zip(chains, chosen)]
+                arm_expected = expected
+        return out, arm, arm_expected, lengths_by_arm
+
+    def _allocate(self, probabilities: list[np.ndarray], a: float, b: float) -> tuple[list[int], float]:
+        """The chain lengths a draft token priced at ``b`` seconds allocates (none unless the
+        drafts repay the drafting too, against a step that drafts nothing at all), and the
+        accepted tokens they expect."""
+        chosen = allocate(probabilities, a, b, overhead=self._draft_s)
         expected = sum(float(p[:n].sum()) for p, n in zip(probabilities, chosen))
         drafts = sum(chosen)
-        # the drafts must repay the drafting too, against a step that drafts nothing at all
+        rows = len(probabilities)
         if not drafts or (rows + expected) / (a + self._draft_s + b * (rows + drafts)) <= rows / (a + b * rows):
-            return [[] for _ in range(rows)], arm, 0.0
-        return [chain[:n].tolist() for chain, n in zip(chains, chosen)], arm, expected
+            return [0] * rows, 0.0
+        return chosen, expected
 
     def _begin_step(self, sampled: list[list[int]], prepared: list[Optional[tuple[ChainDrafter, int]]]) -> None:
         """What a step's drafting needs for the whole batch, its rows' states up to date

@@ -23,6 +23,7 @@ from latticekit.errors import ProposerConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.vllm import ENV, LATTICE_PROPOSER, LatticeProposer, NGramProposer, ProposerConfig, speculative_config
 from latticekit.vllm.lattice import hidden_rows
+from latticekit.vllm.proposer import _Step
 from vllm_helpers import rss_mb
 
 ARPA = Path(__file__).resolve().parents[1] / "data" / "words-small-katz2.arpa.gz"
@@ -333,14 +334,44 @@ def test_estimates_are_corrected_by_what_was_accepted_against_what_was_expected(
     proposer._last_end = 0.0
     assert proposer.correction == 1.0  # nothing drafted yet
     for _ in range(20):  # steps that expected 4 draft tokens accepted, and got 1
-        proposer._learn((1, "model", 0.001, 4.0), 1.0, emitted=2, accepted=1, tokens=None)
+        proposer._learn(_Step(1, "model", 0.001, 4.0, {"model": {"r": 4}}), 1.0, [[1, 2]], ["r"], tokens=None)
     assert proposer.correction == pytest.approx(0.25)
     for _ in range(200):  # ... and then 10
-        proposer._learn((1, "model", 0.001, 4.0), 1.0, emitted=11, accepted=10, tokens=None)
+        proposer._learn(_Step(1, "model", 0.001, 4.0, {"model": {"r": 10}}), 1.0, [list(range(11))], ["r"], tokens=None)
     assert proposer.correction == 2.0  # its bound
     before = proposer.correction
-    proposer._learn((1, "plain", 0.0, 0.0), 1.0, emitted=1, accepted=0, tokens=None)  # a plain step says nothing
+    proposer._learn(_Step(1, "plain", 0.0, 0.0, {}), 1.0, [[1]], ["r"], tokens=None)  # a plain step says nothing
     assert proposer.correction == before
+
+
+def test_a_drafted_step_is_the_outcome_of_every_less_eager_arm_on_the_same_rows() -> None:
+    proposer = NGramProposer(engine_config(), ProposerConfig())
+    for n in (1, 5, 10, 20):  # the engine's steps: 0.1 s + 10 ms a query token
+        proposer.costs.add(n, 0.1 + 0.01 * n)
+    a, b = proposer.costs.coefficients()
+    assert (a, b) == pytest.approx((0.1, 0.01))
+    proposer._last_end, proposer._verify_tokens = 0.0, 3 + 9
+    # eager drafted 5 tokens for r0 and 4 for r1; the step accepted 4 of r0's and none of r1's, and
+    # r2 (no draft) emitted its one token; model would have drafted 3 and 1, lean 1 and none
+    chains = {"eager": {"r0": 5, "r1": 4}, "model": {"r0": 3, "r1": 1}, "lean": {"r0": 1}}
+    step = 0.1 + 0.01 * 12
+    proposer._learn(_Step(1, "eager", 0.002, 3.0, chains), step, [[1, 2, 3, 4, 5], [6], [7]], ["r0", "r1", "r2"],
+                    tokens=12)
+    arms = proposer.loads[1].arms
+    assert (arms["eager"].tokens, arms["eager"].seconds) == pytest.approx((7, step + 0.002))  # what ran
+    assert (arms["model"].tokens, arms["model"].seconds) == pytest.approx((3 + 3, step - 5 * b + 0.002))
+    assert (arms["lean"].tokens, arms["lean"].seconds) == pytest.approx((3 + 1, step - 8 * b + 0.002))
+    assert (arms["plain"].tokens, arms["plain"].seconds) == pytest.approx((3, step - 9 * b))  # no drafting
+    # a less eager arm whose chains the step did not verify (its own rule drafted where the run arm
+    # did not) is not scored from it
+    proposer._last_end, proposer._verify_tokens = 0.0, 2
+    proposer._learn(_Step(1, "model", 0.002, 0.0, {"model": {}, "lean": {"r0": 1}}), 0.12, [[1], [2]],
+                    ["r0", "r1"], tokens=2)
+    assert arms["lean"].steps == 1 and arms["model"].steps == 2 and arms["plain"].steps == 2
+    # a step of the plain arm is its own outcome alone
+    proposer._last_end, proposer._verify_tokens = 0.0, 2
+    proposer._learn(_Step(1, "plain", 0.0, 0.0, {}), 0.12, [[1], [2]], ["r0", "r1"], tokens=2)
+    assert arms["plain"].steps == 3 and arms["eager"].steps == 1
 
 
 def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattice(tmp_path: Path) -> None:
@@ -424,7 +455,7 @@ def test_request_churn_leaves_the_proposers_memory_flat() -> None:
 
     def steps(n: int) -> None:
         for _ in range(n):
-            sampled = []
+            sampled: list[list[int]] = []
             for row in range(rows):
                 if live[row] is None or live[row][2] >= len(live[row][1]):
                     if live[row] is not None:
