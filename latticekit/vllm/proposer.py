@@ -17,8 +17,11 @@ bucket (the batch's rows, by powers of two) the arms ``plain`` (no drafting work
 ``lean``, ``model`` and ``eager`` (a draft token priced at 4, 1 and 1/4 times the fitted cost)
 keep the tokens the engine really emitted per second it really took (the wall time between
 calls, and the drafting), and :func:`~latticekit.drafting.arms.choose_arm` keeps the best and
-probes the others ever more rarely; the estimates are scaled by the draft tokens accepted over
-those expected. Request state follows the batch: it is created when a request first
+probes the others ever more rarely. A drafted step is also the outcome of every less eager arm
+on the same rows (each would have verified a prefix of the same chains: its accepted tokens
+are exact, its seconds the step's less the fitted cost of the drafts it leaves out), so the
+arms are compared on the same requests' steps. The estimates are scaled by the draft tokens
+accepted over those expected. Request state follows the batch: it is created when a request first
 appears, kept while a preempted request waits (bounded), and freed when the request finishes.
 With ``memory_tokens`` set, a finished request's output goes into the engine's memory of
 earlier answers (:class:`~latticekit.drafting.memory.AnswerMemory`), which every request drafts
