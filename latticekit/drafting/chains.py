@@ -172,15 +172,35 @@ class BatchCosts:
         """``(a, b)``: seconds per step and per query token; (0, 0) before any step."""
         if self.w == 0:
             return 0.0, 0.0
+        fit = self._fit()
+        if fit is not None:
+            return fit
         mean_n, mean_t = self.sn / self.w, self.st / self.w
-        var_n = self.snn / self.w - mean_n * mean_n
-        if var_n > 0.25:
-            b = (self.snt / self.w - mean_n * mean_t) / var_n
-            a = mean_t - b * mean_n
-            if a > 0 and b > 0:
-                return a, b
         a = mean_t / (1 + self.prior_ratio * mean_n)
         return a, self.prior_ratio * a
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the steps seen tell ``a`` from ``b`` (the coefficients are no prior's)."""
+        return self._fit() is not None
+
+    def _fit(self) -> Optional[tuple[float, float]]:
+        """The least-squares ``(a, b)`` where the steps vary enough in size and ``b > 0``; a
+        negative ``a`` (a step's cost all per token there: the engine is compute-bound at that
+        size) is fitted again through the origin."""
+        if self.w == 0:
+            return None
+        mean_n, mean_t = self.sn / self.w, self.st / self.w
+        var_n = self.snn / self.w - mean_n * mean_n
+        if var_n <= 0.25:
+            return None
+        b = (self.snt / self.w - mean_n * mean_t) / var_n
+        if b <= 0:
+            return None
+        a = mean_t - b * mean_n
+        if a < 0:
+            return 0.0, self.snt / self.snn
+        return a, b
 
     def seconds(self, tokens: int) -> float:
         a, b = self.coefficients()

@@ -115,13 +115,14 @@ def load_bucket(rows: int) -> int:
 
 
 class _Load:
-    """The arms' outcomes at one load bucket, and its steps."""
+    """The arms' outcomes at one load bucket, its steps, and its own fit of the step costs."""
 
-    __slots__ = ("arms", "steps")
+    __slots__ = ("arms", "steps", "costs")
 
-    def __init__(self) -> None:
+    def __init__(self, prior_ratio: float) -> None:
         self.arms = {arm: ArmStats() for arm in ARMS}
         self.steps = 0
+        self.costs = BatchCosts(prior_ratio=prior_ratio)
 
     def worth(self, arm: str) -> float:
         return self.arms[arm].rate
@@ -297,10 +298,11 @@ class NGramProposer:
         self.costs.add(tokens, engine_s)
         if self.config.step_costs is not None:
             return
-        load = self.loads.setdefault(pending.bucket, _Load())
+        load = self._load(pending.bucket)
+        load.costs.add(tokens, engine_s)
         if pending.chains:
             accepted = {key: len(s) - 1 for key, s in zip(keys, sampled) if s}
-            b = self.costs.coefficients()[1]
+            b = self._coefficients(pending.bucket)[1]
             run = pending.chains[pending.arm]
             drafted = sum(run.values())
             for arm, chains in pending.chains.items():  # the arms less eager than the one run
@@ -325,7 +327,24 @@ class NGramProposer:
         measured; with step costs given (tests, replays), the cost model's allocation always."""
         if self.config.step_costs is not None:
             return "model"
-        return self.loads.setdefault(load_bucket(rows), _Load()).choose()
+        return self._load(load_bucket(rows)).choose()
+
+    def _load(self, bucket: int) -> _Load:
+        load = self.loads.get(bucket)
+        if load is None:
+            load = self.loads[bucket] = _Load(self.config.prior_ratio)
+        return load
+
+    def _coefficients(self, bucket: int) -> tuple[float, float]:
+        """The step costs ``(a, b)`` at a load bucket: its own fit where its steps tell ``a``
+        from ``b``, else the fit over every load. The engine's step is no one line across loads:
+        on a CPU a step of a few query tokens costs about the same as one (the pass is bound by
+        reading the weights), while in a busy step every token adds its compute, so the fit
+        over all loads prices a draft token at a busy step under its cost."""
+        load = self.loads.get(bucket)
+        if load is not None and load.costs.fitted:
+            return load.costs.coefficients()
+        return self.costs.coefficients()
 
     def _propose(self, sampled: list[list[int]], lengths: np.ndarray, buffer: np.ndarray,
                  keys: list[Any]) -> tuple[list[list[int]], str, float, dict[str, dict[Any, int]]]:
@@ -361,7 +380,7 @@ class NGramProposer:
         if self.config.step_costs is not None:
             a, b = self.config.step_costs
         else:
-            a, b = self.costs.coefficients()
+            a, b = self._coefficients(load_bucket(rows))
         if a == 0 and b == 0:  # no step measured yet: a token at the prior's price
             a, b = 1.0, self.config.prior_ratio
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
@@ -468,7 +487,10 @@ class NGramProposer:
             else {}
         arms = {str(bucket): {arm: [round(o.rate, 3), o.steps] for arm, o in load.arms.items()}
                 for bucket, load in sorted(self.loads.items())}
-        return {**self.counters, "step_costs": [a, b], "states": len(self.states), "pid": os.getpid(),
+        load_costs = {str(bucket): list(load.costs.coefficients()) for bucket, load in sorted(self.loads.items())
+                      if load.costs.fitted}
+        return {**self.counters, "step_costs": [a, b], "load_step_costs": load_costs, "states": len(self.states),
+                "pid": os.getpid(),
                 "correction": self.correction, "arms": arms, **memory}
 
     def _write_stats(self, now: float) -> None:

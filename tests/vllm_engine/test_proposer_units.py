@@ -23,7 +23,7 @@ from latticekit.errors import ProposerConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.vllm import ENV, LATTICE_PROPOSER, LatticeProposer, NGramProposer, ProposerConfig, speculative_config
 from latticekit.vllm.lattice import hidden_rows
-from latticekit.vllm.proposer import _Step
+from latticekit.vllm.proposer import _Step, load_bucket
 from vllm_helpers import rss_mb
 
 ARPA = Path(__file__).resolve().parents[1] / "data" / "words-small-katz2.arpa.gz"
@@ -72,7 +72,36 @@ def test_batch_costs_recover_a_linear_step_and_skip_idle_gaps() -> None:
     flat = BatchCosts(prior_ratio=0.1)
     for _ in range(20):
         flat.add(1, 0.11)  # one size only: b from the prior ratio
-    assert flat.coefficients() == pytest.approx((0.1, 0.01))
+    assert flat.coefficients() == pytest.approx((0.1, 0.01)) and not flat.fitted
+    busy = BatchCosts()
+    for n in range(16, 60):  # all per token, a little under the line through the origin at the small end
+        busy.add(n, 0.015 * n - (0.01 if n < 20 else 0.0))
+    assert busy.fitted and busy.coefficients() == pytest.approx((0.0, 0.0148), abs=2e-4)  # refitted through 0
+
+
+def test_step_costs_are_fitted_per_load_where_the_engine_is_no_one_line() -> None:
+    proposer = NGramProposer(engine_config(), ProposerConfig())
+    rng = np.random.default_rng(0)
+
+    def step(rows: int, tokens: int, seconds: float) -> None:
+        proposer._last_end, proposer._verify_tokens = 0.0, tokens
+        proposer._learn(_Step(load_bucket(rows), "plain", 0.0, 0.0, {}), seconds, [[1]] * rows, list(range(rows)),
+                        tokens=tokens)
+
+    for _ in range(150):
+        one = int(rng.integers(1, 8))
+        step(1, one, 0.12 + 0.001 * one)  # one request: reading the weights dominates
+        busy = int(rng.integers(16, 60))
+        step(16, busy, 0.05 + 0.012 * busy)  # 16 requests: every token adds its compute
+    assert proposer._coefficients(load_bucket(16)) == pytest.approx((0.05, 0.012))  # the busy steps' own line
+    assert proposer._coefficients(1) == pytest.approx((0.12, 0.001))  # and one request's own
+    a, b = proposer.costs.coefficients()  # the fit over every load: neither
+    assert b > 2 * 0.001 and a < 0.12 - 0.02
+    for _ in range(20):  # two requests, always the same size of step: no line of their own, the fit over all
+        step(2, 2, 0.13)
+    assert not proposer.loads[load_bucket(2)].costs.fitted
+    assert proposer._coefficients(load_bucket(2)) == proposer.costs.coefficients()
+    assert proposer.stats()["load_step_costs"] == {"1": pytest.approx([0.12, 0.001]), "5": pytest.approx([0.05, 0.012])}
 
 
 def test_chain_drafter_follows_the_repeated_text_and_learns() -> None:
