@@ -41,6 +41,13 @@ three domains:
 * ``heldout`` (not among the defaults): the tasks no other domain holds (``explain`` over code
   and documentation, ``summarise`` over code): requests latticekit's settings were not tuned on.
 
+A group is a burst by default: its ``concurrency`` requests are sent at once, and its time is
+the time of the slowest (the batch shrinks as the others finish). With ``--sustained N`` a
+group holds N times ``concurrency`` requests, kept ``concurrency`` in flight: each request that
+finishes is replaced by the next at once (:func:`generate_sustained`, through the engine's
+``add_request`` and ``step``), as a server's batch under sustained load, and its time runs until
+the last finishes.
+
 Every phase (concurrency level) gets prompts of its own: per domain, the held-out requests in
 id order are dealt out in the order of ``--concurrency``, ``--groups`` groups of ``concurrency``
 requests to each level, and the warm-up request is the next one after them all. No engine sees a prompt twice, so ``suffix``'s memory of past answers (and any
@@ -70,6 +77,7 @@ which vLLM's worker imports as ``benchmarks.vllm_speed.EmptyProposer``.)
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -91,6 +99,7 @@ DOMAINS = {
 }
 #: The domains a run takes unless told.
 DEFAULT_DOMAINS = ("code", "summary", "chat")
+_REQUESTS = itertools.count()
 
 
 class EmptyProposer:
@@ -120,9 +129,36 @@ def requests(per_domain: int, domains: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def phase_counts(concurrency: list[int], groups: int) -> list[int]:
-    """Per phase (concurrency level, in order), how many prompts per domain it takes."""
-    return [c * groups for c in concurrency]
+def phase_counts(concurrency: list[int], groups: int, sustained: int = 0) -> list[int]:
+    """Per phase (concurrency level, in order), how many prompts per domain it takes (a group
+    holds ``sustained`` times the level's prompts when it keeps them in flight)."""
+    return [c * groups * max(1, sustained) for c in concurrency]
+
+
+def generate_sustained(llm: Any, prompts: list[str], params: Any, concurrency: int) -> list[list[int]]:
+    """``prompts`` generated with ``concurrency`` of them in flight until the last is sent: each
+    request that finishes is replaced by the next at once, through the engine's own
+    ``add_request`` and ``step`` (a server's full batch under sustained load). The output token
+    ids, in prompt order."""
+    from vllm.sampling_params import RequestOutputKind
+
+    engine = llm.llm_engine
+    params = params.clone()
+    params.output_kind = RequestOutputKind.FINAL_ONLY
+    base = f"sustained-{next(_REQUESTS)}-"
+    waiting = list(range(len(prompts)))[::-1]
+    outputs: dict[int, list[int]] = {}
+    in_flight = 0
+    while waiting or in_flight:
+        while waiting and in_flight < concurrency:
+            i = waiting.pop()
+            engine.add_request(base + str(i), prompts[i], params)
+            in_flight += 1
+        for out in engine.step():
+            if out.finished:
+                outputs[int(out.request_id[len(base):])] = list(out.outputs[0].token_ids)
+                in_flight -= 1
+    return [outputs[i] for i in range(len(prompts))]
 
 
 def deal(texts: list[str], counts: list[int]) -> tuple[list[list[str]], str]:
@@ -170,6 +206,9 @@ def main() -> None:
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES),
                    help="'none' always runs (the reference)")
     p.add_argument("--lm", default="none", help="latticekit's Katz model ('embedded', a path or 'none': its default)")
+    p.add_argument("--sustained", type=int, default=0, metavar="N",
+                   help="each group holds N times the level's prompts, kept that many in flight (a finished "
+                        "request replaced at once: sustained load); 0: a group is one burst of requests sent at once")
     p.add_argument("--settings", default="{}", help="latticekit's settings (JSON) beside its defaults")
     p.add_argument("--variant", nargs="+", default=[], metavar="NAME=JSON",
                    help="more latticekit engines in the same run, engine 'latticekit-NAME' with these settings "
@@ -248,7 +287,7 @@ def main() -> None:
         engines[name] = vllm.LLM(**common, **({"speculative_config": spec} if spec else {}))
         print(f"engine {name}: started in {time.perf_counter() - t0:.0f} s", flush=True)
     tok = engines["none"].get_tokenizer()
-    counts = phase_counts(args.concurrency, args.groups)
+    counts = phase_counts(args.concurrency, args.groups, args.sustained)
     phases: dict[str, list[list[str]]] = {}  # per domain, per phase: its own prompts (see the docstring)
     warmups: dict[str, str] = {}
     for d, qs in requests(sum(counts) + 1, args.domains).items():
@@ -266,7 +305,8 @@ def main() -> None:
         names = [n for n in engines if n != "lattice" or concurrency in args.lattice_at]
         for domain, per_phase in phases.items():
             texts = per_phase[phase]
-            groups = [texts[i:i + concurrency] for i in range(0, len(texts), concurrency)]
+            size = concurrency * max(1, args.sustained)
+            groups = [texts[i:i + size] for i in range(0, len(texts), size)]
             for g, group in enumerate(groups):
                 order = names[g % len(names):] + names[:g % len(names)]
                 row: dict[str, Any] = {"concurrency": concurrency, "domain": domain, "group": g, "engines": {}}
@@ -277,10 +317,13 @@ def main() -> None:
                     stats_path = stats_paths.get(name)
                     draft_before = engine_stats(llm, stats_path) if stats_path is not None else None
                     t0 = time.perf_counter()
-                    got = llm.generate(group, params, use_tqdm=False)
+                    if args.sustained:
+                        outputs[name] = generate_sustained(llm, group, params, concurrency)
+                    else:
+                        outputs[name] = [list(o.outputs[0].token_ids)
+                                         for o in llm.generate(group, params, use_tqdm=False)]
                     seconds = time.perf_counter() - t0
                     after = spec_counters(llm)
-                    outputs[name] = [list(o.outputs[0].token_ids) for o in got]
                     tokens = sum(len(t) for t in outputs[name])
                     accepted = after.get("num_accepted_tokens", 0) - before.get("num_accepted_tokens", 0)
                     row["engines"][name] = {"seconds": seconds, "tokens": tokens, "accepted": accepted,

@@ -130,6 +130,22 @@ def test_the_plugin_fixes_vllms_cpu_expansion_of_sampling_parameters(engines: An
     assert stock.tolist() != pytest.approx(want)
 
 
+def test_the_benchmarks_sustained_load_answers_as_generate(engines: Any) -> None:
+    """``benchmarks/vllm_speed.py --sustained``: requests replaced as others finish, through the
+    engine's ``add_request`` and ``step``, give what ``generate`` gives, in prompt order."""
+    import importlib.util
+
+    base, drafted, _ = engines
+    spec = importlib.util.spec_from_file_location("vllm_speed", Path(__file__).resolve().parents[2] / "benchmarks"
+                                                  / "vllm_speed.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    prompts = chat(base, QUESTIONS[:5])
+    params = vllm.SamplingParams(temperature=0, max_tokens=12)
+    assert bench.generate_sustained(drafted, prompts, params, 2) == ids(base.generate(prompts, params, use_tqdm=False))
+
+
 def test_churn_and_hostile_requests_leave_the_engine_up_and_free_finished_requests_states(engines: Any) -> None:
     base, drafted, stats_path = engines
     vocab = drafted.get_tokenizer().vocab_size if hasattr(drafted.get_tokenizer(), "vocab_size") else 49152

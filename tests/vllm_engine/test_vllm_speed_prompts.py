@@ -27,3 +27,4 @@ def test_phases_get_distinct_prompts():
         used = [t for p in phases for t in p] + [warmup]
         assert len(set(used)) == len(used), domain
         assert phases[0] == texts[:3], domain  # concurrency 1 keeps the first requests in id order
+    assert bench.phase_counts([1, 16], groups=3, sustained=2) == [6, 96]  # a group of 2 x 16 kept 16 in flight
