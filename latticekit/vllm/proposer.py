@@ -76,6 +76,8 @@ class _Step(NamedTuple):
     #: level would have verified, whose outcome the step tells exactly (a chain's accepted
     #: prefix does not depend on how far it goes on)
     chains: dict[str, dict[Any, int]]
+
+
 #: Decay per drafted step of the accepted and expected sums that correct the estimates.
 _CORRECTION_DECAY = 0.95
 
@@ -337,10 +339,10 @@ class NGramProposer:
 
     def _coefficients(self, bucket: int) -> tuple[float, float]:
         """The step costs ``(a, b)`` at a load bucket: its own fit where its steps tell ``a``
-        from ``b``, else the fit over every load. The engine's step is no one line across loads:
-        on a CPU a step of a few query tokens costs about the same as one (the pass is bound by
-        reading the weights), while in a busy step every token adds its compute, so the fit
-        over all loads prices a draft token at a busy step under its cost."""
+        from ``b``, else the fit over every load. An engine's step need not be one line across
+        loads (a pass of a few query tokens may be bound by reading the weights, a busy one by
+        its tokens' compute); on vLLM's CPU build with SmolLM2 the fits per load came out within
+        4.8-6.2 ms a token, the fixed part growing from 129 ms at one request to 177 ms at 16."""
         load = self.loads.get(bucket)
         if load is not None and load.costs.fitted:
             return load.costs.coefficients()
