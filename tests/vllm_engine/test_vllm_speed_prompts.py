@@ -4,21 +4,11 @@ drafts a request whose answer it has already seen."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vllm_speed.py"
-
-
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("vllm_speed", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from vllm_helpers import vllm_speed_module
 
 
 def test_phases_get_distinct_prompts():
-    bench = load_benchmark()
+    bench = vllm_speed_module()
     counts = bench.phase_counts([1, 4, 16], groups=3)
     assert counts == [3, 12, 48]
     for domain, texts in bench.requests(sum(counts) + 1, list(bench.DOMAINS)).items():

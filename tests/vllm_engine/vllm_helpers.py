@@ -83,3 +83,15 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def vllm_speed_module() -> Any:
+    """``benchmarks/vllm_speed.py`` as a module (benchmarks/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vllm_speed", Path(__file__).resolve().parents[2] / "benchmarks"
+                                                  / "vllm_speed.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
