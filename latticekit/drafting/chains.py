@@ -172,7 +172,7 @@ class BatchCosts:
         """``(a, b)``: seconds per step and per query token; (0, 0) before any step."""
         if self.w == 0:
             return 0.0, 0.0
-        fit = self._fit()
+        fit = self.fit()
         if fit is not None:
             return fit
         mean_n, mean_t = self.sn / self.w, self.st / self.w
@@ -182,9 +182,9 @@ class BatchCosts:
     @property
     def fitted(self) -> bool:
         """Whether the steps seen tell ``a`` from ``b`` (the coefficients are no prior's)."""
-        return self._fit() is not None
+        return self.fit() is not None
 
-    def _fit(self) -> Optional[tuple[float, float]]:
+    def fit(self) -> Optional[tuple[float, float]]:
         """The least-squares ``(a, b)`` where the steps vary enough in size and ``b > 0``; a
         negative ``a`` (a step's cost all per token there: the engine is compute-bound at that
         size) is fitted again through the origin."""

@@ -344,9 +344,8 @@ class NGramProposer:
         its tokens' compute); on vLLM's CPU build with SmolLM2 the fits per load came out within
         4.8-6.2 ms a token, the fixed part growing from 129 ms at one request to 177 ms at 16."""
         load = self.loads.get(bucket)
-        if load is not None and load.costs.fitted:
-            return load.costs.coefficients()
-        return self.costs.coefficients()
+        fit = load.costs.fit() if load is not None else None
+        return fit if fit is not None else self.costs.coefficients()
 
     def _propose(self, sampled: list[list[int]], lengths: np.ndarray, buffer: np.ndarray,
                  keys: list[Any]) -> tuple[list[list[int]], str, float, dict[str, dict[Any, int]]]:
