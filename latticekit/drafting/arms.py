@@ -8,7 +8,8 @@ recent steps. :func:`choose_arm` takes the arm worth the most, or a plain step w
 a plain step's rate; every arm is tried :data:`WARMUP_STEPS` times first, and an arm that is not
 the best is probed after :data:`FIRST_PROBE` steps, then twice as long while it keeps losing
 (:func:`probe_outcome`), up to :data:`MAX_PROBE_INTERVAL`; its probe's outcome outweighs its
-stale history (the decay counts the steps since it was last read).
+stale history (the decay counts the steps since it was last read). Outcomes kept from an earlier
+call are aged by :data:`KEPT_GAP` steps when a call resumes from them (:meth:`ArmStats.age`).
 
 Plain Python: nothing here imports torch or an engine.
 """
@@ -21,7 +22,7 @@ from typing import Optional
 from latticekit.drafting.outcomes import ArmRecord
 
 __all__ = ["ArmStats", "choose_arm", "probe_outcome", "WARMUP_STEPS", "FIRST_PROBE", "MAX_PROBE_INTERVAL",
-           "ARM_DECAY"]
+           "ARM_DECAY", "KEPT_GAP"]
 
 #: Steps every arm is read before the outcomes choose.
 WARMUP_STEPS = 2
@@ -31,6 +32,10 @@ FIRST_PROBE = 2
 MAX_PROBE_INTERVAL = 32
 #: Decay per step of an arm's outcome sums (a memory of ~10 of its steps).
 ARM_DECAY = 0.9
+#: The steps a call resumed from kept outcomes starts after, as if none had been read in them:
+#: the kept sums (at most ~10 steps' worth) then weigh about one step (``ARM_DECAY ** 22`` is
+#: 0.1), and every arm's probe is due, so a call unlike the last ones finds out at once.
+KEPT_GAP = 22
 
 
 class ArmStats:
@@ -62,6 +67,13 @@ class ArmStats:
         stats.tokens, stats.seconds, stats.steps = record.tokens, record.seconds, record.steps
         stats.last, stats.interval = step - record.since, record.interval
         return stats
+
+    def age(self, steps: int) -> None:
+        """As if ``steps`` more decode steps passed without reading it: its sums decay over them
+        at its next outcome, and its probe is due when they have passed."""
+        if steps > 0:
+            self.last -= steps
+            self.interval = min(self.interval, steps)
 
     def add(self, tokens: float, seconds: float, step: int) -> None:
         decay = ARM_DECAY ** (step - self.last) if self.steps else 0.0

@@ -1,6 +1,7 @@
 """``auto``'s arm outcomes kept across calls: a call resumed from the last one's outcomes chooses
-exactly as one long call would (the reference), the store keeps them per key in memory and on
-disk, and a damaged, foreign or older file is ignored."""
+exactly as one long call would (the reference) with a gap of :data:`KEPT_GAP` unread steps
+before it (the ageing: the kept sums decay, every probe comes due), the store keeps them per key
+in memory and on disk, and a damaged, foreign or older file is ignored."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticekit.drafting import DecoderConfig
+from latticekit.drafting.arms import ARM_DECAY, KEPT_GAP, MAX_PROBE_INTERVAL
 from latticekit.drafting.costs import StepCosts
 from latticekit.drafting.drafters.auto import AutoDrafter
 from latticekit.drafting.outcomes import OUTCOMES_VERSION, ArmOutcomes, ArmRecord, ArmStore, outcomes_key
@@ -51,14 +53,50 @@ def test_a_call_resumed_from_the_last_ones_outcomes_chooses_as_one_long_call(
     for union, text, there in steps[:cut]:
         assert _step(whole, {"union": union, "text": text}, there) == _step(first, {"union": union, "text": text}, there)
     kept = ArmOutcomes.from_json(json.loads(json.dumps(first.arm_outcomes().to_json())))  # through a file's JSON
+    gap = data.draw(st.sampled_from([0, 1, KEPT_GAP, 40]))
     second = _drafter(heads)
-    second.resume(kept)
+    second.resume(kept, gap) if gap != KEPT_GAP else second.resume(kept)
+    _gap(whole, gap)
     for union, text, there in steps[cut:]:
         assert _step(second, {"union": union, "text": text}, there) == _step(whole, {"union": union, "text": text}, there)
-    assert second.arm_outcomes() == whole.arm_outcomes()
+    assert second.arm_outcomes() == whole.arm_outcomes()  # ``since`` counts from the last read: the same
 
 
-def test_a_resumed_call_skips_the_warm_up_and_keeps_the_probe_schedule() -> None:
+def _gap(drafter: AutoDrafter, steps: int) -> None:
+    """The reference of ageing, in one long call: ``steps`` decode steps that read no arm (the
+    step counter moves on, so each arm's sums decay over them at its next outcome), then what
+    ageing adds: the union's paired sums decay as over that many pairs, and every probe is due."""
+    drafter.steps += steps
+    if steps:
+        p, decay = drafter.paired, ARM_DECAY ** steps
+        p.union_tokens, p.union_seconds, p.tokens, p.seconds = (decay * p.union_tokens, decay * p.union_seconds,
+                                                                decay * p.tokens, decay * p.seconds)
+        for stats in drafter.arm_stats.values():
+            stats.interval = min(stats.interval, steps)
+
+
+def test_ageing_is_the_long_calls_gap_on_its_own() -> None:
+    drafter = _drafter()
+    for _ in range(12):
+        _step(drafter, {"union": 3, "text": 2}, 2)
+    aged = _drafter()
+    aged.resume(drafter.arm_outcomes(), 0)
+    tokens = {name: s.tokens for name, s in aged.arm_stats.items()}
+    paired = aged.paired.union_tokens
+    aged.age(10)
+    assert aged.paired.union_tokens == pytest.approx(paired * ARM_DECAY ** 10)
+    for name, stats in aged.arm_stats.items():
+        assert stats.interval <= 10
+        since = aged.steps + 1 - stats.last  # the next step's decay exponent
+        before = tokens[name]
+        stats.add(1, PLAIN_S, aged.steps + 1)
+        assert stats.tokens == pytest.approx(before * ARM_DECAY ** since + 1)
+        assert since >= 10 + 1
+    aged.age(0)  # no gap: nothing changes
+    assert aged.paired.union_tokens == pytest.approx(paired * ARM_DECAY ** 10)
+
+
+def test_a_resumed_call_skips_the_warm_up_probes_once_and_keeps_the_schedule() -> None:
     first = _drafter()
     for _ in range(40):  # the union loses: probed less and less often
         _step(first, {"union": 1, "text": 3}, 3)
@@ -66,12 +104,31 @@ def test_a_resumed_call_skips_the_warm_up_and_keeps_the_probe_schedule() -> None
     assert kept.arms["union"].interval > 2 and kept.arms["text"].steps > 2
     fresh, resumed = _drafter(), _drafter()
     resumed.resume(kept)
-    arms = [_step(resumed, {"union": 1, "text": 3}, 3) for _ in range(8)]
-    assert [_step(fresh, {"union": 1, "text": 3}, 3) for _ in range(2)] == ["union", "union"]  # the warm-up
-    assert arms.count("union") <= 1 and arms[0] == "text"
+    arms = [_step(resumed, {"union": 1, "text": 3}, 3) for _ in range(30)]
+    fresh_arms = [_step(fresh, {"union": 1, "text": 3}, 3) for _ in range(30)]
+    assert fresh_arms[:2] == ["union", "union"]  # the warm-up
+    assert arms[0] == "union" and arms.count("union") == 1  # its probe at once; lost, it waits its interval again
+    assert resumed.arm_stats["union"].interval == MAX_PROBE_INTERVAL
+    assert fresh_arms.count("union") >= 4
     other = _drafter(reads_heads=False)  # outcomes of other arms: ignored
     other.resume(kept)
     assert other.arm_stats["text"].steps == 0
+
+
+def test_a_call_unlike_the_kept_ones_finds_out_within_its_first_steps() -> None:
+    """Outcomes kept where the union lost, then calls where it wins: aged, the union is read from
+    the first steps on; not aged (one long call), its stale history keeps it out for longer."""
+    first = _drafter()
+    for _ in range(60):
+        _step(first, {"union": 1, "text": 3}, 3)
+    kept = first.arm_outcomes()
+    read = {}
+    for gap in (0, KEPT_GAP):
+        resumed = _drafter()
+        resumed.resume(kept, gap)
+        read[gap] = [_step(resumed, {"union": 5, "text": 2}, 2) for _ in range(12)].count("union")
+    assert read[KEPT_GAP] >= 9
+    assert read[0] <= 3
 
 
 outcomes = st.builds(

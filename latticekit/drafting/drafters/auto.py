@@ -45,9 +45,10 @@ are read again when a probe finds them paying; and the union is read where heads
 complement each other (heads know what the text does not; the text knows what is being
 copied). Every tree's nodes, verified or not, teach their sources' models once the text
 reaches them. The arm choice's state can outlive the call (:meth:`AutoDrafter.arm_outcomes`,
-:meth:`AutoDrafter.resume`, :mod:`latticekit.drafting.outcomes`): ``generate`` starts each call
+:meth:`AutoDrafter.resume`, :mod:`latticekit.drafting.outcomes`): ``generate`` can start a call
 where the last one with the same model, device and heads stopped, so a short request does not
-pay the whole exploration.
+pay the warm-up; the kept outcomes are aged first (their sums weigh about one step, every
+arm's probe is due), so a call unlike the last ones finds out at once what pays in it.
 
 The single-source drafters are the same class with one arm: ``heads`` (the heads' lattice
 alone), ``headsfree`` (the text alone) and ``heads+ngram`` (the union always).
@@ -62,7 +63,7 @@ from typing import Optional, cast
 
 import numpy as np
 
-from latticekit.drafting.arms import ARM_DECAY, ArmStats, choose_arm, probe_outcome
+from latticekit.drafting.arms import ARM_DECAY, KEPT_GAP, ArmStats, choose_arm, probe_outcome
 from latticekit.drafting.cache_model import CacheModel
 from latticekit.drafting.calibration import (
     SOURCES,
@@ -405,15 +406,32 @@ class AutoDrafter(Drafter):
         p = self.paired
         return ArmOutcomes(arms, (p.union_tokens, p.union_seconds, p.tokens, p.seconds))
 
-    def resume(self, kept: ArmOutcomes) -> None:
-        """Starts the arm choice from an earlier call's :meth:`arm_outcomes` (a call that
-        stopped ``since`` steps after reading an arm is that many steps before this one's
-        first: decay and probes go on as in one long call). Outcomes of other arms are ignored."""
+    def resume(self, kept: ArmOutcomes, gap: int = KEPT_GAP) -> None:
+        """Starts the arm choice from an earlier call's :meth:`arm_outcomes`, as one long call
+        would go on after ``gap`` steps that read nothing (:meth:`age`): the kept outcomes skip
+        the warm-up, but weigh little against this call's own, and every arm is probed at once.
+        A call unlike the last ones (another domain, another kind of request) so finds out
+        within its first steps what pays in it. ``gap=0``: exactly one long call (a call that
+        stopped ``since`` steps after reading an arm is that many steps before this one's first).
+        Outcomes of other arms are ignored."""
         if set(kept.arms) != set(self.arms) or self.steps:
             return
         self.arm_stats.update({name: ArmStats.from_record(r, 0) for name, r in kept.arms.items()})
         p = self.paired
         p.union_tokens, p.union_seconds, p.tokens, p.seconds = kept.paired
+        self.age(gap)
+
+    def age(self, steps: int) -> None:
+        """As if ``steps`` decode steps passed that read no arm: each arm's sums decay over them
+        (at its next outcome) and its probe is due after them (:meth:`ArmStats.age`), and the
+        union's paired sums decay as over that many pairs."""
+        if steps <= 0:
+            return
+        for stats in self.arm_stats.values():
+            stats.age(steps)
+        decay, p = ARM_DECAY ** steps, self.paired
+        p.union_tokens, p.union_seconds, p.tokens, p.seconds = (decay * p.union_tokens, decay * p.union_seconds,
+                                                                decay * p.tokens, decay * p.seconds)
 
     def record(self, arm: str, tokens: int, seconds: float, plain_s: float) -> None:
         """What a step of ``arm`` brought: ``tokens`` emitted for ``seconds`` (its tree's target
