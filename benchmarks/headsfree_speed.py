@@ -15,8 +15,10 @@ tokens are checked equal to latticekit's greedy decoding on that prompt:
 * ``auto``: the shipped heads and 4-gram as ``latticekit.generate`` uses them, each call learning
   its arms anew; ``auto@none``: the same without heads (``generate`` without heads); a name
   ending ``/kept`` (``auto/kept``, ``auto@none/kept``): the arms' outcomes kept across calls, as
-  ``generate`` keeps them by default, in ``<out>/arms`` (``latticekit.drafting.outcomes``; the
-  warm-up call and every earlier chunk of the run feed it).
+  ``generate(..., arms=True)`` keeps them, in ``<out>/arms`` (``latticekit.drafting.outcomes``;
+  the warm-up call and every earlier chunk of the run feed it); ``/kept0``: kept but not aged
+  when a call resumes from them (``AutoDrafter.resume(kept, gap=0)``, what latticekit did
+  before ageing), in ``<out>/arms-unaged``.
 
 Domains (nothing the heads or the n-gram model saw):
 
@@ -49,13 +51,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import statistics
 import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -120,15 +124,29 @@ def run_one(name: str, model: Any, heads: Any, lm: Any, costs: Any, counter: Cal
         wall = time.perf_counter() - t0
         tokens = out[0, len(ids):].tolist()
         return {"tokens": tokens, "wall_s": wall, "calls": counter.calls - before, "steps": None}
-    kept = name.endswith("/kept")  # arm outcomes kept across calls
-    spec, _, which = name.removesuffix("/kept").partition("@")  # auto@untrained: with untrained heads
+    decoder, _, kept = name.partition("/")  # arm outcomes kept across calls: kept, or kept0 (not aged)
+    spec, _, which = decoder.partition("@")  # auto@untrained: with untrained heads
     use = None if spec == "headsfree" else heads[which or "default"]
-    d = decode(model, use, ids, DecoderConfig.parse(spec), max_new_tokens=new, lms=lm, eos_token_id=eos, costs=costs,
-               arms=arms if kept else None)
+    with _unaged() if kept == "kept0" else contextlib.nullcontext():
+        d = decode(model, use, ids, DecoderConfig.parse(spec), max_new_tokens=new, lms=lm, eos_token_id=eos,
+                   costs=costs, arms=arms[kept] if kept else None)
     steps = [{"nodes": s.tree_nodes,
               "accepted": s.num_accepted, "draft_s": s.heads_s + s.search_s, "model_s": s.model_s}
              for s in d.steps]
     return {"tokens": d.tokens, "wall_s": d.wall_s, "calls": d.calls, "steps": steps}
+
+
+@contextlib.contextmanager
+def _unaged() -> Iterator[None]:
+    """Within it, a call resumed from kept arm outcomes is not aged (``gap=0``: one long call)."""
+    from latticekit.drafting.drafters.auto import AutoDrafter
+
+    resume = AutoDrafter.resume
+    AutoDrafter.resume = functools.partialmethod(resume, gap=0)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        AutoDrafter.resume = resume  # type: ignore[method-assign]
 
 
 # -- a chunk -----------------------------------------------------------------------------------------
@@ -155,7 +173,7 @@ def run_chunk(args: argparse.Namespace) -> int:
     counter = CallCounter(model)
     lm = embedded_token_lm()
     out = Path(args.out)
-    arms = ArmStore(out / "arms")
+    arms = {"kept": ArmStore(out / "arms"), "kept0": ArmStore(out / "arms-unaged")}
     costs_file = out / "step_costs.json"
     if args.measure_costs:
         from latticekit.decoding.costs import measure_step_costs
