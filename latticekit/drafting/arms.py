@@ -34,7 +34,8 @@ MAX_PROBE_INTERVAL = 32
 ARM_DECAY = 0.9
 #: The steps a call resumed from kept outcomes starts after, as if none had been read in them:
 #: the kept sums (at most ~10 steps' worth) then weigh about one step (``ARM_DECAY ** 22`` is
-#: 0.1), and every arm's probe is due, so a call unlike the last ones finds out at once.
+#: 0.1), so an arm's next outcome, in a call unlike the last ones, outweighs them. The probe
+#: schedule goes on as kept: probing every arm at a call's start cost 1-4% on code windows.
 KEPT_GAP = 22
 
 
@@ -69,11 +70,11 @@ class ArmStats:
         return stats
 
     def age(self, steps: int) -> None:
-        """As if ``steps`` more decode steps passed without reading it: its sums decay over them
-        at its next outcome, and its probe is due when they have passed."""
-        if steps > 0:
-            self.last -= steps
-            self.interval = min(self.interval, steps)
+        """Its sums decayed as over ``steps`` more steps without reading it (its rate, and when
+        it is probed next, are left as they were)."""
+        decay = ARM_DECAY ** max(steps, 0)
+        self.tokens *= decay
+        self.seconds *= decay
 
     def add(self, tokens: float, seconds: float, step: int) -> None:
         decay = ARM_DECAY ** (step - self.last) if self.steps else 0.0

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 import latticekit as lk
 from decoding_helpers import ARPA, PeekingHeads, RandomHeads, tiny_llama
 from latticekit.decoding import DecoderConfig, DecoderConfigError, decode, greedy_decode
-from latticekit.drafting.arms import MAX_PROBE_INTERVAL
 from latticekit.drafting.calibration import AcceptanceModel, CandidateTree, PendingLabels, logit, node_features
 from latticekit.decoding.costs import StepCosts, monotone, step_costs
 from latticekit.drafting.drafters.auto import choose_nodes
@@ -350,8 +349,7 @@ def test_a_second_call_starts_from_the_first_calls_arm_outcomes(setup: Any, lm: 
     assert fresh.tokens == first.tokens == second.tokens == want
     assert _lattice_reads(first) == _lattice_reads(fresh)  # an empty store: a fresh call
     assert _lattice_reads(fresh)[:2] == [1, 2]  # the warm-up reads the heads (step 0: the prompt's) ...
-    # ... once: a resumed call probes them at once (kept outcomes are aged), and lost, not again soon
-    assert len(_lattice_reads(second)) < len(_lattice_reads(first)) and _lattice_reads(second)[:2] == [1, 1 + MAX_PROBE_INTERVAL]
+    assert len(_lattice_reads(second)) < len(_lattice_reads(first)) and _lattice_reads(second)[0] > 2  # ... once
     # what the first call kept, read back from its file in another process, starts the same second call
     fingerprint = cached_heads_fingerprint(bad)
     drafter = make_drafter(DecoderConfig.parse("auto"), lms=lm, vocab_size=64, has_heads=True, costs=costs,

@@ -1,7 +1,7 @@
 """``auto``'s arm outcomes kept across calls: a call resumed from the last one's outcomes chooses
-exactly as one long call would (the reference) with a gap of :data:`KEPT_GAP` unread steps
-before it (the ageing: the kept sums decay, every probe comes due), the store keeps them per key
-in memory and on disk, and a damaged, foreign or older file is ignored."""
+exactly as one long call would (the reference) whose outcome sums decay at the cut as over
+:data:`KEPT_GAP` steps (the ageing), the store keeps them per key in memory and on disk, and a
+damaged, foreign or older file is ignored."""
 
 from __future__ import annotations
 
@@ -63,40 +63,36 @@ def test_a_call_resumed_from_the_last_ones_outcomes_chooses_as_one_long_call(
 
 
 def _gap(drafter: AutoDrafter, steps: int) -> None:
-    """The reference of ageing, in one long call: ``steps`` decode steps that read no arm (the
-    step counter moves on, so each arm's sums decay over them at its next outcome), then what
-    ageing adds: the union's paired sums decay as over that many pairs, and every probe is due."""
-    drafter.steps += steps
-    if steps:
-        p, decay = drafter.paired, ARM_DECAY ** steps
-        p.union_tokens, p.union_seconds, p.tokens, p.seconds = (decay * p.union_tokens, decay * p.union_seconds,
-                                                                decay * p.tokens, decay * p.seconds)
-        for stats in drafter.arm_stats.values():
-            stats.interval = min(stats.interval, steps)
+    """The reference of ageing, in one long call: at the cut, every outcome sum (each arm's and
+    the union's paired ones) decays as over ``steps`` more steps; nothing else changes."""
+    decay = ARM_DECAY ** steps
+    for stats in drafter.arm_stats.values():
+        stats.tokens, stats.seconds = stats.tokens * decay, stats.seconds * decay
+    p = drafter.paired
+    p.union_tokens, p.union_seconds, p.tokens, p.seconds = (decay * p.union_tokens, decay * p.union_seconds,
+                                                            decay * p.tokens, decay * p.seconds)
 
 
-def test_ageing_is_the_long_calls_gap_on_its_own() -> None:
+def test_ageing_keeps_what_the_arms_are_worth_and_their_schedule() -> None:
     drafter = _drafter()
     for _ in range(12):
         _step(drafter, {"union": 3, "text": 2}, 2)
     aged = _drafter()
     aged.resume(drafter.arm_outcomes(), 0)
-    tokens = {name: s.tokens for name, s in aged.arm_stats.items()}
-    paired = aged.paired.union_tokens
+    before = {name: (s.tokens, s.rate, s.last, s.interval) for name, s in aged.arm_stats.items()}
+    worth, paired = {arm: aged.worth(arm) for arm in aged.arms}, aged.paired.union_tokens
     aged.age(10)
     assert aged.paired.union_tokens == pytest.approx(paired * ARM_DECAY ** 10)
+    assert {arm: aged.worth(arm) for arm in aged.arms} == pytest.approx(worth)
     for name, stats in aged.arm_stats.items():
-        assert stats.interval <= 10
-        since = aged.steps + 1 - stats.last  # the next step's decay exponent
-        before = tokens[name]
-        stats.add(1, PLAIN_S, aged.steps + 1)
-        assert stats.tokens == pytest.approx(before * ARM_DECAY ** since + 1)
-        assert since >= 10 + 1
+        tokens, rate, last, interval = before[name]
+        assert stats.tokens == pytest.approx(tokens * ARM_DECAY ** 10) and stats.rate == pytest.approx(rate)
+        assert (stats.last, stats.interval) == (last, interval)
     aged.age(0)  # no gap: nothing changes
     assert aged.paired.union_tokens == pytest.approx(paired * ARM_DECAY ** 10)
 
 
-def test_a_resumed_call_skips_the_warm_up_probes_once_and_keeps_the_schedule() -> None:
+def test_a_resumed_call_skips_the_warm_up_and_keeps_the_probe_schedule() -> None:
     first = _drafter()
     for _ in range(40):  # the union loses: probed less and less often
         _step(first, {"union": 1, "text": 3}, 3)
@@ -104,31 +100,32 @@ def test_a_resumed_call_skips_the_warm_up_probes_once_and_keeps_the_schedule() -
     assert kept.arms["union"].interval > 2 and kept.arms["text"].steps > 2
     fresh, resumed = _drafter(), _drafter()
     resumed.resume(kept)
-    arms = [_step(resumed, {"union": 1, "text": 3}, 3) for _ in range(30)]
-    fresh_arms = [_step(fresh, {"union": 1, "text": 3}, 3) for _ in range(30)]
-    assert fresh_arms[:2] == ["union", "union"]  # the warm-up
-    assert arms[0] == "union" and arms.count("union") == 1  # its probe at once; lost, it waits its interval again
-    assert resumed.arm_stats["union"].interval == MAX_PROBE_INTERVAL
-    assert fresh_arms.count("union") >= 4
+    arms = [_step(resumed, {"union": 1, "text": 3}, 3) for _ in range(8)]
+    assert [_step(fresh, {"union": 1, "text": 3}, 3) for _ in range(2)] == ["union", "union"]  # the warm-up
+    assert arms.count("union") <= 1 and arms[0] == "text"
     other = _drafter(reads_heads=False)  # outcomes of other arms: ignored
     other.resume(kept)
     assert other.arm_stats["text"].steps == 0
 
 
-def test_a_call_unlike_the_kept_ones_finds_out_within_its_first_steps() -> None:
-    """Outcomes kept where the union lost, then calls where it wins: aged, the union is read from
-    the first steps on; not aged (one long call), its stale history keeps it out for longer."""
+def test_a_call_unlike_the_kept_ones_turns_at_its_first_probe() -> None:
+    """Outcomes kept where the union lost, then a call where it wins: aged, the union's first
+    probe outweighs the kept history and it is read from then on; not aged (one long call),
+    the stale paired history outweighs the probe and the union waits another interval."""
     first = _drafter()
     for _ in range(60):
         _step(first, {"union": 1, "text": 3}, 3)
     kept = first.arm_outcomes()
+    assert kept.arms["union"].interval == MAX_PROBE_INTERVAL
     read = {}
     for gap in (0, KEPT_GAP):
         resumed = _drafter()
         resumed.resume(kept, gap)
-        read[gap] = [_step(resumed, {"union": 5, "text": 2}, 2) for _ in range(12)].count("union")
+        arms = [_step(resumed, {"union": 5, "text": 2}, 2) for _ in range(MAX_PROBE_INTERVAL + 10)]
+        assert "union" in arms[:MAX_PROBE_INTERVAL]  # probed on its schedule
+        read[gap] = arms[-10:].count("union")
     assert read[KEPT_GAP] >= 9
-    assert read[0] <= 3
+    assert read[0] <= 2
 
 
 outcomes = st.builds(

@@ -47,8 +47,8 @@ copied). Every tree's nodes, verified or not, teach their sources' models once t
 reaches them. The arm choice's state can outlive the call (:meth:`AutoDrafter.arm_outcomes`,
 :meth:`AutoDrafter.resume`, :mod:`latticekit.drafting.outcomes`): ``generate`` can start a call
 where the last one with the same model, device and heads stopped, so a short request does not
-pay the warm-up; the kept outcomes are aged first (their sums weigh about one step, every
-arm's probe is due), so a call unlike the last ones finds out at once what pays in it.
+pay the warm-up; the kept outcomes are aged first (their sums weigh about one step), so in a
+call unlike the last ones an arm's next outcome outweighs them.
 
 The single-source drafters are the same class with one arm: ``heads`` (the heads' lattice
 alone), ``headsfree`` (the text alone) and ``heads+ngram`` (the union always).
@@ -408,12 +408,12 @@ class AutoDrafter(Drafter):
 
     def resume(self, kept: ArmOutcomes, gap: int = KEPT_GAP) -> None:
         """Starts the arm choice from an earlier call's :meth:`arm_outcomes`, as one long call
-        would go on after ``gap`` steps that read nothing (:meth:`age`): the kept outcomes skip
-        the warm-up, but weigh little against this call's own, and every arm is probed at once.
-        A call unlike the last ones (another domain, another kind of request) so finds out
-        within its first steps what pays in it. ``gap=0``: exactly one long call (a call that
-        stopped ``since`` steps after reading an arm is that many steps before this one's first).
-        Outcomes of other arms are ignored."""
+        would go on (a call that stopped ``since`` steps after reading an arm is that many steps
+        before this one's first: the same probe schedule), with the kept sums aged by ``gap``
+        steps (:meth:`age`): they skip the warm-up but weigh little against this call's own
+        outcomes, so in a call unlike the last ones (another domain, another kind of request)
+        an arm's next outcome outweighs them. ``gap=0``: exactly one long call. Outcomes of
+        other arms are ignored."""
         if set(kept.arms) != set(self.arms) or self.steps:
             return
         self.arm_stats.update({name: ArmStats.from_record(r, 0) for name, r in kept.arms.items()})
@@ -422,9 +422,10 @@ class AutoDrafter(Drafter):
         self.age(gap)
 
     def age(self, steps: int) -> None:
-        """As if ``steps`` decode steps passed that read no arm: each arm's sums decay over them
-        (at its next outcome) and its probe is due after them (:meth:`ArmStats.age`), and the
-        union's paired sums decay as over that many pairs."""
+        """Every outcome sum decayed as over ``steps`` more steps (each arm's,
+        :meth:`ArmStats.age`) and pairs (the union's against the text alone): what the arms are
+        worth is unchanged, but the next outcomes weigh more against it. The probe schedule is
+        left as it was."""
         if steps <= 0:
             return
         for stats in self.arm_stats.values():
