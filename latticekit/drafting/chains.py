@@ -12,10 +12,10 @@ forward pass. Two things decide what a chain should be:
    probability from the acceptance estimates (:class:`~latticekit.drafting.calibration.AcceptanceModel`,
    learnt online from every request's outcomes); the chain follows the most probable child
    down the candidate tree, with each position's probability of being accepted.
-2. **Per batch** (:func:`allocate`): a draft token is one more token in the batch's forward
-   pass. With the engine's step seconds ``a + b * tokens`` (:class:`BatchCosts`, fitted online
-   from the steps the engine really took), the lengths maximise the batch's expected tokens
-   per second: positions are added most probable first while one more token's probability
+2. **Per batch** (:func:`allocate`; at several prices at once, :func:`allocate_prices`): a draft
+   token is one more token in the batch's forward pass. With the engine's step seconds
+   ``a + b * tokens`` (:class:`BatchCosts`, fitted online from the steps the engine really
+   took), the lengths maximise the batch's expected tokens per second: positions are added most probable first while one more token's probability
    exceeds ``b`` times the tokens per second already expected. At one request a draft token
    costs little against the whole pass; at high concurrency the pass is dominated by its
    tokens and only near-certain drafts pay, or none.
@@ -39,7 +39,7 @@ from latticekit.errors import DecoderConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 
-__all__ = ["ChainDrafter", "BatchCosts", "allocate"]
+__all__ = ["ChainDrafter", "BatchCosts", "allocate", "allocate_prices"]
 
 
 class ChainDrafter:
@@ -219,20 +219,36 @@ def allocate(probabilities: Sequence[np.ndarray], a: float, b: float, overhead: 
     Returns:
         Per request, how many of its chain's tokens to verify (0: a plain step).
     """
+    return allocate_prices(probabilities, a, [b], overhead)[0]
+
+
+def allocate_prices(probabilities: Sequence[np.ndarray], a: float, prices: Sequence[float],
+                    overhead: float = 0.0) -> list[list[int]]:
+    """:func:`allocate` at each of several prices ``b`` of a draft token, in one pass over the
+    positions sorted once: per price, the lengths ``allocate(probabilities, a, b, overhead)``
+    gives (a higher price stops the same greedy allocation sooner)."""
     rows = len(probabilities)
-    if b <= 0:  # a token costs nothing (or nothing is known yet that says it does)
-        return [len(p) for p in probabilities]
-    lengths = [0] * rows
-    expected = float(rows)  # every request emits at least one token
-    seconds = a + overhead + b * rows
+    out = [[len(p) for p in probabilities] if b <= 0 else [0] * rows for b in prices]
+    # a token that costs nothing (or nothing is known yet that says it does): all of them
+    active = [k for k, b in enumerate(prices) if b > 0]
+    if not active:
+        return out
+    expected = [float(rows)] * len(prices)  # every request emits at least one token
+    seconds = [a + overhead + b * rows for b in prices]
     order = sorted(((float(p[j]), i, j) for i, p in enumerate(probabilities) for j in range(len(p))),
                    key=lambda item: (-item[0], item[2]))
     for prob, i, j in order:
-        if j != lengths[i]:  # a position whose parent was not taken (ties): its chain stops here
-            continue
-        if prob * seconds <= b * expected:  # one more token no longer raises tokens per second
+        for k in active:
+            lengths = out[k]
+            if j != lengths[i]:  # a position whose parent was not taken (ties): its chain stops here
+                continue
+            b = prices[k]
+            if prob * seconds[k] <= b * expected[k]:  # one more token no longer raises tokens per second
+                active = [x for x in active if x != k]
+                continue
+            lengths[i] += 1
+            expected[k] += prob
+            seconds[k] += b
+        if not active:
             break
-        lengths[i] += 1
-        expected += prob
-        seconds += b
-    return lengths
+    return out

@@ -48,7 +48,7 @@ import numpy as np
 
 from latticekit.drafting.arms import ArmStats, choose_arm, probe_outcome
 from latticekit.drafting.calibration import AcceptanceModel
-from latticekit.drafting.chains import BatchCosts, ChainDrafter, allocate
+from latticekit.drafting.chains import BatchCosts, ChainDrafter, allocate, allocate_prices
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
@@ -386,19 +386,20 @@ class NGramProposer:
             a, b = 1.0, self.config.prior_ratio
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
         lengths_by_arm: dict[str, dict[Any, int]] = {}
-        for level in (arm, *(other for other in LEVELS if LEVELS[other] > LEVELS[arm])):
-            chosen, expected = self._allocate(probabilities, a, b * LEVELS[level])
+        levels = (arm, *(other for other in LEVELS if LEVELS[other] > LEVELS[arm]))
+        prices = [b * LEVELS[level] for level in levels]
+        for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s)):
+            chosen, expected = self._repaid(probabilities, allocated, a, price)
             lengths_by_arm[level] = {keys[i]: n for i, n in enumerate(chosen) if n}
             if level == arm:
                 out = [chain[:n].tolist() for chain, n in zip(chains, chosen)]
                 arm_expected = expected
         return out, arm, arm_expected, lengths_by_arm
 
-    def _allocate(self, probabilities: list[np.ndarray], a: float, b: float) -> tuple[list[int], float]:
-        """The chain lengths a draft token priced at ``b`` seconds allocates (none unless the
-        drafts repay the drafting too, against a step that drafts nothing at all), and the
-        accepted tokens they expect."""
-        chosen = allocate(probabilities, a, b, overhead=self._draft_s)
+    def _repaid(self, probabilities: list[np.ndarray], chosen: list[int], a: float, b: float) -> tuple[list[int], float]:
+        """The chain lengths a draft token priced at ``b`` seconds allocated (``chosen``), or none
+        unless the drafts repay the drafting too, against a step that drafts nothing at all; and
+        the accepted tokens they expect."""
         expected = sum(float(p[:n].sum()) for p, n in zip(probabilities, chosen))
         drafts = sum(chosen)
         rows = len(probabilities)

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticekit.drafting.calibration import AcceptanceModel
-from latticekit.drafting.chains import BatchCosts, ChainDrafter, allocate
+from latticekit.drafting.chains import BatchCosts, ChainDrafter, allocate, allocate_prices
 from latticekit.drafting.drafters.ngram import uniform_lm
 from latticekit.errors import ProposerConfigError
 from latticekit.lattice import SausageLattice
@@ -47,6 +47,23 @@ def test_allocate_maximises_tokens_per_second_like_brute_force(probabilities: li
     best = max(objective(probabilities, list(lengths), a, b, overhead)
                for lengths in itertools.product(*(range(len(p) + 1) for p in probabilities)))
     assert objective(probabilities, got, a, b, overhead) == pytest.approx(best, rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(chains, st.floats(0.01, 1.0), st.lists(st.sampled_from([0.0, 0.001, 0.01, 0.05, 0.5]) | st.floats(0.001, 0.5),
+                                              min_size=1, max_size=4), st.floats(0.0, 0.2))
+def test_allocate_at_several_prices_in_one_pass_is_the_best_at_each(probabilities: list[np.ndarray], a: float,
+                                                                    prices: list[float], overhead: float) -> None:
+    got = allocate_prices(probabilities, a, prices, overhead)
+    assert len(got) == len(prices)
+    for b, lengths in zip(prices, got):
+        assert lengths == allocate(probabilities, a, b, overhead)  # the levels do not disturb each other
+        if b == 0:
+            assert lengths == [len(p) for p in probabilities]
+            continue
+        best = max(objective(probabilities, list(other), a, b, overhead)
+                   for other in itertools.product(*(range(len(p) + 1) for p in probabilities)))
+        assert objective(probabilities, lengths, a, b, overhead) == pytest.approx(best, rel=1e-9, abs=1e-12)
 
 
 def test_drafts_shrink_as_the_batch_grows() -> None:
