@@ -1,0 +1,108 @@
+"""What a draft token costs a vLLM step, by the request's context length.
+
+latticekit's vLLM proposer prices a draft token at the slope of its fit of the engine's step
+seconds, ``a + b * query tokens`` (``latticekit.drafting.chains.BatchCosts``): one price per
+load, whatever the requests' lengths. This measures whether that is so. One engine (vLLM's CPU
+build, SmolLM2-135M-Instruct float32, in this process) with a ``custom_class`` proposer that
+drafts K copies of one token per request at every step (:class:`FixedProposer`; the drafts are
+rejected, so every step emits one token and the steps are as many as the tokens), decoding
+``--new`` tokens after a prompt of L tokens (windows of docs/speed.md), for K in
+``--drafts`` and L in ``--contexts``; the K values rotate within each round, ``--rounds``
+rounds. Per (L, K): the median milliseconds per step and the spread over rounds.
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/vllm_draft_cost.py [--concurrency 1] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+#: Draft tokens per request at the next step (set between generate calls; the engine runs here).
+DRAFT = [0]
+
+
+class FixedProposer:
+    """A ``custom_class`` proposer that drafts :data:`DRAFT` copies of one token per request."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        pass
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def propose(self, sampled_token_ids: list[list[int]], *args: Any, **kwargs: Any) -> list[list[int]]:
+        return [[17] * DRAFT[0] for _ in sampled_token_ids]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--contexts", type=int, nargs="+", default=[64, 512, 1536])
+    p.add_argument("--drafts", type=int, nargs="+", default=[0, 1, 2, 4, 8])
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--new", type=int, default=48)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=str(ROOT / "results" / "vllm_speed" / "draft-token-cost"))
+    args = p.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: DRAFT reaches its proposer
+    import vllm
+
+    from benchmarks import vllm_draft_cost as engine_side  # the module vLLM imports the proposer from
+    from latticekit._machine import machine
+    from latticekit.loading import smollm2_hf_folder
+
+    llm = vllm.LLM(model=str(smollm2_hf_folder()), dtype="float32", max_model_len=4096,
+                   max_num_seqs=max(16, args.concurrency), enforce_eager=True, seed=0,
+                   distributed_executor_backend="uni",
+                   speculative_config={"method": "custom_class", "model": "benchmarks.vllm_draft_cost.FixedProposer",
+                                       "num_speculative_tokens": max(args.drafts)})
+    ids = llm.get_tokenizer()((ROOT.parent / "docs" / "speed.md").read_text())["input_ids"]
+    if len(ids) < max(args.contexts) + 7 * args.concurrency:
+        raise SystemExit(f"docs/speed.md holds {len(ids)} tokens: too few for these contexts")
+    params = vllm.SamplingParams(max_tokens=args.new, ignore_eos=True, temperature=0)
+    rows = []
+    for context in args.contexts:
+        prompts = [{"prompt_token_ids": ids[7 * i: 7 * i + context]} for i in range(args.concurrency)]
+        llm.generate(prompts, params, use_tqdm=False)  # warm-up: the prompts' prefix cache and shapes
+        ms: dict[int, list[float]] = {k: [] for k in args.drafts}
+        for _ in range(args.rounds):
+            for k in args.drafts:
+                engine_side.DRAFT[0] = k
+                t0 = time.perf_counter()
+                llm.generate(prompts, params, use_tqdm=False)
+                ms[k].append((time.perf_counter() - t0) / args.new * 1e3)
+        base = statistics.median(ms[args.drafts[0]])
+        for k in args.drafts:
+            median = statistics.median(ms[k])
+            row = {"context": context, "draft": k, "ms_per_step": round(median, 2),
+                   "spread": [round(min(ms[k]), 2), round(max(ms[k]), 2)],
+                   "ms_per_draft_token": round((median - base) / (k * args.concurrency), 2) if k else None}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"args": vars(args), "vllm": vllm.__version__, "machine": machine(), "rows": rows}
+    (out / "draft_cost.json").write_text(json.dumps(report, indent=1) + "\n")
+    lines = [f"# What a draft token costs a vLLM step, by context (vLLM {vllm.__version__}, {report['machine']['cpu']})",
+             "", f"`{json.dumps(vars(args))}`", "",
+             f"{args.concurrency} request(s), every draft rejected; ms per step: median over {args.rounds} rounds "
+             "(lowest-highest); ms per draft token: over the step with no draft.", "",
+             "| context tokens | draft tokens | ms/step | spread | ms per draft token |", "|---|---|---|---|---|"]
+    lines += [f"| {r['context']} | {r['draft']} | {r['ms_per_step']} | {r['spread'][0]}-{r['spread'][1]} | "
+              f"{'-' if r['ms_per_draft_token'] is None else r['ms_per_draft_token']} |" for r in rows]
+    (out / "draft_cost.md").write_text("\n".join(lines) + "\n")
+    llm.llm_engine.engine_core.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
