@@ -13,12 +13,13 @@ tokens are checked equal to latticekit's greedy decoding on that prompt:
   4-gram, ``latticekit.drafting.drafters.headsfree``);
 * ``heads+ngram``: the shipped heads' lattice united with those n-gram continuations;
 * ``auto``: the shipped heads and 4-gram as ``latticekit.generate`` uses them, each call learning
-  its arms anew; ``auto@none``: the same without heads (``generate`` without heads); a name
-  ending ``/kept`` (``auto/kept``, ``auto@none/kept``): the arms' outcomes kept across calls, as
-  ``generate(..., arms=True)`` keeps them, in ``<out>/arms`` (``latticekit.drafting.outcomes``;
-  the warm-up call and every earlier chunk of the run feed it); ``/kept0``: kept but not aged
-  when a call resumes from them (``AutoDrafter.resume(kept, gap=0)``, what latticekit did
-  before ageing), in ``<out>/arms-unaged``.
+  its arms anew (``generate(..., arms=False)``); ``auto@none``: the same without heads
+  (``generate`` without heads); a name ending ``/kept`` (``auto/kept``, ``auto@none/kept``): the
+  arms' outcomes kept across calls, as ``generate`` keeps them by default, in ``<out>/arms``
+  (``latticekit.drafting.outcomes``; the warm-up call and every earlier chunk of the run feed
+  it); ``/kept0``: kept but not aged when a call resumes from them
+  (``AutoDrafter.resume(kept, gap=0)``, what latticekit did before ageing), in
+  ``<out>/arms-unaged``.
 
 Domains (nothing the heads or the n-gram model saw):
 

@@ -54,6 +54,7 @@ def main() -> int:
     p.add_argument("--out", default=str(ROOT / "results" / "vllm_speed" / "draft-token-cost"))
     args = p.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: DRAFT reaches its proposer
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB (unset: most of the machine's memory)
     import vllm
 
     from benchmarks import vllm_draft_cost as engine_side  # the module vLLM imports the proposer from
@@ -92,7 +93,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     report = {"args": vars(args), "vllm": vllm.__version__, "machine": machine(), "rows": rows}
     (out / "draft_cost.json").write_text(json.dumps(report, indent=1) + "\n")
-    lines = [f"# What a draft token costs a vLLM step, by context (vLLM {vllm.__version__}, {report['machine']['cpu']})",
+    title = f"# What a draft token costs a vLLM step, by context (vLLM {vllm.__version__}, {report['machine']['cpu']})"
+    lines = [title,
              "", f"`{json.dumps(vars(args))}`", "",
              f"{args.concurrency} request(s), every draft rejected; ms per step: median over {args.rounds} rounds "
              "(lowest-highest); ms per draft token: over the step with no draft.", "",

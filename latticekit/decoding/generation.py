@@ -108,7 +108,7 @@ def generate(
     costs: Any = None,
     acceptance: Any = None,
     memory: Any = None,
-    arms: Any = False,
+    arms: Any = True,
 ) -> GenerateOutput:
     """Decodes ``max_new_tokens`` tokens after ``input_ids``, drafting where it pays.
 
@@ -143,13 +143,13 @@ def generate(
             drafting reads it beside the text, and the new tokens are added to it. None (the
             default): no memory across calls.
         arms: where the drafter's choice of sources starts from and keeps its outcomes (what
-            each way of drafting brought, when to probe the others): False (the default) every
-            call learns anew; True the process's store, kept on disk beside the step costs
+            each way of drafting brought, when to probe the others): True (the default) the
+            process's store, kept on disk beside the step costs
             (:func:`~latticekit.decoding.loop.default_arm_store`), so a call starts where the
-            last one with this model, device and heads stopped; an
-            :class:`~latticekit.drafting.outcomes.ArmStore`: that one. Off by default: kept
-            outcomes help calls that resemble each other and cost calls of another kind
-            (docs/speed.md measures both).
+            last one with this model, device and heads stopped, without the warm-up, its kept
+            outcomes aged so that a call unlike the last ones soon outweighs them; an
+            :class:`~latticekit.drafting.outcomes.ArmStore`: that one; False (or None): every
+            call learns anew (docs/speed.md measures both).
 
     Returns:
         The sequences (prompt + new tokens) and the decode's per-step records.

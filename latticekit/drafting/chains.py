@@ -15,10 +15,11 @@ forward pass. Two things decide what a chain should be:
 2. **Per batch** (:func:`allocate`; at several prices at once, :func:`allocate_prices`): a draft
    token is one more token in the batch's forward pass. With the engine's step seconds
    ``a + b * tokens`` (:class:`BatchCosts`, fitted online from the steps the engine really
-   took), the lengths maximise the batch's expected tokens per second: positions are added most probable first while one more token's probability
-   exceeds ``b`` times the tokens per second already expected. At one request a draft token
-   costs little against the whole pass; at high concurrency the pass is dominated by its
-   tokens and only near-certain drafts pay, or none.
+   took), the lengths maximise the batch's expected tokens per second: positions are added
+   most probable first while one more token's probability exceeds ``b`` times the tokens per
+   second already expected. At one request a draft token costs little against the whole pass;
+   at high concurrency the pass is dominated by its tokens and only near-certain drafts pay,
+   or none.
 
 Plain Python and numpy: nothing here imports torch or an engine.
 """

@@ -396,7 +396,8 @@ class NGramProposer:
                 arm_expected = expected
         return out, arm, arm_expected, lengths_by_arm
 
-    def _repaid(self, probabilities: list[np.ndarray], chosen: list[int], a: float, b: float) -> tuple[list[int], float]:
+    def _repaid(self, probabilities: list[np.ndarray], chosen: list[int], a: float,
+                b: float) -> tuple[list[int], float]:
         """The chain lengths a draft token priced at ``b`` seconds allocated (``chosen``), or none
         unless the drafts repay the drafting too, against a step that drafts nothing at all; and
         the accepted tokens they expect."""

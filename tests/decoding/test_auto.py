@@ -398,22 +398,21 @@ def test_arm_outcomes_are_not_shared_across_models_heads_or_threads(setup: Any, 
     assert len(keys) == 5
 
 
-def test_generate_keeps_arm_outcomes_when_told_and_not_by_default(setup: Any, lm: lk.NGramLM, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_generate_keeps_arm_outcomes_by_default_and_not_when_told_not_to(setup: Any, lm: lk.NGramLM, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from latticekit.decoding.loop import default_arm_store
 
     model, reference, heads = setup
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     folder = tmp_path / "latticekit"
-    for arms in (False, None):  # None: generate's default
-        more = {} if arms is None else {"arms": arms}
+    for arms in (False, None):  # None: no store either
+        out = lk.generate(model, PROMPT, heads=heads, lm=lm, max_new_tokens=NEW, eos_token_id=[], costs=flat_costs(),
+                          arms=arms)
+        assert out.tokens == reference[len(PROMPT): len(PROMPT) + NEW] and not folder.exists()
+    for more in ({}, {"arms": True}):  # {}: generate's default
         out = lk.generate(model, PROMPT, heads=heads, lm=lm, max_new_tokens=NEW, eos_token_id=[], costs=flat_costs(),
                           **more)
-        assert out.tokens == reference[len(PROMPT): len(PROMPT) + NEW] and not folder.exists()
-    for _ in range(2):
-        out = lk.generate(model, PROMPT, heads=heads, lm=lm, max_new_tokens=NEW, eos_token_id=[], costs=flat_costs(),
-                          arms=True)
         assert out.tokens == reference[len(PROMPT): len(PROMPT) + NEW]
-    assert len(list(folder.glob("arms-*.json"))) == 1 and default_arm_store().folder == folder
+        assert len(list(folder.glob("arms-*.json"))) == 1 and default_arm_store().folder == folder
     default_arm_store().clear()
     assert not list(folder.glob("arms-*.json"))

@@ -55,7 +55,10 @@ def test_a_call_resumed_from_the_last_ones_outcomes_chooses_as_one_long_call(
     kept = ArmOutcomes.from_json(json.loads(json.dumps(first.arm_outcomes().to_json())))  # through a file's JSON
     gap = data.draw(st.sampled_from([0, 1, KEPT_GAP, 40]))
     second = _drafter(heads)
-    second.resume(kept, gap) if gap != KEPT_GAP else second.resume(kept)
+    if gap == KEPT_GAP:
+        second.resume(kept)  # the default
+    else:
+        second.resume(kept, gap)
     _gap(whole, gap)
     for union, text, there in steps[cut:]:
         assert _step(second, {"union": union, "text": text}, there) == _step(whole, {"union": union, "text": text}, there)
