@@ -32,10 +32,10 @@ FIRST_PROBE = 2
 MAX_PROBE_INTERVAL = 32
 #: Decay per step of an arm's outcome sums (a memory of ~10 of its steps).
 ARM_DECAY = 0.9
-#: The steps a call resumed from kept outcomes starts after, as if none had been read in them:
-#: the kept sums (at most ~10 steps' worth) then weigh about one step (``ARM_DECAY ** 22`` is
-#: 0.1), so an arm's next outcome, in a call unlike the last ones, outweighs them. The probe
-#: schedule goes on as kept: probing every arm at a call's start cost 1-4% on code windows.
+#: The steps of decay kept outcomes take when a call resumes from them: the kept sums (at most
+#: ~10 steps' worth) then weigh about one step (``ARM_DECAY ** 22`` is 0.1), so an arm's next
+#: outcome, in a call unlike the last ones, outweighs them. The probe schedule goes on as kept:
+#: probing every arm at a call's start as well cost 1-4% on code windows.
 KEPT_GAP = 22
 
 
