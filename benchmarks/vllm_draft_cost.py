@@ -26,19 +26,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.vllm_speed import EmptyProposer
+
 ROOT = Path(__file__).resolve().parent
 #: Draft tokens per request at the next step (set between generate calls; the engine runs here).
 DRAFT = [0]
 
 
-class FixedProposer:
+class FixedProposer(EmptyProposer):
     """A ``custom_class`` proposer that drafts :data:`DRAFT` copies of one token per request."""
-
-    def __init__(self, vllm_config: Any) -> None:
-        pass
-
-    def load_model(self, *args: Any, **kwargs: Any) -> None:
-        pass
 
     def propose(self, sampled_token_ids: list[list[int]], *args: Any, **kwargs: Any) -> list[list[int]]:
         return [[17] * DRAFT[0] for _ in sampled_token_ids]
