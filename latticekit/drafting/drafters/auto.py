@@ -426,13 +426,9 @@ class AutoDrafter(Drafter):
         :meth:`ArmStats.age`) and pairs (the union's against the text alone): what the arms are
         worth is unchanged, but the next outcomes weigh more against it. The probe schedule is
         left as it was."""
-        if steps <= 0:
-            return
         for stats in self.arm_stats.values():
             stats.age(steps)
-        decay, p = ARM_DECAY ** steps, self.paired
-        p.union_tokens, p.union_seconds, p.tokens, p.seconds = (decay * p.union_tokens, decay * p.union_seconds,
-                                                                decay * p.tokens, decay * p.seconds)
+        self.paired.age(steps)
 
     def record(self, arm: str, tokens: int, seconds: float, plain_s: float) -> None:
         """What a step of ``arm`` brought: ``tokens`` emitted for ``seconds`` (its tree's target
@@ -485,5 +481,11 @@ class _Paired:
         self.union_seconds = ARM_DECAY * self.union_seconds + union_seconds
         self.tokens = ARM_DECAY * self.tokens + tokens
         self.seconds = ARM_DECAY * self.seconds + seconds
+
+    def age(self, steps: int) -> None:
+        """The sums decayed as over ``steps`` more pairs (none for ``steps <= 0``)."""
+        decay = ARM_DECAY ** max(steps, 0)
+        self.union_tokens, self.union_seconds = decay * self.union_tokens, decay * self.union_seconds
+        self.tokens, self.seconds = decay * self.tokens, decay * self.seconds
 
 
