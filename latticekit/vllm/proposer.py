@@ -48,7 +48,7 @@ import numpy as np
 
 from latticekit.drafting.arms import ArmStats, choose_arm, probe_outcome
 from latticekit.drafting.calibration import AcceptanceModel
-from latticekit.drafting.chains import BatchCosts, ChainDrafter, allocate, allocate_prices
+from latticekit.drafting.chains import BatchCosts, ChainDrafter, allocate_prices
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
@@ -59,7 +59,7 @@ __all__ = ["NGramProposer", "engine_stats"]
 logger = logging.getLogger("latticekit.vllm")
 #: The ways of drafting the proposer chooses among by their outcomes, per load: each level prices
 #: a draft token at this multiple of the fitted per-token step cost in the batch's allocation
-#: (:func:`allocate`), and ``plain`` drafts nothing (no drafting work at all).
+#: (:func:`~latticekit.drafting.chains.allocate`), and ``plain`` drafts nothing (no drafting work at all).
 LEVELS = {"model": 1.0, "eager": 0.25, "lean": 4.0}
 ARMS = (*LEVELS, "plain")
 
