@@ -27,7 +27,7 @@ Plain Python and numpy: nothing here imports torch or an engine.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from latticekit.errors import DecoderConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 
-__all__ = ["ChainDrafter", "BatchCosts", "allocate", "allocate_prices"]
+__all__ = ["ChainDrafter", "BatchCosts", "CostFit", "allocate", "allocate_prices"]
 
 
 class ChainDrafter:
@@ -140,75 +140,132 @@ class ChainDrafter:
 
 
 
-class BatchCosts:
-    """The engine's step seconds as ``a + b * tokens`` (tokens: every query token of the batch's
-    forward pass, prefill and drafts included), fitted online by least squares with forgetting
-    from the steps it took.
+class CostFit(NamedTuple):
+    """A step's seconds, ``a + b * tokens + c * keys``: ``tokens`` every query token of the
+    batch's forward pass, ``keys`` the keys those queries attend (per row, its query tokens
+    times its context), so that a row's draft token costs ``b + c * its context``."""
 
-    Until the steps seen vary enough in size to tell ``a`` from ``b``, ``b`` is taken as
-    ``prior_ratio * a``. A step far slower than predicted (the engine sat idle between
-    requests) is not a cost and is left out.
+    a: float
+    b: float
+    c: float = 0.0
+
+
+#: :class:`BatchCosts` keeps ``keys`` in thousands (the normal equations' entries stay comparable).
+_KEYS_SCALE = 1e-3
+
+
+class BatchCosts:
+    """The engine's step seconds as ``a + b * tokens + c * keys`` (:class:`CostFit`), fitted
+    online by least squares with forgetting from the steps it took.
+
+    Every coefficient is at least 0 (the fit is the least-squares one under that constraint),
+    and the fit keeps ``c`` (and ``a``, ``b``) only where the steps pay for it in the Bayesian
+    information criterion: where the steps' sizes and contexts do not vary apart (one request
+    at one context), a token's price is one number, ``b``. Until the steps seen vary enough in
+    size to tell ``a`` from the rest, ``b`` is taken as ``prior_ratio * a``. A step far slower
+    than predicted (the engine sat idle between requests) is not a cost and is left out.
     """
+
+    #: The columns of a fit: the indices of ``(1, tokens, keys)`` it keeps, the fullest first.
+    _FACES = ((0, 1, 2), (0, 1), (0, 2), (1, 2), (1,), (2,))
 
     def __init__(self, prior_ratio: float = 1 / 16, decay: float = 0.99, idle_factor: float = 4.0) -> None:
         self.prior_ratio, self.decay, self.idle_factor = prior_ratio, decay, idle_factor
-        self.w = self.sn = self.snn = self.st = self.snt = 0.0
+        self.xx = np.zeros((3, 3))  # decayed sums of x x^T, x = (1, tokens, keys / 1000)
+        self.xy = np.zeros(3)  # ... of x * seconds
+        self.yy = 0.0  # ... of seconds^2
         self.samples = 0
+        self._fit: Optional[CostFit] = None
+        self._stale = False
 
-    def add(self, tokens: int, seconds: float) -> None:
-        """One step: ``tokens`` query tokens took ``seconds``."""
-        if tokens < 1 or not np.isfinite(seconds) or seconds <= 0 or self.idle(tokens, seconds):
+    def add(self, tokens: int, seconds: float, keys: float = 0.0) -> None:
+        """One step: ``tokens`` query tokens attending ``keys`` keys took ``seconds``."""
+        if tokens < 1 or not np.isfinite(seconds) or seconds <= 0 or not np.isfinite(keys) or keys < 0 \
+                or self.idle(tokens, seconds, keys):
             return
+        x = np.array([1.0, float(tokens), keys * _KEYS_SCALE])
         d = self.decay
-        self.w, self.sn, self.snn = d * self.w + 1, d * self.sn + tokens, d * self.snn + tokens * tokens
-        self.st, self.snt = d * self.st + seconds, d * self.snt + tokens * seconds
+        self.xx = d * self.xx + np.outer(x, x)
+        self.xy = d * self.xy + x * seconds
+        self.yy = d * self.yy + seconds * seconds
         self.samples += 1
+        self._stale = True
 
-    def idle(self, tokens: int, seconds: float) -> bool:
+    def idle(self, tokens: int, seconds: float, keys: float = 0.0) -> bool:
         """Whether a step of ``tokens`` query tokens that took ``seconds`` was far slower than
         predicted: the engine sat idle between requests (not a step's cost)."""
-        return self.samples >= 4 and seconds > self.idle_factor * self.seconds(tokens)
+        return self.samples >= 4 and seconds > self.idle_factor * self.seconds(tokens, keys)
 
-    def coefficients(self) -> tuple[float, float]:
-        """``(a, b)``: seconds per step and per query token; (0, 0) before any step."""
+    @property
+    def w(self) -> float:
+        """The steps' decayed count."""
+        return float(self.xx[0, 0])
+
+    def coefficients(self) -> CostFit:
+        """Seconds per step, per query token and per key attended; (0, 0, 0) before any step."""
         if self.w == 0:
-            return 0.0, 0.0
+            return CostFit(0.0, 0.0, 0.0)
         fit = self.fit()
         if fit is not None:
             return fit
-        mean_n, mean_t = self.sn / self.w, self.st / self.w
+        mean_n, mean_t = self.xx[0, 1] / self.w, self.xy[0] / self.w
         a = mean_t / (1 + self.prior_ratio * mean_n)
-        return a, self.prior_ratio * a
+        return CostFit(a, self.prior_ratio * a, 0.0)
 
     @property
     def fitted(self) -> bool:
-        """Whether the steps seen tell ``a`` from ``b`` (the coefficients are no prior's)."""
+        """Whether the steps seen tell ``a`` from the rest (the coefficients are no prior's)."""
         return self.fit() is not None
 
-    def fit(self) -> Optional[tuple[float, float]]:
-        """The least-squares ``(a, b)`` where the steps vary enough in size and ``b > 0``; a
-        negative ``a`` (a step's cost all per token there: the engine is compute-bound at that
-        size) is fitted again through the origin."""
-        if self.w == 0:
-            return None
-        mean_n, mean_t = self.sn / self.w, self.st / self.w
-        var_n = self.snn / self.w - mean_n * mean_n
-        if var_n <= 0.25:
-            return None
-        b = (self.snt / self.w - mean_n * mean_t) / var_n
-        if b <= 0:
-            return None
-        a = mean_t - b * mean_n
-        if a < 0:
-            return 0.0, self.snt / self.snn
-        return a, b
+    def fit(self) -> Optional[CostFit]:
+        """The least-squares coefficients, each at least 0, over the columns that pay for
+        themselves (the lowest Bayesian information criterion among the constrained fits), where
+        the steps vary enough in size and a token or a key costs something; else None."""
+        if self._stale:
+            self._fit, self._stale = self._solve(), False
+        return self._fit
 
-    def seconds(self, tokens: int) -> float:
-        a, b = self.coefficients()
-        return a + b * tokens
+    def _solve(self) -> Optional[CostFit]:
+        w = self.w
+        if w == 0:
+            return None
+        mean_n = self.xx[0, 1] / w
+        if self.xx[1, 1] / w - mean_n * mean_n <= 0.25:
+            return None
+        tol = 1e-9 * self.xy[0] / w
+        floor = 1e-12 * max(self.yy, 1e-30)  # an exact fit's residual (the criterion's logarithm stays finite)
+        best: Optional[tuple[float, np.ndarray]] = None
+        for face in self._FACES:
+            if 2 in face and self.xx[2, 2] <= 0:
+                continue
+            idx = list(face)
+            m = self.xx[np.ix_(idx, idx)]
+            if np.linalg.cond(m) > 1e12:
+                continue
+            beta = np.linalg.solve(m, self.xy[idx])
+            # each column's share of the mean step (a share within rounding of 0 is 0)
+            share = beta * self.xx[0, idx] / w
+            if np.any(share < -tol) or sum(x for x, col in zip(share, face) if col != 0) <= tol:
+                continue
+            beta = np.maximum(beta, 0.0)
+            rss = max(self.yy - 2 * float(beta @ self.xy[idx]) + float(beta @ m @ beta), floor)
+            score = w * np.log(rss / w) + len(face) * np.log(max(w, 2.0))
+            if best is None or score < best[0] - 1e-9:
+                full = np.zeros(3)
+                full[idx] = beta
+                best = (score, full)
+        if best is None:
+            return None
+        a, b, c = best[1]
+        return CostFit(float(a), float(b), float(c) * _KEYS_SCALE)
+
+    def seconds(self, tokens: int, keys: float = 0.0) -> float:
+        a, b, c = self.coefficients()
+        return a + b * tokens + c * keys
 
 
-def allocate(probabilities: Sequence[np.ndarray], a: float, b: float, overhead: float = 0.0) -> list[int]:
+def allocate(probabilities: Sequence[np.ndarray], a: float, b: float, overhead: float = 0.0,
+             weights: Optional[Sequence[float]] = None) -> list[int]:
     """Each request's chain length for the most expected tokens per second of the batch.
 
     Args:
@@ -216,40 +273,51 @@ def allocate(probabilities: Sequence[np.ndarray], a: float, b: float, overhead: 
             (non-increasing along the chain).
         a, b: the step's seconds, ``a + b * query tokens``.
         overhead: seconds the step spends besides the pass (drafting itself).
+        weights: per request, its query tokens' cost in units of ``b`` (a row's token costs
+            ``b * weights[i]``, its own one included; by its context, :class:`CostFit`); None: 1.
 
     Returns:
         Per request, how many of its chain's tokens to verify (0: a plain step).
     """
-    return allocate_prices(probabilities, a, [b], overhead)[0]
+    return allocate_prices(probabilities, a, [b], overhead, weights)[0]
 
 
 def allocate_prices(probabilities: Sequence[np.ndarray], a: float, prices: Sequence[float],
-                    overhead: float = 0.0) -> list[list[int]]:
+                    overhead: float = 0.0, weights: Optional[Sequence[float]] = None) -> list[list[int]]:
     """:func:`allocate` at each of several prices ``b`` of a draft token, in one pass over the
-    positions sorted once: per price, the lengths ``allocate(probabilities, a, b, overhead)``
-    gives (a higher price stops the same greedy allocation sooner)."""
+    positions sorted once: per price, the lengths ``allocate(probabilities, a, b, overhead, weights)``
+    gives (a higher price stops the same greedy allocation sooner).
+
+    Positions are taken by their probability over their row's weight, highest first (within a
+    row, in order), while one more token raises the batch's expected tokens per second: the
+    greedy order of a ratio's maximum, each level's lengths the best the brute force finds."""
     rows = len(probabilities)
-    out = [[len(p) for p in probabilities] if b <= 0 else [0] * rows for b in prices]
+    unit = [1.0] * rows if weights is None else [float(x) for x in weights]
+    if len(unit) != rows or any(not np.isfinite(x) or x < 0 for x in unit):
+        raise ValueError(f"weights must be one finite number >= 0 per request, got {weights!r}")
+    out = [[len(p) for p in probabilities] if b <= 0 else [len(p) if unit[i] == 0 else 0
+                                                            for i, p in enumerate(probabilities)] for b in prices]
     # a token that costs nothing (or nothing is known yet that says it does): all of them
     active = [k for k, b in enumerate(prices) if b > 0]
     if not active:
         return out
-    expected = [float(rows)] * len(prices)  # every request emits at least one token
-    seconds = [a + overhead + b * rows for b in prices]
-    order = sorted(((float(p[j]), i, j) for i, p in enumerate(probabilities) for j in range(len(p))),
-                   key=lambda item: (-item[0], item[2]))
+    expected = [float(rows) + sum(float(p.sum()) for p, x in zip(probabilities, unit) if x == 0)] * len(prices)
+    total = sum(unit)
+    seconds = [a + overhead + b * total for b in prices]  # every request emits at least one token
+    order = sorted(((float(p[j]), i, j) for i, p in enumerate(probabilities) if unit[i] > 0 for j in range(len(p))),
+                   key=lambda item: (-item[0] / unit[item[1]], item[2]))
     for prob, i, j in order:
         for k in active:
             lengths = out[k]
             if j != lengths[i]:  # a position whose parent was not taken (ties): its chain stops here
                 continue
-            b = prices[k]
-            if prob * seconds[k] <= b * expected[k]:  # one more token no longer raises tokens per second
+            price = prices[k] * unit[i]
+            if prob * seconds[k] <= price * expected[k]:  # one more token no longer raises tokens per second
                 active = [x for x in active if x != k]
                 continue
             lengths[i] += 1
             expected[k] += prob
-            seconds[k] += b
+            seconds[k] += price
         if not active:
             break
     return out

@@ -48,7 +48,7 @@ import numpy as np
 
 from latticekit.drafting.arms import ArmStats, choose_arm, probe_outcome
 from latticekit.drafting.calibration import AcceptanceModel
-from latticekit.drafting.chains import BatchCosts, ChainDrafter, allocate_prices
+from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate_prices
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
@@ -76,6 +76,9 @@ class _Step(NamedTuple):
     #: level would have verified, whose outcome the step tells exactly (a chain's accepted
     #: prefix does not depend on how far it goes on)
     chains: dict[str, dict[Any, int]]
+    #: per drafting row (request key), its context (tokens) when it drafted: a draft token's
+    #: fitted cost is ``b + c * context`` (:class:`~latticekit.drafting.chains.CostFit`)
+    contexts: Optional[dict[Any, int]] = None
 
 
 #: Decay per drafted step of the accepted and expected sums that correct the estimates.
@@ -217,6 +220,7 @@ class NGramProposer:
         self.states: "OrderedDict[Any, ChainDrafter]" = OrderedDict()
         self._last_end: Optional[float] = None
         self._verify_tokens: Optional[int] = None  # query tokens the next step holds if no request prefills
+        self._verify_keys = 0.0  # ... and the keys they attend (per row, its query tokens times its context)
         self._draft_s = 0.0  # running mean of a drafting call's own seconds
         #: per load bucket, the arms' outcomes (learnt where the step costs are measured, not given)
         self.loads: dict[int, _Load] = {}
@@ -248,17 +252,19 @@ class NGramProposer:
             accepted = emitted - sum(1 for s in sampled_token_ids if s)  # a row emits its accepted drafts and one
             keys = self._row_keys(rows)
             self._learn(pending, start, sampled_token_ids, keys, _scheduled_tokens(slot_mappings))
-            out, arm, expected, chains = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, keys)
+            out, arm, expected, chains, contexts = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                                                                 keys)
         except Exception as exc:  # never the engine's problem
             self._failed("propose", exc)
-            out, arm, expected, accepted, chains = [[] for _ in range(rows)], "plain", 0.0, 0, {}
+            out, arm, expected, accepted, chains, contexts = [[] for _ in range(rows)], "plain", 0.0, 0, {}, None
         end = self.clock()
         spent = end - start
         if arm != "plain":
             self._draft_s = spent if self._draft_s == 0 else 0.9 * self._draft_s + 0.1 * spent
         drafts = sum(len(chain) for chain in out)
         self._verify_tokens = rows + drafts
-        self._pending = _Step(load_bucket(rows), arm, spent, expected, chains)
+        self._verify_keys = self._keys(num_tokens_no_spec, out) if self.config.context_costs else 0.0
+        self._pending = _Step(load_bucket(rows), arm, spent, expected, chains, contexts)
         self.counters["calls"] += 1
         self.counters["rows"] += rows
         self.counters[f"steps_{arm}"] += 1
@@ -295,25 +301,31 @@ class NGramProposer:
         engine_s = start - self._last_end
         if tokens is None or self._verify_tokens is None or tokens > self._verify_tokens:
             return
-        if self.costs.idle(tokens, engine_s):
+        attended = self._verify_keys
+        if self.costs.idle(tokens, engine_s, attended):
             return
-        self.costs.add(tokens, engine_s)
+        self.costs.add(tokens, engine_s, attended)
         if self.config.step_costs is not None:
             return
         load = self._load(pending.bucket)
-        load.costs.add(tokens, engine_s)
+        load.costs.add(tokens, engine_s, attended)
         if pending.chains:
             accepted = {key: len(s) - 1 for key, s in zip(keys, sampled) if s}
-            b = self._coefficients(pending.bucket)[1]
+            _, b, c = self._coefficients(pending.bucket)
+            contexts = pending.contexts or {}
             run = pending.chains[pending.arm]
-            drafted = sum(run.values())
+
+            def cost(chains: dict[Any, int]) -> float:  # the fitted seconds of these draft tokens
+                return sum(n * (b + c * contexts.get(key, 0)) for key, n in chains.items())
+
+            drafted = cost(run)
             for arm, chains in pending.chains.items():  # the arms less eager than the one run
                 if arm != pending.arm and all(n <= run.get(key, 0) for key, n in chains.items()):
                     got = rows_emitting + sum(min(n, accepted.get(key, 0)) for key, n in chains.items())
-                    saved = b * (drafted - sum(chains.values()))
+                    saved = drafted - cost(chains)
                     load.record(arm, got, max(engine_s - saved, 0.5 * engine_s) + pending.draft_s)
             if pending.arm != "plain":
-                load.record("plain", rows_emitting, max(engine_s - b * drafted, 0.5 * engine_s))
+                load.record("plain", rows_emitting, max(engine_s - drafted, 0.5 * engine_s))
         load.record(pending.arm, emitted, engine_s + pending.draft_s)
 
     @property
@@ -337,9 +349,9 @@ class NGramProposer:
             load = self.loads[bucket] = _Load(self.config.prior_ratio)
         return load
 
-    def _coefficients(self, bucket: int) -> tuple[float, float]:
-        """The step costs ``(a, b)`` at a load bucket: its own fit where its steps tell ``a``
-        from ``b``, else the fit over every load. An engine's step need not be one line across
+    def _coefficients(self, bucket: int) -> CostFit:
+        """The step costs ``(a, b, c)`` at a load bucket: its own fit where its steps tell ``a``
+        from the rest, else the fit over every load. An engine's step need not be one line across
         loads (a pass of a few query tokens may be bound by reading the weights, a busy one by
         its tokens' compute); on vLLM's CPU build with SmolLM2 the fits per load came out within
         4.8-6.2 ms a token, the fixed part growing from 129 ms at one request to 177 ms at 16."""
@@ -347,14 +359,26 @@ class NGramProposer:
         fit = load.costs.fit() if load is not None else None
         return fit if fit is not None else self.costs.coefficients()
 
+    @staticmethod
+    def _keys(lengths: Any, out: list[list[int]]) -> float:
+        """The keys the next step's queries attend: per row, its query tokens (its last token
+        and its drafts) times its context."""
+        try:
+            context = np.asarray(lengths[:len(out)], dtype=np.float64)
+            return float(context @ np.array([1 + len(chain) for chain in out], dtype=np.float64))
+        except Exception:  # a buffer not as vLLM hands it: the step's keys are not known
+            return 0.0
+
     def _propose(self, sampled: list[list[int]], lengths: np.ndarray, buffer: np.ndarray,
-                 keys: list[Any]) -> tuple[list[list[int]], str, float, dict[str, dict[Any, int]]]:
-        """The chains, the arm that chose them, the accepted tokens the estimates expect, and
-        per arm no more eager, the chain lengths it would have chosen (:class:`_Step`)."""
+                 keys: list[Any]) -> tuple[list[list[int]], str, float, dict[str, dict[Any, int]],
+                                           Optional[dict[Any, int]]]:
+        """The chains, the arm that chose them, the accepted tokens the estimates expect, per
+        arm no more eager the chain lengths it would have chosen, and the drafting rows'
+        contexts (:class:`_Step`)."""
         rows = len(sampled)
         arm = self._arm(rows)
         if arm == "plain":  # no drafting work at all (the states catch up when drafting resumes)
-            return [[] for _ in range(rows)], arm, 0.0, {}
+            return [[] for _ in range(rows)], arm, 0.0, {}, None
         cap = self._schedule[min(rows, len(self._schedule) - 1)] if self._schedule is not None else None
         prepared: list[Optional[tuple[ChainDrafter, int]]] = [None] * rows
         for i in range(rows):
@@ -379,32 +403,39 @@ class NGramProposer:
             chains.append(chain)
             probabilities.append(np.minimum(prob * correction, 1.0))
         if self.config.step_costs is not None:
-            a, b = self.config.step_costs
+            a, b, c = (*self.config.step_costs, 0.0)
         else:
-            a, b = self._coefficients(load_bucket(rows))
-        if a == 0 and b == 0:  # no step measured yet: a token at the prior's price
+            a, b, c = self._coefficients(load_bucket(rows))
+        if a == 0 and b == 0 and c == 0:  # no step measured yet: a token at the prior's price
             a, b = 1.0, self.config.prior_ratio
+        context = [int(lengths[i]) for i in range(rows)]
+        # a row's query token costs b + c * its context (the keys it attends): the allocation's
+        # weights, in seconds, with each level's price a multiple of them
+        weights = [b + c * n for n in context]
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
         lengths_by_arm: dict[str, dict[Any, int]] = {}
         levels = (arm, *(other for other in LEVELS if LEVELS[other] > LEVELS[arm]))
-        prices = [b * LEVELS[level] for level in levels]
-        for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s)):
-            chosen, expected = self._repaid(probabilities, allocated, a, price)
+        prices = [LEVELS[level] for level in levels]
+        for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s,
+                                                                           weights)):
+            chosen, expected = self._repaid(probabilities, allocated, a, price, weights)
             lengths_by_arm[level] = {keys[i]: n for i, n in enumerate(chosen) if n}
             if level == arm:
                 out = [chain[:n].tolist() for chain, n in zip(chains, chosen)]
                 arm_expected = expected
-        return out, arm, arm_expected, lengths_by_arm
+        drafting = {keys[i]: context[i] for i, chain in enumerate(chains) if len(chain)}
+        return out, arm, arm_expected, lengths_by_arm, drafting
 
-    def _repaid(self, probabilities: list[np.ndarray], chosen: list[int], a: float,
-                b: float) -> tuple[list[int], float]:
-        """The chain lengths a draft token priced at ``b`` seconds allocated (``chosen``), or none
-        unless the drafts repay the drafting too, against a step that drafts nothing at all; and
-        the accepted tokens they expect."""
+    def _repaid(self, probabilities: list[np.ndarray], chosen: list[int], a: float, price: float,
+                weights: list[float]) -> tuple[list[int], float]:
+        """The chain lengths a row's query token priced at ``price * weights[row]`` seconds
+        allocated (``chosen``), or none unless the drafts repay the drafting too, against a step
+        that drafts nothing at all; and the accepted tokens they expect."""
         expected = sum(float(p[:n].sum()) for p, n in zip(probabilities, chosen))
-        drafts = sum(chosen)
         rows = len(probabilities)
-        if not drafts or (rows + expected) / (a + self._draft_s + b * (rows + drafts)) <= rows / (a + b * rows):
+        plain = a + price * sum(weights)
+        drafts = price * sum(w * n for w, n in zip(weights, chosen))
+        if not any(chosen) or (rows + expected) / (plain + self._draft_s + drafts) <= rows / plain:
             return [0] * rows, 0.0
         return chosen, expected
 
@@ -485,14 +516,14 @@ class NGramProposer:
 
     def stats(self) -> dict[str, Any]:
         """The counters, the fitted step costs and the request states held."""
-        a, b = self.costs.coefficients()
+        a, b, c = self.costs.coefficients()
         memory = {"memory_tokens": len(self.memory), "memory_answers": self.memory.added} if self.memory is not None \
             else {}
         arms = {str(bucket): {arm: [round(o.rate, 3), o.steps] for arm, o in load.arms.items()}
                 for bucket, load in sorted(self.loads.items())}
         load_costs = {str(bucket): list(load.costs.coefficients()) for bucket, load in sorted(self.loads.items())
                       if load.costs.fitted}
-        return {**self.counters, "step_costs": [a, b], "load_step_costs": load_costs, "states": len(self.states),
+        return {**self.counters, "step_costs": [a, b, c], "load_step_costs": load_costs, "states": len(self.states),
                 "pid": os.getpid(),
                 "correction": self.correction, "arms": arms, **memory}
 

@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticekit.drafting.calibration import AcceptanceModel
-from latticekit.drafting.chains import BatchCosts, ChainDrafter, allocate, allocate_prices
+from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate, allocate_prices
 from latticekit.drafting.drafters.ngram import uniform_lm
 from latticekit.errors import ProposerConfigError
 from latticekit.lattice import SausageLattice
@@ -29,9 +29,11 @@ from vllm_helpers import rss_mb
 ARPA = Path(__file__).resolve().parents[1] / "data" / "words-small-katz2.arpa.gz"
 
 
-def objective(probabilities: list[np.ndarray], lengths: list[int], a: float, b: float, overhead: float) -> float:
+def objective(probabilities: list[np.ndarray], lengths: list[int], a: float, b: float, overhead: float,
+              weights: Optional[list[float]] = None) -> float:
+    weights = [1.0] * len(probabilities) if weights is None else weights
     expected = len(probabilities) + sum(float(p[:n].sum()) for p, n in zip(probabilities, lengths))
-    return expected / (a + overhead + b * (len(probabilities) + sum(lengths)))
+    return expected / (a + overhead + b * sum(w * (1 + n) for w, n in zip(weights, lengths)))
 
 
 chains = st.lists(st.lists(st.floats(0.0, 1.0), max_size=4).map(lambda xs: np.sort(np.array(xs))[::-1]),
@@ -47,6 +49,30 @@ def test_allocate_maximises_tokens_per_second_like_brute_force(probabilities: li
     best = max(objective(probabilities, list(lengths), a, b, overhead)
                for lengths in itertools.product(*(range(len(p) + 1) for p in probabilities)))
     assert objective(probabilities, got, a, b, overhead) == pytest.approx(best, rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(chains.flatmap(lambda ps: st.tuples(st.just(ps), st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0]) |
+                                                                 st.floats(0.01, 10.0),
+                                                                 min_size=len(ps), max_size=len(ps)))),
+       st.floats(0.01, 1.0), st.floats(0.001, 0.5), st.floats(0.0, 0.2))
+def test_allocate_with_a_price_per_row_maximises_tokens_per_second_like_brute_force(
+        given_rows: tuple[list[np.ndarray], list[float]], a: float, b: float, overhead: float) -> None:
+    """A row's draft token costs ``b`` times its weight (its context's keys priced in): the
+    lengths are the brute force's best, and each level's lengths in one pass are allocate's."""
+    probabilities, weights = given_rows
+    got = allocate(probabilities, a, b, overhead, weights)
+    assert all(0 <= n <= len(p) for n, p in zip(got, probabilities))
+    best = max(objective(probabilities, list(lengths), a, b, overhead, weights)
+               for lengths in itertools.product(*(range(len(p) + 1) for p in probabilities)))
+    assert objective(probabilities, got, a, b, overhead, weights) == pytest.approx(best, rel=1e-9, abs=1e-12)
+    for price, lengths in zip((b, 4 * b, 0.25 * b), allocate_prices(probabilities, a, [b, 4 * b, 0.25 * b], overhead,
+                                                                    weights)):
+        assert lengths == allocate(probabilities, a, price, overhead, weights)
+    assert allocate(probabilities, a, b, overhead, [1.0] * len(probabilities)) == allocate(probabilities, a, b,
+                                                                                          overhead)
+    with pytest.raises(ValueError, match="weights"):
+        allocate(probabilities, a, b, overhead, [-1.0] * len(probabilities))
 
 
 @settings(max_examples=200, deadline=None)
@@ -78,22 +104,90 @@ def test_drafts_shrink_as_the_batch_grows() -> None:
 
 def test_batch_costs_recover_a_linear_step_and_skip_idle_gaps() -> None:
     costs = BatchCosts()
-    assert costs.coefficients() == (0.0, 0.0)
+    assert costs.coefficients() == (0.0, 0.0, 0.0)
     rng = np.random.default_rng(0)
     for _ in range(300):
         n = int(rng.integers(1, 40))
         costs.add(n, 0.05 + 0.004 * n + rng.normal(0, 0.0005))
     costs.add(3, 30.0)  # the engine sat idle between requests: not a step's cost
-    a, b = costs.coefficients()
-    assert a == pytest.approx(0.05, rel=0.05) and b == pytest.approx(0.004, rel=0.05)
+    a, b, c = costs.coefficients()
+    assert a == pytest.approx(0.05, rel=0.05) and b == pytest.approx(0.004, rel=0.05) and c == 0
     flat = BatchCosts(prior_ratio=0.1)
     for _ in range(20):
         flat.add(1, 0.11)  # one size only: b from the prior ratio
-    assert flat.coefficients() == pytest.approx((0.1, 0.01)) and not flat.fitted
+    assert flat.coefficients() == pytest.approx((0.1, 0.01, 0.0)) and not flat.fitted
     busy = BatchCosts()
     for n in range(16, 60):  # all per token, a little under the line through the origin at the small end
         busy.add(n, 0.015 * n - (0.01 if n < 20 else 0.0))
-    assert busy.fitted and busy.coefficients() == pytest.approx((0.0, 0.0148), abs=2e-4)  # refitted through 0
+    assert busy.fitted and busy.coefficients() == pytest.approx((0.0, 0.0148, 0.0), abs=2e-4)  # refitted through 0
+
+
+def test_batch_costs_price_a_token_by_the_keys_it_attends_where_contexts_vary() -> None:
+    """Steps of one request at contexts from 64 to 1,536 tokens, a draft token costing 2 ms plus
+    3 µs a key (vLLM's CPU build measured about that, benchmarks/vllm_draft_cost.py): the fit
+    finds both; at one context alone it cannot tell them apart and prices the token there."""
+    rng = np.random.default_rng(1)
+    costs, one = BatchCosts(), BatchCosts()
+    for _ in range(400):
+        context, tokens = int(rng.integers(64, 1536)), int(rng.integers(1, 9))
+        keys = tokens * context
+        costs.add(tokens, 0.07 + 0.002 * tokens + 3e-6 * keys + rng.normal(0, 0.002), keys)
+        one.add(tokens, 0.07 + 0.002 * tokens + 3e-6 * tokens * 1000 + rng.normal(0, 0.002), tokens * 1000)
+    a, b, c = costs.coefficients()
+    assert a == pytest.approx(0.07, rel=0.05) and b == pytest.approx(0.002, rel=0.15) and c == pytest.approx(3e-6,
+                                                                                                            rel=0.1)
+    assert costs.seconds(4, 4 * 1500) == pytest.approx(0.07 + 0.008 + 0.018, rel=0.02)
+    a, b, c = one.coefficients()  # one context: a token's price there, one number
+    assert a == pytest.approx(0.07, rel=0.05) and (b + c * 1000) == pytest.approx(0.005, rel=0.05)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 3000), st.floats(0.001, 1.0)), min_size=3, max_size=30),
+       st.floats(0.9, 1.0))
+def test_batch_costs_are_the_least_squares_the_brute_force_finds(steps: list[tuple[int, int, float]],
+                                                                 decay: float) -> None:
+    """Against every subset of the columns fitted afresh from the raw steps (weighted least
+    squares, numpy's lstsq): the fit is the one of lowest information criterion among those
+    whose coefficients are all >= 0 (within rounding) and price a token or a key, or None where the steps do not
+    vary in size or no such fit exists."""
+    costs = BatchCosts(decay=decay, idle_factor=float("inf"))
+    for tokens, context, seconds in steps:
+        costs.add(tokens, seconds, tokens * context)
+    n = len(steps)
+    weight = decay ** np.arange(n - 1, -1, -1)
+    x = np.array([[1.0, t, t * ctx * 1e-3] for t, ctx, _ in steps])
+    y = np.array([s for _, _, s in steps])
+    w = weight.sum()
+    if (weight @ x[:, 1] ** 2) / w - ((weight @ x[:, 1]) / w) ** 2 <= 0.25:
+        assert costs.fit() is None
+        return
+    root = np.sqrt(weight)
+    floor = 1e-12 * max(float(weight @ y ** 2), 1e-30)
+    found = []
+    for face in ((0, 1, 2), (0, 1), (0, 2), (1, 2), (1,), (2,)):
+        cols = x[:, list(face)]
+        if np.linalg.cond((cols * weight[:, None]).T @ cols) > 1e12:
+            continue
+        beta = np.linalg.lstsq(cols * root[:, None], y * root, rcond=None)[0]
+        share = beta * (weight @ cols) / w  # each column's share of the mean step
+        tol = 1e-9 * float(weight @ y) / w
+        if np.any(share < -tol) or sum(x for x, col in zip(share, face) if col) <= tol:
+            continue
+        beta = np.maximum(beta, 0.0)
+        rss = max(float(weight @ (y - cols @ beta) ** 2), floor)
+        full = np.zeros(3)
+        full[list(face)] = beta
+        found.append((w * np.log(rss / w) + len(face) * np.log(max(w, 2.0)), full))
+    got = costs.fit()
+    if not found:
+        assert got is None
+        return
+    scores = sorted(score for score, _ in found)
+    if len(scores) > 1 and scores[1] - scores[0] < 1e-6 * max(1.0, abs(scores[0])):
+        return  # two fits as good: either may be taken
+    best = min(found, key=lambda item: item[0])[1]
+    assert got is not None
+    assert np.array(got) == pytest.approx(best * np.array([1, 1, 1e-3]), rel=1e-5, abs=1e-9)
 
 
 def test_step_costs_are_fitted_per_load_where_the_engine_is_no_one_line() -> None:
@@ -110,15 +204,16 @@ def test_step_costs_are_fitted_per_load_where_the_engine_is_no_one_line() -> Non
         step(1, one, 0.12 + 0.001 * one)  # one request: reading the weights dominates
         busy = int(rng.integers(16, 60))
         step(16, busy, 0.05 + 0.012 * busy)  # 16 requests: every token adds its compute
-    assert proposer._coefficients(load_bucket(16)) == pytest.approx((0.05, 0.012))  # the busy steps' own line
-    assert proposer._coefficients(1) == pytest.approx((0.12, 0.001))  # and one request's own
-    a, b = proposer.costs.coefficients()  # the fit over every load: neither
+    assert proposer._coefficients(load_bucket(16)) == pytest.approx((0.05, 0.012, 0.0))  # the busy steps' own line
+    assert proposer._coefficients(1) == pytest.approx((0.12, 0.001, 0.0))  # and one request's own
+    a, b, _ = proposer.costs.coefficients()  # the fit over every load: neither
     assert b > 2 * 0.001 and a < 0.12 - 0.02
     for _ in range(20):  # two requests, always the same size of step: no line of their own, the fit over all
         step(2, 2, 0.13)
     assert not proposer.loads[load_bucket(2)].costs.fitted
     assert proposer._coefficients(load_bucket(2)) == proposer.costs.coefficients()
-    assert proposer.stats()["load_step_costs"] == {"1": pytest.approx([0.12, 0.001]), "5": pytest.approx([0.05, 0.012])}
+    assert proposer.stats()["load_step_costs"] == {"1": pytest.approx([0.12, 0.001, 0.0]),
+                                                   "5": pytest.approx([0.05, 0.012, 0.0])}
 
 
 def test_chain_drafter_follows_the_repeated_text_and_learns() -> None:
@@ -143,6 +238,8 @@ def test_config_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.Monk
         speculative_config(8, lm=str(tmp_path / "missing.arpa"))
     with pytest.raises(ProposerConfigError, match="step_costs"):
         ProposerConfig.from_dict({"step_costs": [0, 1]})
+    with pytest.raises(ProposerConfigError, match="context_costs must be true or false"):
+        ProposerConfig.from_dict({"context_costs": "yes"})
     with pytest.raises(ProposerConfigError, match="not valid JSON"):
         ProposerConfig.from_env({ENV: "{nope"})
     with pytest.raises(ProposerConfigError, match="cannot be read"):
@@ -394,8 +491,8 @@ def test_a_drafted_step_is_the_outcome_of_every_less_eager_arm_on_the_same_rows(
     proposer = NGramProposer(engine_config(), ProposerConfig())
     for n in (1, 5, 10, 20):  # the engine's steps: 0.1 s + 10 ms a query token
         proposer.costs.add(n, 0.1 + 0.01 * n)
-    a, b = proposer.costs.coefficients()
-    assert (a, b) == pytest.approx((0.1, 0.01))
+    a, b, c = proposer.costs.coefficients()
+    assert (a, b, c) == pytest.approx((0.1, 0.01, 0.0))
     proposer._last_end, proposer._verify_tokens = 0.0, 3 + 9
     # eager drafted 5 tokens for r0 and 4 for r1; the step accepted 4 of r0's and none of r1's, and
     # r2 (no draft) emitted its one token; model would have drafted 3 and 1, lean 1 and none
@@ -418,6 +515,48 @@ def test_a_drafted_step_is_the_outcome_of_every_less_eager_arm_on_the_same_rows(
     proposer._last_end, proposer._verify_tokens = 0.0, 2
     proposer._learn(_Step(1, "plain", 0.0, 0.0, {}), 0.12, [[1], [2]], ["r0", "r1"], tokens=2)
     assert arms["plain"].steps == 3 and arms["eager"].steps == 1
+
+
+def test_the_draft_tokens_an_arm_leaves_out_are_priced_by_their_rows_context() -> None:
+    """With a key's price fitted, a less eager arm's seconds are the step's less what its left-out
+    draft tokens cost at their own rows' contexts; and the next step's keys (its query tokens
+    times their contexts) go into the fit."""
+    proposer = NGramProposer(engine_config(), ProposerConfig())
+    for tokens, context in itertools.product((1, 3, 6, 9), (100, 800, 2000)):
+        proposer.costs.add(tokens, 0.1 + 0.002 * tokens + 4e-6 * tokens * context, tokens * context)
+    _, b, c = proposer.costs.coefficients()
+    assert (b, c) == pytest.approx((0.002, 4e-6))
+    proposer._last_end, proposer._verify_tokens, proposer._verify_keys = 0.0, 2 + 6, 4 * 2000 + 4 * 100
+    chains = {"eager": {"long": 3, "short": 3}, "model": {"long": 1, "short": 3}}
+    step = 0.1 + 0.002 * 8 + 4e-6 * (4 * 2000 + 4 * 100)
+    proposer._learn(_Step(1, "eager", 0.0, 2.0, chains, {"long": 2000, "short": 100}), step, [[1, 2], [3, 4, 5, 6]],
+                    ["long", "short"], tokens=8)
+    arms = proposer.loads[1].arms
+    assert arms["model"].seconds == pytest.approx(step - 2 * (b + c * 2000))
+    assert arms["plain"].seconds == pytest.approx(step - 3 * (b + c * 2000) - 3 * (b + c * 100))
+    assert proposer.costs.seconds(8, 4 * 2000 + 4 * 100) == pytest.approx(step)
+    assert NGramProposer._keys(np.array([2000, 100, 7]), [[1, 2, 3], [], [5]]) == 4 * 2000 + 100 + 2 * 7
+    for context_costs in (True, False):  # a step through propose: its keys go into the next fit, or not
+        flat = NGramProposer(engine_config(k=4, max_model_len=4096), ProposerConfig(context_costs=context_costs))
+        buffer = np.zeros((2, 4096), dtype=np.int64)
+        buffer[:, :300] = np.tile(np.arange(10), 30)
+        out = flat.propose([[9], [9]], np.array([300, 120]), buffer)
+        assert flat._verify_keys == (NGramProposer._keys(np.array([300, 120]), out) if context_costs else 0.0)
+        assert flat._verify_keys > 0 or not context_costs
+
+
+def test_a_long_rows_drafts_cost_more_and_are_cut_first() -> None:
+    """Two requests drafting the same chain, one after 64 tokens and one after 3,000: with a key
+    priced, the long request's chain is the shorter; without, both are equal."""
+    from latticekit.vllm.proposer import LEVELS
+
+    probabilities = [np.array([0.9, 0.6, 0.3, 0.15, 0.08])] * 2
+    a = 0.1
+    flat = allocate(probabilities, a, 0.004)
+    assert flat[0] == flat[1] > 0
+    priced = allocate(probabilities, a, LEVELS["model"], weights=[0.002 + 2e-6 * 64, 0.002 + 2e-6 * 3000])
+    assert priced[0] > priced[1]
+    assert CostFit(0.1, 0.002) == (0.1, 0.002, 0.0)
 
 
 def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattice(tmp_path: Path) -> None:
