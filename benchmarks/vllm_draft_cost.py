@@ -1,8 +1,9 @@
 """What a draft token costs a vLLM step, by the request's context length.
 
-latticekit's vLLM proposer prices a draft token at the slope of its fit of the engine's step
-seconds, ``a + b * query tokens`` (``latticekit.drafting.chains.BatchCosts``): one price per
-load, whatever the requests' lengths. This measures whether that is so. One engine (vLLM's CPU
+latticekit's vLLM proposer priced a draft token at the slope of its fit of the engine's step
+seconds, ``a + b * query tokens``: one price per load, whatever the requests' lengths. This
+measured that it is not so (it now fits ``a + b * tokens + c * keys``,
+``latticekit.drafting.chains.BatchCosts``). One engine (vLLM's CPU
 build, SmolLM2-135M-Instruct float32, in this process) with a ``custom_class`` proposer that
 drafts K copies of one token per request at every step (:class:`FixedProposer`; the drafts are
 rejected, so every step emits one token and the steps are as many as the tokens), decoding

@@ -13,13 +13,15 @@ forward pass. Two things decide what a chain should be:
    learnt online from every request's outcomes); the chain follows the most probable child
    down the candidate tree, with each position's probability of being accepted.
 2. **Per batch** (:func:`allocate`; at several prices at once, :func:`allocate_prices`): a draft
-   token is one more token in the batch's forward pass. With the engine's step seconds
-   ``a + b * tokens`` (:class:`BatchCosts`, fitted online from the steps the engine really
-   took), the lengths maximise the batch's expected tokens per second: positions are added
-   most probable first while one more token's probability exceeds ``b`` times the tokens per
-   second already expected. At one request a draft token costs little against the whole pass;
-   at high concurrency the pass is dominated by its tokens and only near-certain drafts pay,
-   or none.
+   token is one more token in the batch's forward pass, attending its request's context. With
+   the engine's step seconds ``a + b * tokens + c * keys`` (:class:`BatchCosts`, fitted online
+   from the steps the engine really took; :class:`CostFit`), a request's draft token costs
+   ``b + c * its context``, and the lengths maximise the batch's expected tokens per second:
+   positions are added by their probability over their price, highest first, while one more
+   token's probability exceeds its price times the tokens per second already expected. At one
+   request a draft token costs little against the whole pass; at high concurrency the pass is
+   dominated by its tokens and only near-certain drafts pay, or none; a long request's drafts
+   are cut before a short one's.
 
 Plain Python and numpy: nothing here imports torch or an engine.
 """
