@@ -161,15 +161,18 @@ class BatchCosts:
     online by least squares with forgetting from the steps it took.
 
     Every coefficient is at least 0 (the fit is the least-squares one under that constraint),
-    and the fit keeps ``c`` (and ``a``, ``b``) only where the steps pay for it in the Bayesian
+    and the fit keeps ``b`` and ``c`` only where the steps pay for them in the Bayesian
     information criterion: where the steps' sizes and contexts do not vary apart (one request
-    at one context), a token's price is one number, ``b``. Until the steps seen vary enough in
+    at one context), a token's price is one number, ``b``. A step has a fixed part ``a``
+    (reading the weights): the fit goes through the origin only where no fit with it has
+    every coefficient >= 0 (the step all per token). Until the steps seen vary enough in
     size to tell ``a`` from the rest, ``b`` is taken as ``prior_ratio * a``. A step far slower
     than predicted (the engine sat idle between requests) is not a cost and is left out.
     """
 
-    #: The columns of a fit: the indices of ``(1, tokens, keys)`` it keeps, the fullest first.
-    _FACES = ((0, 1, 2), (0, 1), (0, 2), (1, 2), (1,), (2,))
+    #: The columns of a fit: the indices of ``(1, tokens, keys)`` it keeps, the fullest first;
+    #: those through the origin are tried only where none with the fixed part is.
+    _FACES = (((0, 1, 2), (0, 1), (0, 2)), ((1, 2), (1,), (2,)))
 
     def __init__(self, prior_ratio: float = 1 / 16, decay: float = 0.99, idle_factor: float = 4.0) -> None:
         self.prior_ratio, self.decay, self.idle_factor = prior_ratio, decay, idle_factor
@@ -237,7 +240,9 @@ class BatchCosts:
         tol = 1e-9 * self.xy[0] / w
         floor = 1e-12 * max(self.yy, 1e-30)  # an exact fit's residual (the criterion's logarithm stays finite)
         best: Optional[tuple[float, np.ndarray]] = None
-        for face in self._FACES:
+        for face in (face for tier in self._FACES for face in tier):
+            if best is not None and 0 not in face:
+                break  # a fit with the fixed part is
             if 2 in face and self.xx[2, 2] <= 0:
                 continue
             idx = list(face)

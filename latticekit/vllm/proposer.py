@@ -79,6 +79,9 @@ class _Step(NamedTuple):
     #: per drafting row (request key), its context (tokens) when it drafted: a draft token's
     #: fitted cost is ``b + c * context`` (:class:`~latticekit.drafting.chains.CostFit`)
     contexts: Optional[dict[Any, int]] = None
+    #: the batch's rows (request keys) when it decided: a row the next call holds and this did
+    #: not is a request that joined, its prefill in that step (no verifying step's cost)
+    rows: Optional[tuple[Any, ...]] = None
 
 
 #: Decay per drafted step of the accepted and expected sums that correct the estimates.
@@ -247,6 +250,7 @@ class NGramProposer:
         rows = len(sampled_token_ids)
         pending, self._pending = self._pending, None
         self._finished_now = False
+        keys: list[Any] = list(range(rows))
         try:
             emitted = sum(len(s) for s in sampled_token_ids)
             accepted = emitted - sum(1 for s in sampled_token_ids if s)  # a row emits its accepted drafts and one
@@ -264,7 +268,7 @@ class NGramProposer:
         drafts = sum(len(chain) for chain in out)
         self._verify_tokens = rows + drafts
         self._verify_keys = self._keys(num_tokens_no_spec, out) if self.config.context_costs else 0.0
-        self._pending = _Step(load_bucket(rows), arm, spent, expected, chains, contexts)
+        self._pending = _Step(load_bucket(rows), arm, spent, expected, chains, contexts, tuple(keys))
         self.counters["calls"] += 1
         self.counters["rows"] += rows
         self.counters[f"steps_{arm}"] += 1
@@ -283,7 +287,8 @@ class NGramProposer:
         and this one's start, and the last call's drafting) for the step-cost fit and, per load
         bucket, the arms' outcomes; the draft tokens it accepted against those the estimates
         expected. Steps that prefilled a prompt (more query tokens than the last call scheduled)
-        and idle gaps are no arm's outcome.
+        and idle gaps are no arm's outcome, nor are steps a request joined (its prefill, however
+        short its prompt, after the engine sat idle, maybe).
 
         A drafted step is the outcome of its arm and, on the same rows, of every arm less eager
         (``plain`` included): each would have verified a prefix of the same chains, and a
@@ -301,6 +306,8 @@ class NGramProposer:
         engine_s = start - self._last_end
         if tokens is None or self._verify_tokens is None or tokens > self._verify_tokens:
             return
+        if pending.rows is not None and not set(keys) <= set(pending.rows):
+            return  # a request joined: its prefill ran in the step (after the engine sat idle, maybe)
         attended = self._verify_keys
         if self.costs.idle(tokens, engine_s, attended):
             return

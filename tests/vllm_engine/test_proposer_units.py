@@ -148,7 +148,8 @@ def test_batch_costs_are_the_least_squares_the_brute_force_finds(steps: list[tup
                                                                  decay: float) -> None:
     """Against every subset of the columns fitted afresh from the raw steps (weighted least
     squares, numpy's lstsq): the fit is the one of lowest information criterion among those
-    whose coefficients are all >= 0 (within rounding) and price a token or a key, or None where the steps do not
+    whose coefficients are all >= 0 (within rounding) and price a token or a key, those with
+    the fixed part first (through the origin only where none of them is), or None where the steps do not
     vary in size or no such fit exists."""
     costs = BatchCosts(decay=decay, idle_factor=float("inf"))
     for tokens, context, seconds in steps:
@@ -163,8 +164,10 @@ def test_batch_costs_are_the_least_squares_the_brute_force_finds(steps: list[tup
         return
     root = np.sqrt(weight)
     floor = 1e-12 * max(float(weight @ y ** 2), 1e-30)
-    found = []
+    found: list[tuple[float, np.ndarray]] = []
     for face in ((0, 1, 2), (0, 1), (0, 2), (1, 2), (1,), (2,)):
+        if found and 0 not in face:
+            break  # through the origin only where no fit with the fixed part is feasible
         cols = x[:, list(face)]
         if np.linalg.cond((cols * weight[:, None]).T @ cols) > 1e12:
             continue
@@ -543,6 +546,21 @@ def test_the_draft_tokens_an_arm_leaves_out_are_priced_by_their_rows_context() -
         out = flat.propose([[9], [9]], np.array([300, 120]), buffer)
         assert flat._verify_keys == (NGramProposer._keys(np.array([300, 120]), out) if context_costs else 0.0)
         assert flat._verify_keys > 0 or not context_costs
+
+
+def test_a_step_a_request_joined_is_no_steps_cost() -> None:
+    """A request of a two-token prompt joins after the engine sat idle (serving other engines, or
+    nobody): its prefill step holds fewer query tokens than the last call scheduled, but it is no
+    verifying step's cost, nor any arm's outcome; a step of the same rows is."""
+    proposer = NGramProposer(engine_config(), ProposerConfig())
+    proposer._last_end, proposer._verify_tokens = 0.0, 1 + 8
+    proposer._learn(_Step(1, "model", 0.001, 2.0, {"model": {"r0": 8}}, {"r0": 100}, ("r0",)), 5.0, [[7]], ["r1"],
+                    tokens=2)
+    assert proposer.costs.samples == 0 and not proposer.loads
+    proposer._last_end, proposer._verify_tokens = 0.0, 1 + 8
+    proposer._learn(_Step(1, "model", 0.001, 2.0, {"model": {"r1": 8}}, {"r1": 3}, ("r1",)), 0.09, [[7, 8]], ["r1"],
+                    tokens=9)
+    assert proposer.costs.samples == 1 and proposer.loads[1].arms["model"].steps == 1
 
 
 def test_a_long_rows_drafts_cost_more_and_are_cut_first() -> None:
