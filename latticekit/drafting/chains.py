@@ -28,6 +28,7 @@ Plain Python and numpy: nothing here imports torch or an engine.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import NamedTuple, Optional
 
@@ -142,6 +143,34 @@ class ChainDrafter:
 
 
 
+def _solve_gram(m: list[list[float]], r: list[float]) -> Optional[list[float]]:
+    """``m^-1 r`` for a small Gram matrix ``m`` (Gaussian elimination with partial pivoting);
+    None where its columns are collinear within rounding (its determinant under 1e-10 of the
+    product of its diagonal: Hadamard's ratio, 1 for orthogonal columns)."""
+    k = len(r)
+    a = [row[:] + [r[i]] for i, row in enumerate(m)]
+    diagonal = math.prod(m[i][i] for i in range(k))
+    det = 1.0
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda i: abs(a[i][col]))
+        if a[pivot][col] == 0:
+            return None
+        if pivot != col:
+            a[col], a[pivot] = a[pivot], a[col]
+            det = -det
+        det *= a[col][col]
+        for i in range(col + 1, k):
+            f = a[i][col] / a[col][col]
+            for j in range(col, k + 1):
+                a[i][j] -= f * a[col][j]
+    if diagonal <= 0 or abs(det) < 1e-10 * diagonal:
+        return None
+    out = [0.0] * k
+    for i in range(k - 1, -1, -1):
+        out[i] = (a[i][k] - sum(a[i][j] * out[j] for j in range(i + 1, k))) / a[i][i]
+    return out
+
+
 class CostFit(NamedTuple):
     """A step's seconds, ``a + b * tokens + c * keys``: ``tokens`` every query token of the
     batch's forward pass, ``keys`` the keys those queries attend (per row, its query tokens
@@ -176,9 +205,11 @@ class BatchCosts:
 
     def __init__(self, prior_ratio: float = 1 / 16, decay: float = 0.99, idle_factor: float = 4.0) -> None:
         self.prior_ratio, self.decay, self.idle_factor = prior_ratio, decay, idle_factor
-        self.xx = np.zeros((3, 3))  # decayed sums of x x^T, x = (1, tokens, keys / 1000)
-        self.xy = np.zeros(3)  # ... of x * seconds
-        self.yy = 0.0  # ... of seconds^2
+        # decayed sums (plain floats: a step's update and fit take microseconds) of x x^T, x =
+        # (1, tokens, keys / 1000); of x * seconds; of seconds^2
+        self.xx = [[0.0] * 3 for _ in range(3)]
+        self.xy = [0.0] * 3
+        self.yy = 0.0
         self.samples = 0
         self._fit: Optional[CostFit] = None
         self._stale = False
@@ -188,10 +219,13 @@ class BatchCosts:
         if tokens < 1 or not np.isfinite(seconds) or seconds <= 0 or not np.isfinite(keys) or keys < 0 \
                 or self.idle(tokens, seconds, keys):
             return
-        x = np.array([1.0, float(tokens), keys * _KEYS_SCALE])
+        x = (1.0, float(tokens), keys * _KEYS_SCALE)
         d = self.decay
-        self.xx = d * self.xx + np.outer(x, x)
-        self.xy = d * self.xy + x * seconds
+        for i in range(3):
+            row = self.xx[i]
+            for j in range(3):
+                row[j] = d * row[j] + x[i] * x[j]
+            self.xy[i] = d * self.xy[i] + x[i] * seconds
         self.yy = d * self.yy + seconds * seconds
         self.samples += 1
         self._stale = True
@@ -204,7 +238,7 @@ class BatchCosts:
     @property
     def w(self) -> float:
         """The steps' decayed count."""
-        return float(self.xx[0, 0])
+        return self.xx[0][0]
 
     def coefficients(self) -> CostFit:
         """Seconds per step, per query token and per key attended; (0, 0, 0) before any step."""
@@ -213,7 +247,7 @@ class BatchCosts:
         fit = self.fit()
         if fit is not None:
             return fit
-        mean_n, mean_t = self.xx[0, 1] / self.w, self.xy[0] / self.w
+        mean_n, mean_t = self.xx[0][1] / self.w, self.xy[0] / self.w
         a = mean_t / (1 + self.prior_ratio * mean_n)
         return CostFit(a, self.prior_ratio * a, 0.0)
 
@@ -234,37 +268,40 @@ class BatchCosts:
         w = self.w
         if w == 0:
             return None
-        mean_n = self.xx[0, 1] / w
-        if self.xx[1, 1] / w - mean_n * mean_n <= 0.25:
+        mean_n = self.xx[0][1] / w
+        if self.xx[1][1] / w - mean_n * mean_n <= 0.25:
             return None
         tol = 1e-9 * self.xy[0] / w
         floor = 1e-12 * max(self.yy, 1e-30)  # an exact fit's residual (the criterion's logarithm stays finite)
-        best: Optional[tuple[float, np.ndarray]] = None
+        best: Optional[tuple[float, list[float]]] = None
         for face in (face for tier in self._FACES for face in tier):
             if best is not None and 0 not in face:
                 break  # a fit with the fixed part is
-            if 2 in face and self.xx[2, 2] <= 0:
+            if 2 in face and self.xx[2][2] <= 0:
                 continue
-            idx = list(face)
-            m = self.xx[np.ix_(idx, idx)]
-            if np.linalg.cond(m) > 1e12:
+            m = [[self.xx[i][j] for j in face] for i in face]
+            r = [self.xy[i] for i in face]
+            beta = _solve_gram(m, r)
+            if beta is None:  # its columns (nearly) collinear: another face fits the same
                 continue
-            beta = np.linalg.solve(m, self.xy[idx])
             # each column's share of the mean step (a share within rounding of 0 is 0)
-            share = beta * self.xx[0, idx] / w
-            if np.any(share < -tol) or sum(x for x, col in zip(share, face) if col != 0) <= tol:
+            share = [b * self.xx[0][i] / w for b, i in zip(beta, face)]
+            if min(share) < -tol or sum(x for x, i in zip(share, face) if i != 0) <= tol:
                 continue
-            beta = np.maximum(beta, 0.0)
-            rss = max(self.yy - 2 * float(beta @ self.xy[idx]) + float(beta @ m @ beta), floor)
-            score = w * np.log(rss / w) + len(face) * np.log(max(w, 2.0))
+            beta = [max(b, 0.0) for b in beta]
+            fitted = sum(b * y for b, y in zip(beta, r))
+            quadratic = sum(beta[k] * m[k][q] * beta[q] for k in range(len(face)) for q in range(len(face)))
+            rss = max(self.yy - 2 * fitted + quadratic, floor)
+            score = w * math.log(rss / w) + len(face) * math.log(max(w, 2.0))
             if best is None or score < best[0] - 1e-9:
-                full = np.zeros(3)
-                full[idx] = beta
+                full = [0.0] * 3
+                for b, i in zip(beta, face):
+                    full[i] = b
                 best = (score, full)
         if best is None:
             return None
         a, b, c = best[1]
-        return CostFit(float(a), float(b), float(c) * _KEYS_SCALE)
+        return CostFit(a, b, c * _KEYS_SCALE)
 
     def seconds(self, tokens: int, keys: float = 0.0) -> float:
         a, b, c = self.coefficients()
