@@ -232,8 +232,13 @@ class BatchCosts:
 
     def idle(self, tokens: int, seconds: float, keys: float = 0.0) -> bool:
         """Whether a step of ``tokens`` query tokens that took ``seconds`` was far slower than
-        predicted: the engine sat idle between requests (not a step's cost)."""
-        return self.samples >= 4 and seconds > self.idle_factor * self.seconds(tokens, keys)
+        predicted, and than the steps' mean: the engine sat idle between requests (not a step's
+        cost). The mean keeps a fit that went wrong from calling every step idle and never
+        learning again (a fit through the origin, after a few noisy steps, predicted a tenth
+        of a one-request step)."""
+        if self.samples < 4:
+            return False
+        return seconds > self.idle_factor * max(self.seconds(tokens, keys), self.xy[0] / self.w)
 
     @property
     def w(self) -> float:

@@ -122,6 +122,20 @@ def test_batch_costs_recover_a_linear_step_and_skip_idle_gaps() -> None:
     assert busy.fitted and busy.coefficients() == pytest.approx((0.0, 0.0148, 0.0), abs=2e-4)  # refitted through 0
 
 
+def test_batch_costs_recover_from_a_fit_that_went_wrong() -> None:
+    """Four noisy first steps put the line through the origin (its intercept came out < 0), so it
+    predicts a one-token step at a fifth of its cost: the steps that follow are no idle gaps
+    (they are not 4 times the steps' mean), so they are learnt and the fit recovers."""
+    costs = BatchCosts()
+    for tokens, seconds in ((1, 0.02), (9, 0.3), (5, 0.15), (3, 0.09)):
+        costs.add(tokens, seconds)
+    assert costs.coefficients().a == 0 and costs.seconds(1) < 0.04
+    for step in range(60):
+        costs.add(1 + step % 4, 0.15 + 0.004 * (step % 4))
+    assert costs.samples == 64 and costs.coefficients().a > 0.12
+    assert costs.idle(1, 30.0)  # the engine sat idle: still left out
+
+
 def test_batch_costs_price_a_token_by_the_keys_it_attends_where_contexts_vary() -> None:
     """Steps of one request at contexts from 64 to 1,536 tokens, a draft token costing 2 ms plus
     3 µs a key (vLLM's CPU build measured about that, benchmarks/vllm_draft_cost.py): the fit
