@@ -51,11 +51,13 @@ class ProposerConfig:
             engine's own steps measure it.
         step_costs: ``(a, b)``: fixed step seconds ``a + b * query tokens`` instead of
             measuring them (tests, replays); None measures them as the engine runs.
-        context_costs: the measured step seconds are fitted as ``a + b * query tokens + c *
-            keys attended`` (per row, its query tokens times its context), so that a request's
-            draft token costs ``b + c * its context`` (:class:`~latticekit.drafting.chains.CostFit`):
-            on vLLM's CPU build a draft token after 1,536 tokens costs about three times one after 64.
-            False: one price per query token, whatever the context (``c`` = 0).
+        context_costs: fit the measured step seconds as ``a + b * query tokens + c * keys
+            attended`` (per row, its query tokens times its context), so that a request's draft
+            token costs ``b + c * its context`` (:class:`~latticekit.drafting.chains.CostFit`):
+            on vLLM's CPU build a draft token after 1,536 tokens costs about three times one
+            after 64. Off by default (one price per query token, ``c`` = 0): in
+            ``benchmarks/vllm_speed.py`` the proposer with it ran at 0.98x the one without (the median of 27 groups; 0.89x at 4
+            requests), 1.05x on held-out prompts at one request (docs/vllm.md).
         stats: a JSON file the proposer rewrites with its counters at most every half second while
             it is called
             (steps, drafted, accepted and proposed tokens, drafting seconds, errors, fitted costs).
@@ -84,7 +86,7 @@ class ProposerConfig:
     max_requests: int = 4096
     prior_ratio: float = 1 / 16
     step_costs: Optional[tuple[float, float]] = None
-    context_costs: bool = True
+    context_costs: bool = False
     stats: Optional[str] = None
     heads: Optional[str] = None
     k: int = 8
