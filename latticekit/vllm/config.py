@@ -56,8 +56,9 @@ class ProposerConfig:
             token costs ``b + c * its context`` (:class:`~latticekit.drafting.chains.CostFit`):
             on vLLM's CPU build a draft token after 1,536 tokens costs about three times one
             after 64. Off by default (one price per query token, ``c`` = 0): in
-            ``benchmarks/vllm_speed.py`` the proposer with it ran at 0.98x the one without (the median of 27 groups; 0.89x at 4
-            requests), 1.05x on held-out prompts at one request (docs/vllm.md).
+            ``benchmarks/vllm_speed.py`` the proposer with it ran at 0.98x the one without
+            (the median of 27 groups; 0.89x at 4 requests), and at 1.05x on held-out prompts
+            at one request (docs/vllm.md).
         stats: a JSON file the proposer rewrites with its counters at most every half second while
             it is called
             (steps, drafted, accepted and proposed tokens, drafting seconds, errors, fitted costs).
