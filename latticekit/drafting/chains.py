@@ -20,8 +20,9 @@ forward pass. Two things decide what a chain should be:
    positions are added by their probability over their price, highest first, while one more
    token's probability exceeds its price times the tokens per second already expected. At one
    request a draft token costs little against the whole pass; at high concurrency the pass is
-   dominated by its tokens and only near-certain drafts pay, or none; a long request's drafts
-   are cut before a short one's.
+   dominated by its tokens and only near-certain drafts pay, or none; where ``c`` > 0, a long
+   request's drafts are cut before a short one's (the vLLM proposer fits ``c`` only with its
+   ``context_costs`` setting).
 
 Plain Python and numpy: nothing here imports torch or an engine.
 """
@@ -205,7 +206,7 @@ class BatchCosts:
 
     def __init__(self, prior_ratio: float = 1 / 16, decay: float = 0.99, idle_factor: float = 4.0) -> None:
         self.prior_ratio, self.decay, self.idle_factor = prior_ratio, decay, idle_factor
-        # decayed sums (plain floats: a step's update and fit take microseconds) of x x^T, x =
+        # decayed sums (plain floats: a step's update and refit take about 0.1 ms) of x x^T, x =
         # (1, tokens, keys / 1000); of x * seconds; of seconds^2
         self.xx = [[0.0] * 3 for _ in range(3)]
         self.xy = [0.0] * 3

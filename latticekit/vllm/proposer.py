@@ -442,7 +442,7 @@ class NGramProposer:
         rows = len(probabilities)
         plain = a + price * sum(weights)
         drafts = price * sum(w * n for w, n in zip(weights, chosen))
-        if not any(chosen) or (rows + expected) / (plain + self._draft_s + drafts) <= rows / plain:
+        if not any(chosen) or plain > 0 and (rows + expected) / (plain + self._draft_s + drafts) <= rows / plain:
             return [0] * rows, 0.0
         return chosen, expected
 

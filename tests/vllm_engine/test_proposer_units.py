@@ -590,6 +590,8 @@ def test_a_long_rows_drafts_cost_more_and_are_cut_first() -> None:
     priced = allocate(probabilities, a, LEVELS["model"], weights=[0.002 + 2e-6 * 64, 0.002 + 2e-6 * 3000])
     assert priced[0] > priced[1]
     assert CostFit(0.1, 0.002) == (0.1, 0.002, 0.0)
+    proposer = NGramProposer(engine_config(), ProposerConfig())  # a step that costs nothing: no division by 0
+    assert proposer._repaid([np.array([0.5])], [1], 0.0, 1.0, [0.0]) == ([1], 0.5)
 
 
 def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattice(tmp_path: Path) -> None:
