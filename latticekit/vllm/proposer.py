@@ -236,7 +236,7 @@ class NGramProposer:
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0,
                          "draft_seconds": 0.0, "errors": 0, "requests_started": 0, "requests_finished": 0,
-                         "states_evicted": 0, **{f"steps_{arm}": 0 for arm in ARMS}}
+                         "states_evicted": 0, "rows_capped": 0, **{f"steps_{arm}": 0 for arm in ARMS}}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """vLLM's CPU runner hands the target model over; n-gram drafting needs none of it."""
@@ -461,6 +461,10 @@ class NGramProposer:
         room = min(self.k, self.config.max_depth, self.max_model_len - length - 1)
         if cap is not None:  # vLLM's own schedule of speculative tokens by batch size
             room = min(room, cap)
+        left = self._tokens_left(key, length)
+        if left is not None and left - 1 < room:  # drafts past the request's max_tokens are never emitted
+            room = left - 1
+            self.counters["rows_capped"] += 1
         if length < 1 or room < 1:
             return None
         ids = cast(Sequence[int], row[:length])  # an int array: indexed and sliced as the drafter reads ids
@@ -505,11 +509,27 @@ class NGramProposer:
         self._last_ids = req_ids
         return req_ids
 
-    def _prompt_length(self, key: Any, fallback: int) -> int:
+    def _request(self, key: Any) -> Any:
+        """The runner's state of request ``key`` (``CachedRequestState``), or None."""
         runner = self._runner() if self._runner is not None else None
-        state = getattr(runner, "requests", {}).get(key) if runner is not None and not isinstance(key, int) else None
-        prompt = getattr(state, "prompt_token_ids", None)
+        return getattr(runner, "requests", {}).get(key) if runner is not None and not isinstance(key, int) else None
+
+    def _prompt_length(self, key: Any, fallback: int) -> int:
+        prompt = getattr(self._request(key), "prompt_token_ids", None)
         return len(prompt) if prompt is not None else max(0, fallback)
+
+    def _tokens_left(self, key: Any, length: int) -> Optional[int]:
+        """The tokens request ``key``, ``length`` tokens long, may still emit: its ``max_tokens``
+        less its output so far; None where the runner does not tell. A step emits its accepted
+        drafts and one token more, and vLLM 0.32's scheduler verifies a chain whole however few
+        of its tokens the request may still emit (it cuts drafts at ``max_model_len`` alone), so
+        a draft past ``left - 1`` is a query token that can only be thrown away."""
+        state = self._request(key)
+        most = getattr(getattr(state, "sampling_params", None), "max_tokens", None)
+        prompt = getattr(state, "num_prompt_tokens", None)
+        if not isinstance(most, int) or not isinstance(prompt, int):
+            return None
+        return most - (length - prompt)
 
     # -- never the engine's problem -------------------------------------------------------------
 

@@ -52,6 +52,8 @@ def test_greedy_outputs_are_vllms_at_8_and_at_1_concurrent_requests(engines: Any
     after = engine_stats(drafted, stats)
     assert after["draft_tokens"] > before["draft_tokens"]
     assert after["accepted_tokens"] > before["accepted_tokens"]  # drafts were verified and kept
+    # chains cut at each request's max_tokens: the runner's request states tell it
+    assert after["rows_capped"] > before["rows_capped"] and after["errors"] == 0
 
 
 def two_sample_p_value(a: list[tuple[int, ...]], b: list[tuple[int, ...]], rounds: int = 2000, seed: int = 0) -> float:

@@ -410,6 +410,37 @@ def test_finished_answers_feed_the_engines_memory() -> None:
         ProposerConfig(memory_tokens=-1)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(3, 12), st.integers(1, 30), st.integers(0, 12))
+def test_no_draft_past_a_requests_max_tokens(prompt: int, max_tokens: int, output: int) -> None:
+    import weakref
+
+    text = ([5, 6, 7, 8, 9] * 20)[:prompt + output]
+    batch = Batch(1, 128)
+    batch.put(0, text)
+    runner = Runner()
+    runner.input_batch.req_ids = ["a"]
+    runner.requests = {"a": SimpleNamespace(prompt_token_ids=text[:prompt], num_prompt_tokens=prompt,
+                                            sampling_params=SimpleNamespace(max_tokens=max_tokens))}
+    capped = NGramProposer(engine_config(k=8, max_model_len=128), ProposerConfig(step_costs=(0.1, 0.0)))
+    capped._runner = weakref.ref(runner)
+    got = capped.propose([[text[-1]]], batch.lengths, batch.ids)[0]
+    left = max_tokens - output  # the step emits its accepted drafts and one token more
+    assert len(got) <= max(left - 1, 0)
+    # the same as an engine whose longest chain is the room the request has left
+    alone = NGramProposer(engine_config(k=max(1, min(8, left - 1)), max_model_len=128),
+                          ProposerConfig(step_costs=(0.1, 0.0)))
+    assert got == (alone.propose([[text[-1]]], batch.lengths, batch.ids)[0] if left > 1 else [])
+    assert capped.counters["rows_capped"] == (left - 1 < 8)
+    del runner.requests["a"].sampling_params  # a runner that does not tell: no cap
+    untold, free = (NGramProposer(engine_config(k=8, max_model_len=128), ProposerConfig(step_costs=(0.1, 0.0)))
+                    for _ in range(2))
+    untold._runner = weakref.ref(runner)
+    assert untold.propose([[text[-1]]], batch.lengths, batch.ids) == free.propose([[text[-1]]], batch.lengths,
+                                                                                  batch.ids)
+    assert untold.counters["rows_capped"] == 0 and untold.counters["errors"] == 0
+
+
 class Clock:
     """The proposer's clock, moved by the simulated engine: a step of n query tokens takes a + b n."""
 
