@@ -22,8 +22,9 @@ on the same rows (each would have verified a prefix of the same chains: its acce
 are exact, its seconds the step's less the fitted cost of the drafts it leaves out), so the
 arms are compared on the same requests' steps. The estimates are scaled by the draft tokens
 accepted over those expected. A chain stops where its request's ``max_tokens`` would (vLLM
-verifies a chain whole, and throws away what is accepted past it). Request state follows the batch: it is created when a request first
-appears, kept while a preempted request waits (bounded), and freed when the request finishes.
+verifies a chain whole, and throws away what is accepted past it). Request state follows the
+batch: it is created when a request first appears, kept while a preempted request waits
+(bounded), and freed when the request finishes.
 With ``memory_tokens`` set, a finished request's output goes into the engine's memory of
 earlier answers (:class:`~latticekit.drafting.memory.AnswerMemory`), which every request drafts
 from beside its own text; vLLM calls the proposer from one thread.
