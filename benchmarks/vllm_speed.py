@@ -48,6 +48,17 @@ finishes is replaced by the next at once (:func:`generate_sustained`, through th
 ``add_request`` and ``step``), as a server's batch under sustained load, and its time runs until
 the last finishes.
 
+With ``--lockstep`` the engines run in this process (vLLM's in-process engine core and
+one-process executor, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and take a group together, step by
+step: every engine is handed the group's requests, then each engine in turn (the order rotating
+every round) runs one engine step, and an engine's time is the sum of its own steps (and of
+adding its requests). Machine noise slower than a step then hits every engine alike, where
+group by group it hits each engine's whole group apart: two identical engines differed by
+0.98-1.10x per group of 16 requests run group by group, and by 0.99-1.02x in lockstep
+(:func:`run_lockstep`). A proposer that times the engine's steps by its own clock
+(latticekit's) is handed one that stops while the other engines step (:class:`EngineClock`), so
+it sees its engine's steps as though it ran alone.
+
 Every phase (concurrency level) gets prompts of its own: per domain, the held-out requests in
 id order are dealt out in the order of ``--concurrency``, ``--groups`` groups of ``concurrency``
 requests to each level, and the warm-up request is the next one after them all. No engine sees a prompt twice, so ``suffix``'s memory of past answers (and any
@@ -161,6 +172,83 @@ def generate_sustained(llm: Any, prompts: list[str], params: Any, concurrency: i
     return [outputs[i] for i in range(len(prompts))]
 
 
+
+class EngineClock:
+    """One engine's clock in a lockstep run: ``time.perf_counter`` less the time the engine sat
+    out while the others stepped (:meth:`pause` to :meth:`resume`); it runs as a plain clock
+    outside the lockstep rounds."""
+
+    def __init__(self) -> None:
+        self.away = 0.0
+        self.paused_at: float | None = None
+
+    def pause(self) -> None:
+        self.paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        if self.paused_at is not None:
+            self.away += time.perf_counter() - self.paused_at
+            self.paused_at = None
+
+    def __call__(self) -> float:
+        now = time.perf_counter() if self.paused_at is None else self.paused_at
+        return now - self.away
+
+
+def in_process_drafter(llm: Any) -> Any:
+    """The proposer of an engine whose core and worker run in this process (vLLM 0.32's
+    in-process client, one-process executor, the runner's ``drafter``), or None."""
+    obj = llm.llm_engine.engine_core
+    for name in ("engine_core", "model_executor", "driver_worker", "worker", "model_runner", "drafter"):
+        obj = getattr(obj, name, None)
+    return obj
+
+
+def run_lockstep(engines: dict[str, Any], order: list[str], prompts: list[str], params: Any, concurrency: int,
+                 clocks: dict[str, EngineClock]) -> dict[str, tuple[float, list[list[int]]]]:
+    """``prompts`` through every engine at once, one engine step at a time: each engine keeps
+    ``concurrency`` of them in flight (all at once when it is their number: a burst), and every
+    round each engine with requests left runs one ``step`` (the order rotating from ``order``
+    each round). Per engine: its seconds (its steps and its ``add_request`` calls, nothing of
+    the others') and the output token ids, in prompt order. An engine's clock in ``clocks`` is
+    paused while the others step."""
+    from vllm.sampling_params import RequestOutputKind
+
+    params = params.clone()
+    params.output_kind = RequestOutputKind.FINAL_ONLY
+    base = f"lockstep-{next(_REQUESTS)}-"
+    waiting = {name: list(range(len(prompts)))[::-1] for name in order}
+    in_flight = dict.fromkeys(order, 0)
+    outputs: dict[str, dict[int, list[int]]] = {name: {} for name in order}
+    seconds = dict.fromkeys(order, 0.0)
+    for clock in clocks.values():
+        clock.pause()
+    try:
+        for rnd in itertools.count():
+            live = [n for n in order if waiting[n] or in_flight[n]]
+            if not live:
+                break
+            for name in live[rnd % len(live):] + live[:rnd % len(live)]:
+                engine = engines[name].llm_engine
+                if name in clocks:
+                    clocks[name].resume()
+                t0 = time.perf_counter()
+                while waiting[name] and in_flight[name] < concurrency:
+                    i = waiting[name].pop()
+                    engine.add_request(f"{base}{name}-{i}", prompts[i], params)
+                    in_flight[name] += 1
+                finished = [out for out in engine.step() if out.finished]
+                seconds[name] += time.perf_counter() - t0
+                if name in clocks:
+                    clocks[name].pause()
+                for out in finished:
+                    outputs[name][int(out.request_id.rsplit("-", 1)[1])] = list(out.outputs[0].token_ids)
+                    in_flight[name] -= 1
+    finally:
+        for clock in clocks.values():
+            clock.resume()
+    return {name: (seconds[name], [outputs[name][i] for i in range(len(prompts))]) for name in order}
+
 def deal(texts: list[str], counts: list[int]) -> tuple[list[list[str]], str]:
     """``texts`` dealt out in order: ``counts[i]`` distinct ones to phase ``i``, then one to warm up."""
     starts = [sum(counts[:i]) for i in range(len(counts) + 1)]
@@ -209,6 +297,9 @@ def main() -> None:
     p.add_argument("--sustained", type=int, default=0, metavar="N",
                    help="each group holds N times the level's prompts, kept that many in flight (a finished "
                         "request replaced at once: sustained load); 0: a group is one burst of requests sent at once")
+    p.add_argument("--lockstep", action="store_true",
+                   help="engines in this process, taking each group together one engine step at a time (an "
+                        "engine's time: its own steps); see the module docstring")
     p.add_argument("--settings", default="{}", help="latticekit's settings (JSON) beside its defaults")
     p.add_argument("--variant", nargs="+", default=[], metavar="NAME=JSON",
                    help="more latticekit engines in the same run, engine 'latticekit-NAME' with these settings "
@@ -275,7 +366,14 @@ def main() -> None:
             del specs[name]
     common = dict(model=str(folder), dtype="float32", max_model_len=4096, max_num_seqs=max(args.concurrency),
                   enforce_eager=True, seed=0, disable_log_stats=False)  # about 3 GB an engine (its core and worker)
+    if args.lockstep:  # every engine's core and worker in this process, so that one step at a time is its step
+        import vllm.envs
+
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        vllm.envs.disable_envs_cache()
+        common["distributed_executor_backend"] = "uni"
     engines: dict[str, Any] = {}
+    clocks: dict[str, EngineClock] = {}
     # vLLM's ngram engine last: its proposer imports numba, whose function wrappers make the CPU
     # worker's kernel registration (vllm/triton_utils/dispatcher.py, a scan of sys.modules) fail
     # in every engine started after it in the same process
@@ -285,6 +383,14 @@ def main() -> None:
         if name in settings:
             spec = specs[name] = speculative_config(args.k, **settings[name], stats=str(stats_paths[name]))
         engines[name] = vllm.LLM(**common, **({"speculative_config": spec} if spec else {}))
+        if args.lockstep:
+            if type(engines[name].llm_engine.engine_core).__name__ != "InprocClient":
+                raise SystemExit(f"--lockstep: engine {name} did not start in this process")
+            drafter = in_process_drafter(engines[name])
+            if name in settings:  # latticekit times its engine's steps by its clock: this engine's steps alone
+                if drafter is None or not hasattr(drafter, "clock"):
+                    raise SystemExit(f"--lockstep: engine {name}'s proposer not found in this process")
+                drafter.clock = clocks[name] = EngineClock()
         print(f"engine {name}: started in {time.perf_counter() - t0:.0f} s", flush=True)
     tok = engines["none"].get_tokenizer()
     counts = phase_counts(args.concurrency, args.groups, args.sustained)
@@ -310,31 +416,39 @@ def main() -> None:
             for g, group in enumerate(groups):
                 order = names[g % len(names):] + names[:g % len(names)]
                 row: dict[str, Any] = {"concurrency": concurrency, "domain": domain, "group": g, "engines": {}}
-                outputs = {}
+                outputs: dict[str, list[list[int]]] = {}
+                seconds: dict[str, float] = {}
+                before = {name: spec_counters(engines[name]) for name in order}
+                draft_before = {name: engine_stats(engines[name], stats_paths[name]) for name in order
+                                if name in stats_paths}
+                if args.lockstep:
+                    for name, (secs, outs) in run_lockstep(engines, order, group, params,
+                                                           concurrency if args.sustained else len(group),
+                                                           clocks).items():
+                        seconds[name], outputs[name] = secs, outs
                 for name in order:
                     llm = engines[name]
-                    before = spec_counters(llm)
-                    stats_path = stats_paths.get(name)
-                    draft_before = engine_stats(llm, stats_path) if stats_path is not None else None
-                    t0 = time.perf_counter()
-                    if args.sustained:
-                        outputs[name] = generate_sustained(llm, group, params, concurrency)
-                    else:
-                        outputs[name] = [list(o.outputs[0].token_ids)
-                                         for o in llm.generate(group, params, use_tqdm=False)]
-                    seconds = time.perf_counter() - t0
+                    if not args.lockstep:
+                        t0 = time.perf_counter()
+                        if args.sustained:
+                            outputs[name] = generate_sustained(llm, group, params, concurrency)
+                        else:
+                            outputs[name] = [list(o.outputs[0].token_ids)
+                                             for o in llm.generate(group, params, use_tqdm=False)]
+                        seconds[name] = time.perf_counter() - t0
                     after = spec_counters(llm)
                     tokens = sum(len(t) for t in outputs[name])
-                    accepted = after.get("num_accepted_tokens", 0) - before.get("num_accepted_tokens", 0)
-                    row["engines"][name] = {"seconds": seconds, "tokens": tokens, "accepted": accepted,
+                    accepted = after.get("num_accepted_tokens", 0) - before[name].get("num_accepted_tokens", 0)
+                    row["engines"][name] = {"seconds": seconds[name], "tokens": tokens, "accepted": accepted,
                                             "draft_tokens": after.get("num_draft_tokens", 0)
-                                            - before.get("num_draft_tokens", 0)}
-                    if stats_path is not None and draft_before is not None:
+                                            - before[name].get("num_draft_tokens", 0)}
+                    if name in draft_before:
+                        stats_path = stats_paths[name]
                         now = engine_stats(llm, stats_path)
                         row["engines"][name]["draft_ms_per_step"] = 1000 * (
-                            now["draft_seconds"] - draft_before["draft_seconds"]) / max(1, now["calls"]
-                                                                                        - draft_before["calls"])
-                        row["engines"][name]["arm_steps"] = {k[6:]: now[k] - draft_before.get(k, 0)
+                            now["draft_seconds"] - draft_before[name]["draft_seconds"]) / max(
+                            1, now["calls"] - draft_before[name]["calls"])
+                        row["engines"][name]["arm_steps"] = {k[6:]: now[k] - draft_before[name].get(k, 0)
                                                              for k in now if k.startswith("steps_")}
                 row["identical"] = {n: outputs[n] == outputs["none"] for n in names}
                 results["runs"].append(row)

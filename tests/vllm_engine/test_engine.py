@@ -142,6 +142,35 @@ def test_the_benchmarks_sustained_load_answers_as_generate(engines: Any) -> None
     assert bench.generate_sustained(drafted, prompts, params, 2) == ids(base.generate(prompts, params, use_tqdm=False))
 
 
+
+def test_the_benchmarks_lockstep_answers_as_generate_and_times_each_engine_alone(engines: Any) -> None:
+    """``benchmarks/vllm_speed.py --lockstep``: engines stepped in turn, each keeping its own
+    requests in flight, give what ``generate`` gives, in prompt order; an engine's clock stops
+    while the other engines step (so a proposer timing its engine's steps sees them alone)."""
+    base, drafted, _ = engines
+    bench = vllm_speed_module()
+    prompts = chat(base, QUESTIONS[:5])
+    params = vllm.SamplingParams(temperature=0, max_tokens=12)
+    want = ids(base.generate(prompts, params, use_tqdm=False))
+    both = {"base": base, "drafted": drafted}
+    assert type(bench.in_process_drafter(drafted)).__name__ == "NGramProposer"  # where the benchmark hands its clock
+    assert bench.in_process_drafter(base) is None
+    for concurrency in (2, len(prompts)):  # kept 2 in flight, and a burst
+        clock = bench.EngineClock()
+        wall, own = time.perf_counter(), clock()
+        got = bench.run_lockstep(both, ["base", "drafted"], prompts, params, concurrency, {"drafted": clock})
+        wall, own = time.perf_counter() - wall, clock() - own
+        assert got["base"][1] == want and got["drafted"][1] == want
+        assert clock.paused_at is None  # running again after the rounds
+        assert got["drafted"][0] <= own < wall - 0.5 * got["base"][0]  # the base engine's steps left out
+    clock = bench.EngineClock()
+    clock.pause()
+    stopped = clock()
+    time.sleep(0.05)
+    assert clock() == stopped
+    clock.resume()
+    assert stopped <= clock() < stopped + 0.04
+
 def test_churn_and_hostile_requests_leave_the_engine_up_and_free_finished_requests_states(engines: Any) -> None:
     base, drafted, stats_path = engines
     vocab = drafted.get_tokenizer().vocab_size if hasattr(drafted.get_tokenizer(), "vocab_size") else 49152
