@@ -22,7 +22,7 @@ from typing import Any, Optional
 from latticekit.drafting.memory import DEFAULT_MAX_TOKENS
 from latticekit.errors import ProposerConfigError
 
-__all__ = ["ENV", "ProposerConfig", "speculative_config", "PROPOSER", "LATTICE_PROPOSER"]
+__all__ = ["ENV", "ARMS", "ProposerConfig", "speculative_config", "PROPOSER", "LATTICE_PROPOSER"]
 
 #: The environment variable the worker reads its settings from.
 ENV = "LATTICEKIT_VLLM_CONFIG"
@@ -30,6 +30,10 @@ ENV = "LATTICEKIT_VLLM_CONFIG"
 PROPOSER = "latticekit.vllm.NGramProposer"
 #: ... and for the lattice proposer (draft heads, ``heads`` set).
 LATTICE_PROPOSER = "latticekit.vllm.LatticeProposer"
+#: The ways of drafting the proposer chooses among by their outcomes (``arms``): a draft token
+#: priced at the fitted step cost (``model``), at a quarter of it (``eager``) or at four times it
+#: (``lean``), or no drafting at all (``plain``).
+ARMS = ("model", "eager", "lean", "plain")
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,9 @@ class ProposerConfig:
             output goes into it, and every request drafts from it beside its own text. One memory
             per engine process (its proposer), shared by all its requests. Default 2**17 tokens
             (:data:`~latticekit.drafting.memory.DEFAULT_MAX_TOKENS`, about 45 MB when full).
+        arms: the ways of drafting the proposer chooses among by the tokens per second each
+            really got, per load (:data:`ARMS`, all by default); one alone is always taken
+            (``["model"]``: the cost model's allocation at every step, never learnt away).
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -95,8 +102,15 @@ class ProposerConfig:
     alpha: float = 1.0
     check_hidden: bool = False
     memory_tokens: int = DEFAULT_MAX_TOKENS
+    arms: tuple[str, ...] = ARMS
 
     def __post_init__(self) -> None:
+        arms = self.arms
+        if isinstance(arms, str) or not isinstance(arms, (list, tuple)) or not arms \
+                or any(not isinstance(a, str) or a not in ARMS for a in arms) or len(set(arms)) != len(arms):
+            raise ProposerConfigError(f"latticekit vLLM proposer: arms must be a list of distinct names among "
+                                      f"{list(ARMS)}, got {arms!r}")
+        object.__setattr__(self, "arms", tuple(a for a in ARMS if a in arms))
         if isinstance(self.memory_tokens, bool) or not isinstance(self.memory_tokens, int) or self.memory_tokens < 0:
             raise ProposerConfigError(f"latticekit vLLM proposer: memory_tokens must be an integer >= 0, "
                                       f"got {self.memory_tokens!r}")
@@ -177,8 +191,9 @@ class ProposerConfig:
 
     def to_json(self) -> str:
         data = {k: v for k, v in asdict(self).items() if v != getattr(ProposerConfig, k, None)}
-        if "step_costs" in data:
-            data["step_costs"] = list(data["step_costs"])
+        for key in ("step_costs", "arms"):
+            if key in data:
+                data[key] = list(data[key])
         return json.dumps(data, sort_keys=True)
 
 

@@ -54,16 +54,16 @@ from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, alloca
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
-from latticekit.vllm.config import ProposerConfig
+from latticekit.vllm.config import ARMS, ProposerConfig
 
 __all__ = ["NGramProposer", "engine_stats"]
 
 logger = logging.getLogger("latticekit.vllm")
-#: The ways of drafting the proposer chooses among by their outcomes, per load: each level prices
-#: a draft token at this multiple of the fitted per-token step cost in the batch's allocation
-#: (:func:`~latticekit.drafting.chains.allocate`), and ``plain`` drafts nothing (no drafting work at all).
+#: The drafting arms of :data:`~latticekit.vllm.config.ARMS`, the ways of drafting the proposer
+#: chooses among by their outcomes, per load: each level prices a draft token at this multiple of
+#: the fitted per-token step cost in the batch's allocation
+#: (:func:`~latticekit.drafting.chains.allocate`); ``plain`` drafts nothing (no drafting work at all).
 LEVELS = {"model": 1.0, "eager": 0.25, "lean": 4.0}
-ARMS = (*LEVELS, "plain")
 
 
 class _Step(NamedTuple):
@@ -129,8 +129,8 @@ class _Load:
 
     __slots__ = ("arms", "steps", "costs")
 
-    def __init__(self, prior_ratio: float) -> None:
-        self.arms = {arm: ArmStats() for arm in ARMS}
+    def __init__(self, prior_ratio: float, arms: Sequence[str] = ARMS) -> None:
+        self.arms = {arm: ArmStats() for arm in arms}
         self.steps = 0
         self.costs = BatchCosts(prior_ratio=prior_ratio)
 
@@ -140,14 +140,18 @@ class _Load:
     def choose(self) -> str:
         """The arm of the next step (:func:`~latticekit.drafting.arms.choose_arm`)."""
         self.steps += 1
-        return choose_arm(ARMS, self.arms, self.worth, self.steps) or "plain"
+        names = tuple(self.arms)
+        return choose_arm(names, self.arms, self.worth, self.steps) or ("plain" if "plain" in self.arms else names[0])
 
     def record(self, arm: str, tokens: int, seconds: float) -> None:
-        """A step of ``arm`` emitted ``tokens`` in ``seconds`` (engine and drafting)."""
-        stats = self.arms[arm]
+        """A step of ``arm`` emitted ``tokens`` in ``seconds`` (engine and drafting); nothing
+        for an arm the proposer does not choose among."""
+        stats = self.arms.get(arm)
+        if stats is None:
+            return
         stats.add(tokens, seconds, self.steps)
         if stats.probing:
-            probe_outcome(stats, self.worth(arm) >= max(self.worth(a) for a in ARMS if a != arm))
+            probe_outcome(stats, self.worth(arm) >= max((self.worth(a) for a in self.arms if a != arm), default=0.0))
 
 
 def _dynamic_schedule(vllm_config: Any) -> Optional[list[int]]:
@@ -355,7 +359,7 @@ class NGramProposer:
     def _load(self, bucket: int) -> _Load:
         load = self.loads.get(bucket)
         if load is None:
-            load = self.loads[bucket] = _Load(self.config.prior_ratio)
+            load = self.loads[bucket] = _Load(self.config.prior_ratio, self.config.arms)
         return load
 
     def _coefficients(self, bucket: int) -> CostFit:
@@ -423,7 +427,7 @@ class NGramProposer:
         weights = [b + c * n for n in context]
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
         lengths_by_arm: dict[str, dict[Any, int]] = {}
-        levels = (arm, *(other for other in LEVELS if LEVELS[other] > LEVELS[arm]))
+        levels = (arm, *(other for other in LEVELS if other in self.config.arms and LEVELS[other] > LEVELS[arm]))
         prices = [LEVELS[level] for level in levels]
         for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s,
                                                                            weights)):

@@ -258,6 +258,11 @@ def test_config_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.Monk
         ProposerConfig.from_dict({"step_costs": [0, 1]})
     with pytest.raises(ProposerConfigError, match="context_costs must be true or false"):
         ProposerConfig.from_dict({"context_costs": "yes"})
+    for arms in ([], ["fast"], ["model", "model"], "model", [1]):
+        with pytest.raises(ProposerConfigError, match="arms must be a list of distinct names among"):
+            ProposerConfig.from_dict({"arms": arms})
+    assert ProposerConfig.from_dict({"arms": ["plain", "model"]}).arms == ("model", "plain")  # in ARMS' order
+    assert ProposerConfig.from_env({ENV: ProposerConfig(arms=("lean", "plain")).to_json()}).arms == ("lean", "plain")
     with pytest.raises(ProposerConfigError, match="not valid JSON"):
         ProposerConfig.from_env({ENV: "{nope"})
     with pytest.raises(ProposerConfigError, match="cannot be read"):
@@ -507,6 +512,20 @@ def test_outcomes_keep_plain_steps_under_load_probe_cheaply_and_draft_again_when
     assert quiet[30:].count("plain") <= 6
     assert max(proposer.stats()["arms"]["1"][arm][0] for arm in ("model", "eager", "lean")) > \
         2 * proposer.stats()["arms"]["1"]["plain"][0]
+
+
+def test_the_proposer_chooses_among_the_arms_it_is_given_alone() -> None:
+    rng = np.random.default_rng(1)
+    texts = [rng.integers(0, 40, 400).tolist() for _ in range(4)] + [list(range(100, 160)) * 20]
+    played = {}
+    for arms in (("model", "plain"), ("model",), ("eager", "lean")):
+        proposer = TimedProposer(engine_config(k=6, max_model_len=4096, vocab=1000), ProposerConfig(arms=arms))
+        clock = proposer.clock = Clock()
+        played[arms] = set(drive(proposer, texts, 64, 120, 0.1, 0.01, clock))
+        assert played[arms] <= set(arms), arms
+        outcomes = proposer.stats()["arms"]["3"]  # a less eager arm's, from the steps of a more eager one too
+        assert set(outcomes) == set(arms) and all(outcomes[arm][1] > 0 for arm in arms), arms
+    assert played[("model",)] == {"model"}
 
 
 def test_vllms_schedule_of_draft_tokens_by_batch_size_caps_the_chains() -> None:
