@@ -78,8 +78,11 @@ class ProposerConfig:
             per engine process (its proposer), shared by all its requests. Default 2**17 tokens
             (:data:`~latticekit.drafting.memory.DEFAULT_MAX_TOKENS`, about 45 MB when full).
         arms: the ways of drafting the proposer chooses among by the tokens per second each
-            really got, per load (:data:`ARMS`, all by default); one alone is always taken
-            (``["model"]``: the cost model's allocation at every step, never learnt away).
+            really got, per load (of :data:`ARMS`); one alone is always taken. Default
+            ``["model"]``: the cost model's allocation at every step (its estimates corrected by
+            what was accepted, its step costs measured). All four (learnt per load) ran at 0.98x
+            it in ``benchmarks/vllm_speed.py --lockstep`` (the geometric mean of 27 groups;
+            docs/vllm.md): probing the other arms cost more than choosing among them gained.
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -102,7 +105,7 @@ class ProposerConfig:
     alpha: float = 1.0
     check_hidden: bool = False
     memory_tokens: int = DEFAULT_MAX_TOKENS
-    arms: tuple[str, ...] = ARMS
+    arms: tuple[str, ...] = ("model",)
 
     def __post_init__(self) -> None:
         arms = self.arms

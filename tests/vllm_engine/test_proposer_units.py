@@ -23,6 +23,7 @@ from latticekit.errors import ProposerConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.vllm import ENV, LATTICE_PROPOSER, LatticeProposer, NGramProposer, ProposerConfig, speculative_config
 from latticekit.vllm.lattice import hidden_rows
+from latticekit.vllm.config import ARMS
 from latticekit.vllm.proposer import _Step, load_bucket
 from vllm_helpers import rss_mb
 
@@ -498,7 +499,7 @@ def drive(proposer: NGramProposer, truths: list[list[int]], prompt: int, steps: 
 
 def test_outcomes_keep_plain_steps_under_load_probe_cheaply_and_draft_again_when_the_load_drops() -> None:
     rng = np.random.default_rng(0)
-    proposer = TimedProposer(engine_config(k=6, max_model_len=4096, vocab=1000), ProposerConfig())
+    proposer = TimedProposer(engine_config(k=6, max_model_len=4096, vocab=1000), ProposerConfig(arms=ARMS))
     clock = proposer.clock = Clock()
     # 16 requests whose drafts a step rarely accepts (random text), at 0.1 s + 10 ms a query token
     noise = [rng.integers(0, 40, 800).tolist() for _ in range(16)]
@@ -541,7 +542,7 @@ def test_vllms_schedule_of_draft_tokens_by_batch_size_caps_the_chains() -> None:
 
 
 def test_estimates_are_corrected_by_what_was_accepted_against_what_was_expected() -> None:
-    proposer = NGramProposer(engine_config(), ProposerConfig())
+    proposer = NGramProposer(engine_config(), ProposerConfig(arms=ARMS))
     proposer._last_end = 0.0
     assert proposer.correction == 1.0  # nothing drafted yet
     for _ in range(20):  # steps that expected 4 draft tokens accepted, and got 1
@@ -556,7 +557,7 @@ def test_estimates_are_corrected_by_what_was_accepted_against_what_was_expected(
 
 
 def test_a_drafted_step_is_the_outcome_of_every_less_eager_arm_on_the_same_rows() -> None:
-    proposer = NGramProposer(engine_config(), ProposerConfig())
+    proposer = NGramProposer(engine_config(), ProposerConfig(arms=ARMS))
     for n in (1, 5, 10, 20):  # the engine's steps: 0.1 s + 10 ms a query token
         proposer.costs.add(n, 0.1 + 0.01 * n)
     a, b, c = proposer.costs.coefficients()
@@ -589,7 +590,7 @@ def test_the_draft_tokens_an_arm_leaves_out_are_priced_by_their_rows_context() -
     """With a key's price fitted, a less eager arm's seconds are the step's less what its left-out
     draft tokens cost at their own rows' contexts; and the next step's keys (its query tokens
     times their contexts) go into the fit."""
-    proposer = NGramProposer(engine_config(), ProposerConfig())
+    proposer = NGramProposer(engine_config(), ProposerConfig(arms=ARMS))
     for tokens, context in itertools.product((1, 3, 6, 9), (100, 800, 2000)):
         proposer.costs.add(tokens, 0.1 + 0.002 * tokens + 4e-6 * tokens * context, tokens * context)
     _, b, c = proposer.costs.coefficients()
@@ -617,7 +618,7 @@ def test_a_step_a_request_joined_is_no_steps_cost() -> None:
     """A request of a two-token prompt joins after the engine sat idle (serving other engines, or
     nobody): its prefill step holds fewer query tokens than the last call scheduled, but it is no
     verifying step's cost, nor any arm's outcome; a step of the same rows is."""
-    proposer = NGramProposer(engine_config(), ProposerConfig())
+    proposer = NGramProposer(engine_config(), ProposerConfig(arms=ARMS))
     proposer._last_end, proposer._verify_tokens = 0.0, 1 + 8
     proposer._learn(_Step(1, "model", 0.001, 2.0, {"model": {"r0": 8}}, {"r0": 100}, ("r0",)), 5.0, [[7]], ["r1"],
                     tokens=2)
