@@ -70,7 +70,8 @@ def main() -> None:
         apart, outputs = {}, {}
         for name in order:
             t0 = time.perf_counter()
-            outputs[name] = [list(o.outputs[0].token_ids) for o in engines[name].generate(group, params, use_tqdm=False)]
+            done = engines[name].generate(group, params, use_tqdm=False)
+            outputs[name] = [list(o.outputs[0].token_ids) for o in done]
             apart[name] = time.perf_counter() - t0
         together = run_lockstep(engines, order, group, params, len(group), {})
         if any(outputs[n] != outputs["a"] or together[n][1] != outputs["a"] for n in names):

@@ -53,11 +53,12 @@ one-process executor, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and take a group tog
 step: every engine is handed the group's requests, then each engine in turn (the order rotating
 every round) runs one engine step, and an engine's time is the sum of its own steps (and of
 adding its requests). Machine noise slower than a step then hits every engine alike, where
-group by group it hits each engine's whole group apart: two identical engines differed by
-0.98-1.10x per group of 16 requests run group by group, and by 0.99-1.02x in lockstep
-(:func:`run_lockstep`). A proposer that times the engine's steps by its own clock
-(latticekit's) is handed one that stops while the other engines step (:class:`EngineClock`), so
-it sees its engine's steps as though it ran alone.
+group by group it hits each engine's whole group apart: two identical engines' times differed
+by 0.93-1.05x per group of 16 chat requests run group by group, and by 0.98-1.01x in lockstep
+(:func:`run_lockstep`; ``benchmarks/vllm_noise.py``, ``results/vllm_speed/noise/``). A
+proposer that times the engine's steps by its own clock (latticekit's) is handed one that
+stops while the other engines step (:class:`EngineClock`), so it sees its engine's steps as
+though it ran alone.
 
 Every phase (concurrency level) gets prompts of its own: per domain, the held-out requests in
 id order are dealt out in the order of ``--concurrency``, ``--groups`` groups of ``concurrency``
@@ -78,8 +79,8 @@ only the last engine's metrics. Results: ``benchmarks/results/vllm_speed/``.
 
 Usage::
 
-    PYTHONPATH=. python benchmarks/vllm_speed.py [--concurrency 1 4 16] [--groups 3] [--max-tokens 96] \\
-        [--engines none empty vllm-ngram suffix latticekit lattice]
+    PYTHONPATH=. python benchmarks/vllm_speed.py [--lockstep] [--concurrency 1 4 16] [--groups 3] \\
+        [--max-tokens 96] [--engines none empty vllm-ngram suffix latticekit lattice]
 
 (``PYTHONPATH=.``: the ``empty`` engine's proposer is this file's :class:`EmptyProposer`,
 which vLLM's worker imports as ``benchmarks.vllm_speed.EmptyProposer``.)
@@ -172,7 +173,6 @@ def generate_sustained(llm: Any, prompts: list[str], params: Any, concurrency: i
     return [outputs[i] for i in range(len(prompts))]
 
 
-
 class EngineClock:
     """One engine's clock in a lockstep run: ``time.perf_counter`` less the time the engine sat
     out while the others stepped (:meth:`pause` to :meth:`resume`); it runs as a plain clock
@@ -248,6 +248,7 @@ def run_lockstep(engines: dict[str, Any], order: list[str], prompts: list[str], 
         for clock in clocks.values():
             clock.resume()
     return {name: (seconds[name], [outputs[name][i] for i in range(len(prompts))]) for name in order}
+
 
 def deal(texts: list[str], counts: list[int]) -> tuple[list[list[str]], str]:
     """``texts`` dealt out in order: ``counts[i]`` distinct ones to phase ``i``, then one to warm up."""

@@ -78,11 +78,13 @@ class ProposerConfig:
             per engine process (its proposer), shared by all its requests. Default 2**17 tokens
             (:data:`~latticekit.drafting.memory.DEFAULT_MAX_TOKENS`, about 45 MB when full).
         arms: the ways of drafting the proposer chooses among by the tokens per second each
-            really got, per load (of :data:`ARMS`); one alone is always taken. Default
-            ``["model"]``: the cost model's allocation at every step (its estimates corrected by
-            what was accepted, its step costs measured). All four (learnt per load) ran at 0.98x
-            it in ``benchmarks/vllm_speed.py --lockstep`` (the geometric mean of 27 groups;
-            docs/vllm.md): probing the other arms cost more than choosing among them gained.
+            really got, per load (of :data:`ARMS`); one alone is always taken. None: the
+            proposer's own. ``NGramProposer``'s is ``["model"]``, the cost model's allocation at
+            every step (its estimates corrected by what was accepted, its step costs measured):
+            all four arms (learnt per load) ran at 0.98x it in ``benchmarks/vllm_speed.py
+            --lockstep`` (the geometric mean of 27 groups; docs/vllm.md), probing the other arms
+            costing more than choosing among them gained. ``LatticeProposer``'s is all four: its
+            heads run every step but a plain one.
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -105,15 +107,16 @@ class ProposerConfig:
     alpha: float = 1.0
     check_hidden: bool = False
     memory_tokens: int = DEFAULT_MAX_TOKENS
-    arms: tuple[str, ...] = ("model",)
+    arms: Optional[tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
         arms = self.arms
-        if isinstance(arms, str) or not isinstance(arms, (list, tuple)) or not arms \
-                or any(not isinstance(a, str) or a not in ARMS for a in arms) or len(set(arms)) != len(arms):
-            raise ProposerConfigError(f"latticekit vLLM proposer: arms must be a list of distinct names among "
-                                      f"{list(ARMS)}, got {arms!r}")
-        object.__setattr__(self, "arms", tuple(a for a in ARMS if a in arms))
+        if arms is not None:
+            if isinstance(arms, str) or not isinstance(arms, (list, tuple)) or not arms \
+                    or any(not isinstance(a, str) or a not in ARMS for a in arms) or len(set(arms)) != len(arms):
+                raise ProposerConfigError(f"latticekit vLLM proposer: arms must be a list of distinct names among "
+                                          f"{list(ARMS)}, got {arms!r}")
+            object.__setattr__(self, "arms", tuple(a for a in ARMS if a in arms))
         if isinstance(self.memory_tokens, bool) or not isinstance(self.memory_tokens, int) or self.memory_tokens < 0:
             raise ProposerConfigError(f"latticekit vLLM proposer: memory_tokens must be an integer >= 0, "
                                       f"got {self.memory_tokens!r}")

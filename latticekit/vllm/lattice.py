@@ -41,7 +41,7 @@ from latticekit.drafting.chains import ChainDrafter
 from latticekit.drafting.drafters.auto import CANDIDATE_TOKENS, lm_candidates
 from latticekit.drafting.drafters.ngram import uniform_lm
 from latticekit.errors import ProposerConfigError
-from latticekit.vllm.config import ProposerConfig
+from latticekit.vllm.config import ARMS, ProposerConfig
 from latticekit.vllm.proposer import NGramProposer
 
 __all__ = ["LatticeProposer", "hidden_rows"]
@@ -78,6 +78,10 @@ class LatticeProposer(NGramProposer):
 
     reads_heads = True
     trust = "head+cache"
+    #: All four arms: the heads run every step but a plain one, whose outcomes tell where they
+    #: do not repay it (the cost model alone was measured against the arms for the n-gram
+    #: proposer only).
+    default_arms = ARMS
 
     def __init__(self, vllm_config: Any, config: Optional[ProposerConfig] = None) -> None:
         super().__init__(vllm_config, config)

@@ -12,16 +12,17 @@ Per row this proposer drafts latticekit's n-gram continuations of the request's 
 (:class:`~latticekit.drafting.chains.ChainDrafter`); per batch it chooses every chain's
 length for the most expected tokens per second under the step costs it measures from the
 engine's own steps (:func:`~latticekit.drafting.chains.allocate`): drafts shrink as the batch
-grows, down to none. Whether to draft, and how eagerly, is learnt from outcomes: per load
-bucket (the batch's rows, by powers of two) the arms ``plain`` (no drafting work at all),
-``lean``, ``model`` and ``eager`` (a draft token priced at 4, 1 and 1/4 times the fitted cost)
-keep the tokens the engine really emitted per second it really took (the wall time between
-calls, and the drafting), and :func:`~latticekit.drafting.arms.choose_arm` keeps the best and
-probes the others ever more rarely. A drafted step is also the outcome of every less eager arm
-on the same rows (each would have verified a prefix of the same chains: its accepted tokens
-are exact, its seconds the step's less the fitted cost of the drafts it leaves out), so the
-arms are compared on the same requests' steps. The estimates are scaled by the draft tokens
-accepted over those expected. A chain stops where its request's ``max_tokens`` would (vLLM
+grows, down to none. The estimates are scaled by the draft tokens accepted over those
+expected. With ``arms`` set to more than ``model`` (this proposer's default; the lattice
+proposer's are all four), whether to draft, and how eagerly, is learnt from outcomes: per load bucket (the batch's rows, by powers of two) the
+arms ``plain`` (no drafting work at all), ``lean``, ``model`` and ``eager`` (a draft token
+priced at 4, 1 and 1/4 times the fitted cost) keep the tokens the engine really emitted per
+second it really took (the wall time between calls, and the drafting), and
+:func:`~latticekit.drafting.arms.choose_arm` keeps the best and probes the others ever more
+rarely. A drafted step is also the outcome of every less eager arm on the same rows (each
+would have verified a prefix of the same chains: its accepted tokens are exact, its seconds
+the step's less the fitted cost of the drafts it leaves out), so the arms are compared on the
+same requests' steps. A chain stops where its request's ``max_tokens`` would (vLLM
 verifies a chain whole, and throws away what is accepted past it). Request state follows the
 batch: it is created when a request first appears, kept while a preempted request waits
 (bounded), and freed when the request finishes.
@@ -202,6 +203,8 @@ class NGramProposer:
     trust = "cache"
     #: The clock steps are timed with (seconds).
     clock = staticmethod(time.perf_counter)
+    #: The arms it chooses among where ``arms`` is not set: the cost model alone.
+    default_arms: tuple[str, ...] = ("model",)
 
     def __init__(self, vllm_config: Any, config: Optional[ProposerConfig] = None) -> None:
         self.config = config if config is not None else ProposerConfig.from_env()
@@ -220,6 +223,7 @@ class NGramProposer:
             if largest >= self.vocab_size:
                 raise ProposerConfigError(f"latticekit vLLM proposer: lm {self.config.lm!r} holds token id {largest}, "
                                           f"outside the model's vocabulary of {self.vocab_size}")
+        self.arms = self.config.arms if self.config.arms is not None else self.default_arms
         self.acceptance = AcceptanceModel.prior(trust=self.trust)
         self.memory = AnswerMemory(self.config.memory_tokens, vocab_size=self.vocab_size) \
             if self.config.memory_tokens else None
@@ -359,7 +363,7 @@ class NGramProposer:
     def _load(self, bucket: int) -> _Load:
         load = self.loads.get(bucket)
         if load is None:
-            load = self.loads[bucket] = _Load(self.config.prior_ratio, self.config.arms)
+            load = self.loads[bucket] = _Load(self.config.prior_ratio, self.arms)
         return load
 
     def _coefficients(self, bucket: int) -> CostFit:
@@ -427,7 +431,7 @@ class NGramProposer:
         weights = [b + c * n for n in context]
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
         lengths_by_arm: dict[str, dict[Any, int]] = {}
-        levels = (arm, *(other for other in LEVELS if other in self.config.arms and LEVELS[other] > LEVELS[arm]))
+        levels = (arm, *(other for other in LEVELS if other in self.arms and LEVELS[other] > LEVELS[arm]))
         prices = [LEVELS[level] for level in levels]
         for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s,
                                                                            weights)):

@@ -142,7 +142,6 @@ def test_the_benchmarks_sustained_load_answers_as_generate(engines: Any) -> None
     assert bench.generate_sustained(drafted, prompts, params, 2) == ids(base.generate(prompts, params, use_tqdm=False))
 
 
-
 def test_the_benchmarks_lockstep_answers_as_generate_and_times_each_engine_alone(engines: Any) -> None:
     """``benchmarks/vllm_speed.py --lockstep``: engines stepped in turn, each keeping its own
     requests in flight, give what ``generate`` gives, in prompt order; an engine's clock stops
@@ -170,6 +169,7 @@ def test_the_benchmarks_lockstep_answers_as_generate_and_times_each_engine_alone
     assert clock() == stopped
     clock.resume()
     assert stopped <= clock() < stopped + 0.04
+
 
 def test_churn_and_hostile_requests_leave_the_engine_up_and_free_finished_requests_states(engines: Any) -> None:
     base, drafted, stats_path = engines

@@ -527,6 +527,7 @@ def test_the_proposer_chooses_among_the_arms_it_is_given_alone() -> None:
         outcomes = proposer.stats()["arms"]["3"]  # a less eager arm's, from the steps of a more eager one too
         assert set(outcomes) == set(arms) and all(outcomes[arm][1] > 0 for arm in arms), arms
     assert played[("model",)] == {"model"}
+    assert NGramProposer(engine_config(), ProposerConfig()).arms == ("model",)  # its own default
 
 
 def test_vllms_schedule_of_draft_tokens_by_batch_size_caps_the_chains() -> None:
