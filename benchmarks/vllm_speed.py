@@ -150,27 +150,9 @@ def phase_counts(concurrency: list[int], groups: int, sustained: int = 0) -> lis
 def generate_sustained(llm: Any, prompts: list[str], params: Any, concurrency: int) -> list[list[int]]:
     """``prompts`` generated with ``concurrency`` of them in flight until the last is sent: each
     request that finishes is replaced by the next at once, through the engine's own
-    ``add_request`` and ``step`` (a server's full batch under sustained load). The output token
-    ids, in prompt order."""
-    from vllm.sampling_params import RequestOutputKind
-
-    engine = llm.llm_engine
-    params = params.clone()
-    params.output_kind = RequestOutputKind.FINAL_ONLY
-    base = f"sustained-{next(_REQUESTS)}-"
-    waiting = list(range(len(prompts)))[::-1]
-    outputs: dict[int, list[int]] = {}
-    in_flight = 0
-    while waiting or in_flight:
-        while waiting and in_flight < concurrency:
-            i = waiting.pop()
-            engine.add_request(base + str(i), prompts[i], params)
-            in_flight += 1
-        for out in engine.step():
-            if out.finished:
-                outputs[int(out.request_id[len(base):])] = list(out.outputs[0].token_ids)
-                in_flight -= 1
-    return [outputs[i] for i in range(len(prompts))]
+    ``add_request`` and ``step`` (a server's full batch under sustained load; :func:`run_lockstep`
+    with one engine). The output token ids, in prompt order."""
+    return run_lockstep({"engine": llm}, ["engine"], prompts, params, concurrency, {})["engine"][1]
 
 
 class EngineClock:
