@@ -301,6 +301,16 @@ class SourceAcceptance:
             raise DecoderConfigError("the sources' acceptance models must have one width (max_depth)")
         self.models = dict(models)
 
+    @classmethod
+    def prior(cls, sources: Sequence[str], trust: str = "cache") -> "SourceAcceptance":
+        """One :meth:`AcceptanceModel.prior` per source, each taking ``trust`` at its word until
+        its own nodes' outcomes say otherwise.
+
+        Raises:
+            DecoderConfigError: no source, a source not in :data:`SOURCES` or a bad ``trust``.
+        """
+        return cls({name: AcceptanceModel.prior(trust=trust) for name in sources})
+
     @property
     def max_depth(self) -> int:
         return next(iter(self.models.values())).max_depth
@@ -312,10 +322,12 @@ class SourceAcceptance:
     def conditional(self, features: np.ndarray, sources: np.ndarray) -> np.ndarray:
         """P(accepted | parent accepted) per row of :func:`node_features`: the largest estimate
         among the models of the node's sources."""
-        out = np.zeros(features.shape[0])
-        for model, member in self._members(sources):
-            if member.any():
-                out[member] = np.maximum(out[member], model.conditional(features[member]))
+        bits = np.array([SOURCES[name] for name in self.models], dtype=np.int64)
+        weights = np.stack([model.weights for model in self.models.values()], axis=1)
+        sources = np.asarray(sources, dtype=np.int64)[:, None]
+        member = ((sources & bits) != 0) | (sources == 0)  # (nodes, models)
+        estimates = 1.0 / (1.0 + np.exp(-(features @ weights)))  # every model's, as AcceptanceModel.conditional
+        out: np.ndarray = np.where(member, estimates, 0.0).max(axis=1, initial=0.0)
         return out
 
     def update(self, features: np.ndarray, labels: np.ndarray, sources: np.ndarray) -> None:

@@ -10,6 +10,7 @@ forward pass. Two things decide what a chain should be:
    earlier answers where a memory is given (:class:`~latticekit.drafting.memory.AnswerMemory`,
    :func:`~latticekit.drafting.memory.united_with_memory`), each node's acceptance
    probability from the acceptance estimates (:class:`~latticekit.drafting.calibration.AcceptanceModel`,
+   or one per candidate source, :class:`~latticekit.drafting.calibration.SourceAcceptance`,
    learnt online from every request's outcomes); the chain follows the most probable child
    down the candidate tree, with each position's probability of being accepted.
 2. **Per batch** (:func:`allocate`; at several prices at once, :func:`allocate_prices`): a draft
@@ -31,12 +32,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import numpy as np
 
 from latticekit.drafting.cache_model import CacheModel
-from latticekit.drafting.calibration import AcceptanceModel, CandidateTree, PendingLabels, node_features
+from latticekit.drafting.calibration import (SOURCES, AcceptanceModel, CandidateTree, PendingLabels, SourceAcceptance,
+                                             node_features)
 from latticekit.drafting.continuations import Continuations, best_continuations
 from latticekit.drafting.memory import AnswerMemory, memory_continuations, united_with_memory
 from latticekit.drafting.union import united_candidates
@@ -54,7 +56,13 @@ class ChainDrafter:
     Args:
         lm: the static Katz model over token ids, or None (the request's own text alone).
         vocab_size: the target's vocabulary (the cache model's fallback without ``lm``).
-        acceptance: the acceptance model it reads and teaches (shared by an engine's requests).
+        acceptance: the acceptance estimates it reads and teaches (shared by an engine's
+            requests): one model for every node, or one per candidate source
+            (:class:`~latticekit.drafting.calibration.SourceAcceptance`: the text's, the memory's,
+            the heads'), each calibrated on the nodes its source proposed. An earlier answer's
+            continuation that the request's own text does not back is accepted far less often
+            than the memory's counts say, and a model shared with the text's nodes learns an
+            average that suits neither (``benchmarks/replay_costs.py``).
         candidates: nodes of the candidate tree searched per step.
         max_depth: the longest chain.
         start: the text starts here in the ids handed over (a long prompt's head is left out:
@@ -65,7 +73,7 @@ class ChainDrafter:
             adds to the memory starts there.
     """
 
-    def __init__(self, lm: Optional[NGramLM], vocab_size: int, acceptance: AcceptanceModel,
+    def __init__(self, lm: Optional[NGramLM], vocab_size: int, acceptance: Union[AcceptanceModel, SourceAcceptance],
                  candidates: int = 32, max_depth: int = 12, start: int = 0,
                  memory: Optional[AnswerMemory] = None, prompt_length: int = 0) -> None:
         if candidates < 1 or max_depth < 1 or start < 0 or prompt_length < 0:
@@ -86,7 +94,11 @@ class ChainDrafter:
         """Brings the cache model up to ``ids`` and labels every candidate the text now decides."""
         self.model.sync(ids, self.start)
         features, labels = self.pending.resolve(self.model.ids)
-        self.acceptance.update(features, labels)
+        if isinstance(self.acceptance, SourceAcceptance):  # the features' last column: the node's sources
+            if len(labels):
+                self.acceptance.update(features[:, :-1], labels, features[:, -1].astype(np.int64))
+        else:
+            self.acceptance.update(features, labels)
 
     def propose(self, max_length: int) -> tuple[np.ndarray, np.ndarray]:
         """The chain after the text :meth:`observe` last saw (at most ``max_length`` tokens) and
@@ -94,20 +106,27 @@ class ChainDrafter:
         text = self.model.ids
         if max_length < 1 or not text:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        found = self.candidate_tree(max_length)
+        found, sources = self._candidates(max_length)
         if not found.size:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        return self._chain(found.tree(), len(text) - 1)
+        tree = found.tree()
+        tree.sources = sources
+        return self._chain(tree, len(text) - 1)
 
     def candidate_tree(self, max_length: int) -> Continuations:
         """The candidates :meth:`propose` chooses its chain from: the text's continuations of
         at most ``max_length`` tokens, united with the memory's (``max_length`` >= 1)."""
+        return self._candidates(max_length)[0]
+
+    def _candidates(self, max_length: int) -> tuple[Continuations, np.ndarray]:
+        """:meth:`candidate_tree`, and each node's sources (bits of
+        :data:`~latticekit.drafting.calibration.SOURCES`)."""
         text = self.model.ids
         depth = min(self.max_depth, max_length)
         found = best_continuations(self.model, text, self.candidates, depth)
         if self.memory is None:
-            return found
-        return united_with_memory(found, memory_continuations(self.memory, text, self.candidates, depth))[0]
+            return found, np.full(found.size, SOURCES["text"], dtype=np.int64)
+        return united_with_memory(found, memory_continuations(self.memory, text, self.candidates, depth))
 
     def remember(self) -> None:
         """Adds the request's answer (its text after the prompt, as far as :meth:`observe` saw
@@ -126,19 +145,25 @@ class ChainDrafter:
         if max_length < 1 or not text:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         depth = min(self.max_depth, max_length)
-        found = self.candidate_tree(max_length)
+        found, sources = self._candidates(max_length)
         if lattice.h > depth + 1:
             lattice = SausageLattice(lattice.tokens[:depth + 1], lattice.scores[:depth + 1],
                                      lattice.widths[:depth + 1])
-        tree = united_candidates(self.model, text, found, lattice, search_lm, p, alpha, self.model.static)
+        tree = united_candidates(self.model, text, found, lattice, search_lm, p, alpha, self.model.static,
+                                 found_sources=sources.tolist())
         return self._chain(tree, len(text) - 1)
 
     def _chain(self, tree: CandidateTree, root_index: int) -> tuple[np.ndarray, np.ndarray]:
         """The tree's best chain and each position's acceptance probability; its candidates wait
         for their labels."""
         features = node_features(tree, self.acceptance.max_depth)
-        probability = tree.path_probability(self.acceptance.conditional(features))
-        self.pending.add(root_index, tree, features)
+        if isinstance(self.acceptance, SourceAcceptance):
+            assert tree.sources is not None  # set by CandidateTree.__post_init__
+            probability = tree.path_probability(self.acceptance.conditional(features, tree.sources))
+            self.pending.add(root_index, tree, np.column_stack([features, tree.sources]))
+        else:
+            probability = tree.path_probability(self.acceptance.conditional(features))
+            self.pending.add(root_index, tree, features)
         chain = tree.best_chain(probability)
         return tree.tokens[chain].astype(np.int64), probability[chain]
 

@@ -12,9 +12,11 @@ Per row this proposer drafts latticekit's n-gram continuations of the request's 
 (:class:`~latticekit.drafting.chains.ChainDrafter`); per batch it chooses every chain's
 length for the most expected tokens per second under the step costs it measures from the
 engine's own steps (:func:`~latticekit.drafting.chains.allocate`): drafts shrink as the batch
-grows, down to none. The estimates are scaled by the draft tokens accepted over those
-expected. With ``arms`` set to more than ``model`` (this proposer's default; the lattice
-proposer's are all four), whether to draft, and how eagerly, is learnt from outcomes: per load bucket (the batch's rows, by powers of two) the
+grows, down to none. The acceptance estimates are learnt per candidate source (the text's,
+the memory's, the heads'), and scaled by the draft tokens accepted over those expected. With
+``arms`` set to more than ``model`` (this proposer's default; the lattice proposer's are all
+four), whether to draft, and how eagerly, is learnt from outcomes: per load bucket (the
+batch's rows, by powers of two) the
 arms ``plain`` (no drafting work at all), ``lean``, ``model`` and ``eager`` (a draft token
 priced at 4, 1 and 1/4 times the fitted cost) keep the tokens the engine really emitted per
 second it really took (the wall time between calls, and the drafting), and
@@ -50,7 +52,7 @@ from typing import Any, NamedTuple, Optional, cast
 import numpy as np
 
 from latticekit.drafting.arms import ArmStats, choose_arm, probe_outcome
-from latticekit.drafting.calibration import AcceptanceModel
+from latticekit.drafting.calibration import SourceAcceptance
 from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate_prices
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
@@ -199,7 +201,8 @@ class NGramProposer:
 
     #: Whether the proposer drafts from heads (``heads`` is its setting).
     reads_heads = False
-    #: What the acceptance estimates' prior takes at its word (:meth:`AcceptanceModel.prior`).
+    #: What the acceptance estimates' prior takes at its word
+    #: (:meth:`~latticekit.drafting.calibration.AcceptanceModel.prior`).
     trust = "cache"
     #: The clock steps are timed with (seconds).
     clock = staticmethod(time.perf_counter)
@@ -224,9 +227,12 @@ class NGramProposer:
                 raise ProposerConfigError(f"latticekit vLLM proposer: lm {self.config.lm!r} holds token id {largest}, "
                                           f"outside the model's vocabulary of {self.vocab_size}")
         self.arms = self.config.arms if self.config.arms is not None else self.default_arms
-        self.acceptance = AcceptanceModel.prior(trust=self.trust)
         self.memory = AnswerMemory(self.config.memory_tokens, vocab_size=self.vocab_size) \
             if self.config.memory_tokens else None
+        # one model per candidate source: an earlier answer's continuation is trusted as far as
+        # answers have proven right, not as far as the request's own text has
+        self.acceptance = SourceAcceptance.prior(("heads",) * self.reads_heads + ("text",)
+                                                 + ("memory",) * (self.memory is not None), trust=self.trust)
         self.costs = BatchCosts(prior_ratio=self.config.prior_ratio)
         runner = _find_runner()
         self._runner = weakref.ref(runner) if runner is not None else None

@@ -199,3 +199,36 @@ def test_chain_drafter_drafts_from_an_earlier_answer() -> None:
     alone = ChainDrafter(None, 100, acceptance, prompt_length=3)
     alone.observe([4, 5, 6, 10, 11])
     assert alone.propose(5)[0].size == 0
+
+
+def test_chain_drafter_learns_each_sources_estimates_from_its_own_nodes() -> None:
+    """Earlier answers that every new request contradicts teach the memory's estimates alone:
+    per source, the text's copy keeps its confidence and the memory's miss loses it, where one
+    model shared by both sources learns an average that suits neither."""
+    from latticekit.drafting.calibration import AcceptanceModel, SourceAcceptance
+    from latticekit.drafting.chains import ChainDrafter
+
+    def first_probabilities(acceptance: "AcceptanceModel | SourceAcceptance") -> tuple[float, float]:
+        memory = AnswerMemory(1000)
+        for _ in range(5):
+            memory.add([20, 21, 30, 31, 32])  # after 20 the answers said 21: never so again
+        for r in range(12):
+            prompt = [50 + r % 5, 1, 2, 3, 4, 5, 6]
+            text = prompt + [1, 2, 3, 4, 5, 6, 20, 60 + r, 70 + r, 80 + r]  # copies its prompt, then new
+            drafter = ChainDrafter(None, 100, acceptance, memory=memory, prompt_length=len(prompt))
+            for t in range(len(prompt), len(text) + 1):
+                drafter.observe(text[:t])
+                chain, probability = drafter.propose(4)
+                assert len(chain) == len(probability) and np.all(np.diff(probability) <= 1e-12)
+        drafter = ChainDrafter(None, 100, acceptance, memory=memory, prompt_length=7)
+        drafter.observe([55, 1, 2, 3, 4, 5, 6, 1, 2])
+        copy, copy_p = drafter.propose(3)
+        drafter.observe([55, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 20])
+        recalled, recalled_p = drafter.propose(3)
+        assert copy.tolist() == [3, 4, 5] and recalled.tolist() == [21, 30, 31]
+        return float(copy_p[0]), float(recalled_p[0])
+
+    text_p, memory_p = first_probabilities(SourceAcceptance.prior(("text", "memory")))
+    shared_text_p, shared_memory_p = first_probabilities(AcceptanceModel.prior(trust="cache"))
+    assert memory_p < 0.5 < text_p
+    assert text_p > shared_text_p and memory_p < shared_memory_p - 0.2

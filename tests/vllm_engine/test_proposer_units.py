@@ -312,6 +312,9 @@ def test_propose_drafts_each_row_within_bounds_and_follows_rows() -> None:
     near_end.put(0, ([5, 6, 7, 8, 9] * 13)[:62])
     assert len(proposer.propose([[6]], near_end.lengths, near_end.ids)[0]) <= 1  # max_model_len bounds it
     assert proposer.stats()["errors"] == 0
+    assert set(proposer.acceptance.models) == {"text", "memory"}  # estimates per candidate source
+    alone = NGramProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.0), memory_tokens=0))
+    assert set(alone.acceptance.models) == {"text"}
 
 
 def test_an_exception_becomes_empty_drafts_logged_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -679,6 +682,7 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     proposer._hidden = hidden  # what the hook on the logits processor keeps
     out = proposer.propose([[10], [22]], batch.lengths, batch.ids)
     assert proposer.counters["lattice_rows"] == 2 and proposer.counters["errors"] == 0 and all(out)
+    assert set(proposer.acceptance.models) == {"heads", "text", "memory"}  # estimates per candidate source
     assert proposer.counters["hidden_mismatch"] == 0
     for r, text in enumerate(texts):
         alone = ChainDrafter(None, 64, AcceptanceModel.prior(trust="head+cache"), candidates=32, max_depth=12)
