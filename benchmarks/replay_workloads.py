@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from headsfree_prompts import COPY_CODE_TASKS, _functions, _hash, _heldout, _local_names  # noqa: E402
 from vllm_speed import DOMAINS  # noqa: E402
 
-__all__ = ["WORKLOADS", "AGENT_TEMPLATE", "workload_requests", "greedy_streams"]
+__all__ = ["WORKLOADS", "AGENT_TEMPLATE", "workload_requests", "greedy_streams", "streams_of"]
 
 WORKLOADS = ("chat", "summary", "code", "repeated")
 AGENT_TEMPLATE = ("You are an agent that indexes a code base. For the Python code below, reply with exactly "
@@ -95,15 +95,19 @@ def workload_requests(workload: str, count: int) -> list[str]:
 
 def greedy_streams(workload: str, count: int, max_tokens: int, batch: int = 32) -> list[dict[str, list[int]]]:
     """Per request, ``{"prompt": ids, "continuation": greedy ids}``, cached (see the module docstring)."""
+    return streams_of(workload, workload_requests(workload, count), max_tokens, batch)
+
+
+def streams_of(name: str, texts: list[str], max_tokens: int, batch: int = 32) -> list[dict[str, list[int]]]:
+    """:func:`greedy_streams` of these user messages, cached under ``name`` and a key of them."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     import vllm
 
     from latticekit.loading import smollm2_hf_folder
 
-    texts = workload_requests(workload, count)
     key = hashlib.sha256(json.dumps([STREAMS_VERSION, "SmolLM2-135M-Instruct", "float32", "greedy", max_tokens,
                                      vllm.__version__, texts]).encode()).hexdigest()[:16]
-    path = ROOT / "cache" / "replay_streams" / f"{workload}-{len(texts)}-{max_tokens}-{key}.json"
+    path = ROOT / "cache" / "replay_streams" / f"{name}-{len(texts)}-{max_tokens}-{key}.json"
     if path.exists():
         return json.loads(path.read_text())["streams"]
     folder = smollm2_hf_folder()

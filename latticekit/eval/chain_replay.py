@@ -17,6 +17,9 @@ allocation of the proposer left out: one request at a time, a draft token free).
 :class:`LatticekitTrees` verifies the whole candidate tree the chain is chosen from instead (the
 text's p best continuations, united with the memory's): what tree verification could accept,
 beside the chains (not comparable with them: a tree verifies more tokens a call).
+:class:`ProposerChains` is the vLLM proposer itself, its allocation of chain lengths included,
+at given step costs: with each request's draft tokens (:attr:`ChainReplay.drafts`), a replay
+then says what an engine of those costs would take in seconds (``benchmarks/replay_costs.py``).
 ``benchmarks/replay_drafters.py`` adds vLLM's ``ngram`` and SuffixDecoding; the test
 ``tests/decoding/test_chain_replay.py`` checks a replay against real greedy verification.
 """
@@ -26,16 +29,21 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Optional, Protocol
 
-from latticekit.drafting.calibration import AcceptanceModel
+import numpy as np
+
+from latticekit.drafting.calibration import SourceAcceptance
 from latticekit.drafting.chains import ChainDrafter
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.drafting.tree import Draft
 from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
+from latticekit.vllm import NGramProposer, ProposerConfig
 
-__all__ = ["ChainSource", "ChainReplay", "LatticekitChains", "LatticekitTrees", "replay_chains", "accepted_prefix"]
+__all__ = ["ChainSource", "ChainReplay", "LatticekitChains", "LatticekitTrees", "ProposerChains", "replay_chains",
+           "accepted_prefix"]
 
 
 class ChainSource(Protocol):
@@ -64,6 +72,7 @@ class ChainReplay:
         drafted: draft tokens proposed (a tree's nodes).
         draft_seconds: seconds in the drafter's ``propose`` and bookkeeping.
         per_request: each request's ``(tokens, calls)``.
+        drafts: each request's ``(draft tokens, drafting seconds)``.
     """
 
     tokens: int = 0
@@ -72,6 +81,7 @@ class ChainReplay:
     drafted: int = 0
     draft_seconds: float = 0.0
     per_request: list[tuple[int, int]] = field(default_factory=list)
+    drafts: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def tokens_per_call(self) -> float:
@@ -105,16 +115,16 @@ def replay_chains(streams: Sequence[tuple[Sequence[int], Sequence[int]]], source
         prompt, continuation = [int(t) for t in prompt], [int(t) for t in continuation]
         if not continuation:
             continue
-        t0 = clock()
+        drafted, t0 = out.drafted, clock()
         source.start(prompt)
-        out.draft_seconds += clock() - t0
+        seconds = clock() - t0
         ids = prompt + continuation[:1]  # the prefill's token
         emitted, calls = continuation[:1], 1
         while len(ids) - len(prompt) < len(continuation):
             at = len(ids) - len(prompt)
             t0 = clock()
             draft = list(source.propose(ids, emitted, max_length))
-            out.draft_seconds += clock() - t0
+            seconds += clock() - t0
             if draft and isinstance(draft[0], tuple):  # a tree: its longest path on the greedy tokens
                 out.drafted += len(draft)
                 accepted, _ = Draft.from_paths(path[:max_length] for path in draft).accepted(continuation, at)
@@ -126,11 +136,13 @@ def replay_chains(streams: Sequence[tuple[Sequence[int], Sequence[int]]], source
             calls += 1
         t0 = clock()
         source.finish(ids)
-        out.draft_seconds += clock() - t0
+        seconds += clock() - t0
+        out.draft_seconds += seconds
         out.tokens += len(continuation)
         out.calls += calls
         out.steps += calls - 1
         out.per_request.append((len(continuation), calls))
+        out.drafts.append((out.drafted - drafted, seconds))
     return out
 
 
@@ -148,7 +160,7 @@ class LatticekitChains:
     def __init__(self, vocab_size: int, lm: Optional[NGramLM] = None, memory: Optional[AnswerMemory] = None,
                  candidates: int = 32) -> None:
         self.vocab_size, self.lm, self.memory, self.candidates = vocab_size, lm, memory, candidates
-        self.acceptance = AcceptanceModel.prior(trust="cache")
+        self.acceptance = SourceAcceptance.prior(("text",) + ("memory",) * (memory is not None))
         self.state: Optional[ChainDrafter] = None
 
     def start(self, prompt: Sequence[int]) -> None:
@@ -175,3 +187,38 @@ class LatticekitTrees(LatticekitChains):
         assert self.state is not None
         self.state.observe(ids)
         return self.state.candidate_tree(max_length).paths()
+
+
+class ProposerChains:
+    """latticekit's vLLM proposer (:class:`~latticekit.vllm.NGramProposer`: the chain drafter
+    with the per-batch allocation of chain lengths) driven as vLLM's runner drives it, a batch of
+    one request at a time, at given step costs ``(a, b)`` (its ``step_costs`` setting: a step of
+    n query tokens takes ``a + b n`` seconds): what it drafts at one request on an engine of
+    those costs. A finished answer goes into its memory when the next request takes the row
+    (the proposer's own way without a runner to tell it; the last step's tokens are left out).
+
+    Args:
+        k: the engine's ``num_speculative_tokens``.
+        vocab_size: the target's vocabulary.
+        settings: the proposer's other settings (:class:`~latticekit.vllm.ProposerConfig`;
+            ``step_costs`` is required).
+    """
+
+    def __init__(self, k: int, vocab_size: int, **settings: Any) -> None:
+
+        engine = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                                 model_config=SimpleNamespace(max_model_len=1 << 16, get_vocab_size=lambda: vocab_size))
+        self.proposer = NGramProposer(engine, ProposerConfig(**settings))
+        self._buffer = np.zeros((1, 0), dtype=np.int32)
+
+    def start(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(self, ids: Sequence[int], emitted: Sequence[int], max_length: int) -> Sequence[int]:
+        if self._buffer.shape[1] < len(ids):
+            self._buffer = np.zeros((1, 2 * len(ids)), dtype=np.int32)
+        self._buffer[0, :len(ids)] = ids
+        return self.proposer.propose([list(emitted)], np.array([len(ids)]), self._buffer)[0]
+
+    def finish(self, ids: Sequence[int]) -> None:
+        pass

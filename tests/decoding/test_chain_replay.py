@@ -103,3 +103,19 @@ def test_a_tree_accepts_its_longest_path_on_the_greedy_tokens() -> None:
     got = replay_chains([([5], [0, 1, 2, 3, 4, 5])], Tree(), 3)
     # prefill "0"; then (1, 2, 3) of (1, 2, 3, 4) cut to 3 tokens, and "4"; then nothing, "5"
     assert got.per_request == [(6, 3)] and got.drafted == 6
+
+
+def test_the_proposer_replayed_drafts_the_chain_drafters_chains_when_drafts_are_free() -> None:
+    """The vLLM proposer at one request, a draft token free: the chain drafter's whole chains,
+    step for step; at a draft token's price above any gain, nothing."""
+    from latticekit.eval.chain_replay import LatticekitChains, ProposerChains
+
+    prompt = [1, 2, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 9]
+    streams = [(prompt, [1, 2, 10, 11, 12, 13, 14, 15, 16, 17, 3, 1, 2, 10, 11]),
+               ([4, 5, 6, 7, 8, 4, 5], [6, 7, 8, 4, 5, 6, 7, 8, 30, 31])]
+    free = replay_chains(streams, ProposerChains(4, 100, step_costs=(1.0, 0.0), memory_tokens=0), 4)
+    chains = replay_chains(streams, LatticekitChains(100), 4)
+    assert free.per_request == chains.per_request and free.drafted == chains.drafted > 0
+    assert [d for d, _ in free.drafts] == [d for d, _ in chains.drafts] and sum(d for d, _ in free.drafts) == free.drafted
+    dear = replay_chains(streams, ProposerChains(4, 100, step_costs=(1.0, 100.0), memory_tokens=0), 4)
+    assert dear.drafted == 0 and [calls for _, calls in dear.per_request] == [15, 10]
