@@ -161,24 +161,31 @@ def united_with_memory(found: Continuations, recalled: Continuations) -> tuple[C
         The tree, and each node's sources (bits of
         :data:`~latticekit.drafting.calibration.SOURCES`: the text's, the memory's, or both).
     """
-    paths = found.paths()
-    index = {path: i for i, path in enumerate(paths)}
-    sources = [SOURCES["text"]] * len(paths)
+    if not recalled.size:
+        return found, np.full(found.size, SOURCES["text"], dtype=np.int64)
     tokens, parents, depths = found.tokens.tolist(), found.parents.tolist(), found.depths.tolist()
     logprob, static = found.logprob.tolist(), found.static_logprob.tolist()
-    for j, path in enumerate(recalled.paths()):
-        i = index.get(path)
-        if i is not None:
-            logprob[i] = max(logprob[i], float(recalled.logprob[j]))
+    sources = [SOURCES["text"]] * len(tokens)
+    # a node is its parent's node and its token: the memory's nodes (parents first) are
+    # placed by their parents' places in the united tree
+    index = {(parent, token): i for i, (parent, token) in enumerate(zip(parents, tokens))}
+    placed: list[int] = []
+    for token, parent, depth, lp in zip(recalled.tokens.tolist(), recalled.parents.tolist(),
+                                        recalled.depths.tolist(), recalled.logprob.tolist()):
+        key = (placed[parent] if parent >= 0 else -1, token)
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(tokens)
+            sources.append(SOURCES["memory"])
+            tokens.append(token)
+            parents.append(key[0])
+            depths.append(depth)
+            logprob.append(lp)
+            static.append(float("nan"))
+        else:
+            logprob[i] = max(logprob[i], lp)
             sources[i] |= SOURCES["memory"]
-            continue
-        index[path] = len(tokens)
-        sources.append(SOURCES["memory"])
-        tokens.append(path[-1])
-        parents.append(index[path[:-1]] if len(path) > 1 else -1)
-        depths.append(len(path))
-        logprob.append(float(recalled.logprob[j]))
-        static.append(float("nan"))
+        placed.append(i)
     score: list[float] = []
     for parent, lp in zip(parents, logprob):
         score.append((score[parent] if parent >= 0 else 0.0) + lp)
