@@ -300,6 +300,8 @@ class SourceAcceptance:
         if len({model.weights.shape[0] for model in models.values()}) != 1:
             raise DecoderConfigError("the sources' acceptance models must have one width (max_depth)")
         self.models = dict(models)
+        self._models = list(self.models.values())
+        self._bits = np.array([SOURCES[name] for name in self.models], dtype=np.int64)
 
     @classmethod
     def prior(cls, sources: Sequence[str], trust: str = "cache") -> "SourceAcceptance":
@@ -322,10 +324,10 @@ class SourceAcceptance:
     def conditional(self, features: np.ndarray, sources: np.ndarray) -> np.ndarray:
         """P(accepted | parent accepted) per row of :func:`node_features`: the largest estimate
         among the models of the node's sources."""
-        bits = np.array([SOURCES[name] for name in self.models], dtype=np.int64)
-        weights = np.stack([model.weights for model in self.models.values()], axis=1)
         sources = np.asarray(sources, dtype=np.int64)[:, None]
-        member = ((sources & bits) != 0) | (sources == 0)  # (nodes, models)
+        member = (sources & self._bits) != 0  # (nodes, models)
+        member |= sources == 0
+        weights = np.column_stack([model.weights for model in self._models])
         estimates = 1.0 / (1.0 + np.exp(-(features @ weights)))  # every model's, as AcceptanceModel.conditional
         out: np.ndarray = np.where(member, estimates, 0.0).max(axis=1, initial=0.0)
         return out
