@@ -51,7 +51,7 @@ from typing import Any, NamedTuple, Optional, cast
 
 import numpy as np
 
-from latticekit.drafting.arms import ArmStats, choose_arm, probe_outcome
+from latticekit.drafting.arms import PROBE_BUDGET, ArmStats, choose_arm, probe_outcome
 from latticekit.drafting.calibration import SourceAcceptance
 from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate_prices
 from latticekit.drafting.memory import AnswerMemory
@@ -144,7 +144,8 @@ class _Load:
         """The arm of the next step (:func:`~latticekit.drafting.arms.choose_arm`)."""
         self.steps += 1
         names = tuple(self.arms)
-        return choose_arm(names, self.arms, self.worth, self.steps) or ("plain" if "plain" in self.arms else names[0])
+        return choose_arm(names, self.arms, self.worth, self.steps, budget=PROBE_BUDGET) \
+            or ("plain" if "plain" in self.arms else names[0])
 
     def record(self, arm: str, tokens: int, seconds: float) -> None:
         """A step of ``arm`` emitted ``tokens`` in ``seconds`` (engine and drafting); nothing
