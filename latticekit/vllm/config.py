@@ -33,7 +33,7 @@ LATTICE_PROPOSER = "latticekit.vllm.LatticeProposer"
 #: The ways of drafting the proposer chooses among by their outcomes (``arms``): a draft token
 #: priced at the fitted step cost (``model``), at a quarter of it (``eager``) or at four times it
 #: (``lean``), or no drafting at all (``plain``).
-ARMS = ("model", "eager", "lean", "plain")
+ARMS = ("model", "eager", "lean", "plain", "text")
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,11 @@ class ProposerConfig:
             every step (its estimates corrected by what was accepted, its step costs measured):
             all four arms (learnt per load) ran at 0.98x it in ``benchmarks/vllm_speed.py
             --lockstep`` (the geometric mean of 27 groups; docs/vllm.md), probing the other arms
-            costing more than choosing among them gained. ``LatticeProposer``'s is all four: its
-            heads run every step but a plain one.
+            costing more than choosing among them gained. ``text`` is the lattice proposer's
+            alone: its n-grams without the heads (the heads not run), at the cost model's
+            allocation. ``LatticeProposer``'s is all five: the heads' cost is what ``plain`` and
+            ``text`` steps save, and where the heads do not repay it (a busy CPU) it drafts as
+            ``NGramProposer`` does.
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``

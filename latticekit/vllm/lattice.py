@@ -27,7 +27,9 @@ one row per request plus one per verified draft token, in batch order; the row o
 last emitted token is its first row plus the tokens it emitted, less one (the index vLLM's own
 Medusa proposer takes). The heads' cost is measured with the rest of drafting and counts in
 the arms' outcomes, so where they do not repay it (a large batch on a CPU) the proposer drafts
-less, or keeps to plain steps (which run no heads at all).
+less, or keeps to ``text`` steps (its n-grams alone, as ``NGramProposer`` drafts) or plain ones,
+neither of which runs the heads; a probe of the heads then waits as long as its loss against
+the best arm allows (:func:`~latticekit.drafting.arms.choose_arm`'s budget).
 """
 
 from __future__ import annotations
@@ -78,9 +80,9 @@ class LatticeProposer(NGramProposer):
 
     reads_heads = True
     trust = "head+cache"
-    #: All four arms: the heads run every step but a plain one, whose outcomes tell where they
-    #: do not repay it (the cost model alone was measured against the arms for the n-gram
-    #: proposer only).
+    #: All five arms: the heads run every step but a plain or a text one, whose outcomes tell
+    #: where they do not repay it (the cost model alone was measured against the arms for the
+    #: n-gram proposer only).
     default_arms = ARMS
 
     def __init__(self, vllm_config: Any, config: Optional[ProposerConfig] = None) -> None:
@@ -116,7 +118,7 @@ class LatticeProposer(NGramProposer):
         the heads run once on the batch's states (:func:`~latticekit.decoding.lattices.candidate_lattices`)."""
         hidden, self._hidden = self._hidden, None
         self._lattices = [None] * len(sampled)
-        if hidden is None or self.heads is None:
+        if hidden is None or self.heads is None or not self._heads_now:  # a text step: n-grams alone
             return
         runner = self._runner() if self._runner is not None else None
         spec = getattr(getattr(runner, "input_batch", None), "spec_token_ids", None)

@@ -65,7 +65,8 @@ logger = logging.getLogger("latticekit.vllm")
 #: The drafting arms of :data:`~latticekit.vllm.config.ARMS`, the ways of drafting the proposer
 #: chooses among by their outcomes, per load: each level prices a draft token at this multiple of
 #: the fitted per-token step cost in the batch's allocation
-#: (:func:`~latticekit.drafting.chains.allocate`); ``plain`` drafts nothing (no drafting work at all).
+#: (:func:`~latticekit.drafting.chains.allocate`); ``plain`` drafts nothing (no drafting work at all);
+#: ``text``, the lattice proposer's, drafts its n-grams alone at ``model``'s price (its heads not run).
 LEVELS = {"model": 1.0, "eager": 0.25, "lean": 4.0}
 
 
@@ -228,6 +229,10 @@ class NGramProposer:
                 raise ProposerConfigError(f"latticekit vLLM proposer: lm {self.config.lm!r} holds token id {largest}, "
                                           f"outside the model's vocabulary of {self.vocab_size}")
         self.arms = self.config.arms if self.config.arms is not None else self.default_arms
+        if "text" in self.arms and not self.reads_heads:
+            raise ProposerConfigError("latticekit vLLM proposer: arm 'text' (n-grams without the heads) is "
+                                      "latticekit.vllm.LatticeProposer's; NGramProposer drafts n-grams alone anyway")
+        self._heads_now = True  # whether this step's arm reads the heads (the lattice proposer's)
         self.memory = AnswerMemory(self.config.memory_tokens, vocab_size=self.vocab_size) \
             if self.config.memory_tokens else None
         # one model per candidate source: an earlier answer's continuation is trusted as far as
@@ -403,6 +408,7 @@ class NGramProposer:
         arm = self._arm(rows)
         if arm == "plain":  # no drafting work at all (the states catch up when drafting resumes)
             return [[] for _ in range(rows)], arm, 0.0, {}, None
+        self._heads_now = arm != "text"
         cap = self._schedule[min(rows, len(self._schedule) - 1)] if self._schedule is not None else None
         prepared: list[Optional[tuple[ChainDrafter, int]]] = [None] * rows
         for i in range(rows):
@@ -438,8 +444,10 @@ class NGramProposer:
         weights = [b + c * n for n in context]
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
         lengths_by_arm: dict[str, dict[Any, int]] = {}
-        levels = (arm, *(other for other in LEVELS if other in self.arms and LEVELS[other] > LEVELS[arm]))
-        prices = [LEVELS[level] for level in levels]
+        # a heads step is the outcome of the heads' less eager levels too; a text step, of none but plain
+        levels = (arm,) if arm == "text" else \
+            (arm, *(other for other in LEVELS if other in self.arms and LEVELS[other] > LEVELS[arm]))
+        prices = [LEVELS["model"] if level == "text" else LEVELS[level] for level in levels]
         for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s,
                                                                            weights)):
             chosen, expected = self._repaid(probabilities, allocated, a, price, weights)

@@ -28,6 +28,8 @@ from latticekit.vllm.proposer import _Step, load_bucket
 from vllm_helpers import rss_mb
 
 ARPA = Path(__file__).resolve().parents[1] / "data" / "words-small-katz2.arpa.gz"
+#: The n-gram proposer's arms: every level of aggressiveness and plain steps (``text`` is the lattice proposer's).
+LEVEL_ARMS = tuple(arm for arm in ARMS if arm != "text")
 
 
 def objective(probabilities: list[np.ndarray], lengths: list[int], a: float, b: float, overhead: float,
@@ -502,7 +504,7 @@ def drive(proposer: NGramProposer, truths: list[list[int]], prompt: int, steps: 
 
 def test_outcomes_keep_plain_steps_under_load_probe_cheaply_and_draft_again_when_the_load_drops() -> None:
     rng = np.random.default_rng(0)
-    proposer = TimedProposer(engine_config(k=6, max_model_len=4096, vocab=1000), ProposerConfig(arms=ARMS))
+    proposer = TimedProposer(engine_config(k=6, max_model_len=4096, vocab=1000), ProposerConfig(arms=LEVEL_ARMS))
     clock = proposer.clock = Clock()
     # 16 requests whose drafts a step rarely accepts (random text), at 0.1 s + 10 ms a query token
     noise = [rng.integers(0, 40, 800).tolist() for _ in range(16)]
@@ -546,7 +548,7 @@ def test_vllms_schedule_of_draft_tokens_by_batch_size_caps_the_chains() -> None:
 
 
 def test_estimates_are_corrected_by_what_was_accepted_against_what_was_expected() -> None:
-    proposer = NGramProposer(engine_config(), ProposerConfig(arms=ARMS))
+    proposer = NGramProposer(engine_config(), ProposerConfig(arms=LEVEL_ARMS))
     proposer._last_end = 0.0
     assert proposer.correction == 1.0  # nothing drafted yet
     for _ in range(20):  # steps that expected 4 draft tokens accepted, and got 1
@@ -561,7 +563,7 @@ def test_estimates_are_corrected_by_what_was_accepted_against_what_was_expected(
 
 
 def test_a_drafted_step_is_the_outcome_of_every_less_eager_arm_on_the_same_rows() -> None:
-    proposer = NGramProposer(engine_config(), ProposerConfig(arms=ARMS))
+    proposer = NGramProposer(engine_config(), ProposerConfig(arms=LEVEL_ARMS))
     for n in (1, 5, 10, 20):  # the engine's steps: 0.1 s + 10 ms a query token
         proposer.costs.add(n, 0.1 + 0.01 * n)
     a, b, c = proposer.costs.coefficients()
@@ -594,7 +596,7 @@ def test_the_draft_tokens_an_arm_leaves_out_are_priced_by_their_rows_context() -
     """With a key's price fitted, a less eager arm's seconds are the step's less what its left-out
     draft tokens cost at their own rows' contexts; and the next step's keys (its query tokens
     times their contexts) go into the fit."""
-    proposer = NGramProposer(engine_config(), ProposerConfig(arms=ARMS))
+    proposer = NGramProposer(engine_config(), ProposerConfig(arms=LEVEL_ARMS))
     for tokens, context in itertools.product((1, 3, 6, 9), (100, 800, 2000)):
         proposer.costs.add(tokens, 0.1 + 0.002 * tokens + 4e-6 * tokens * context, tokens * context)
     _, b, c = proposer.costs.coefficients()
@@ -622,7 +624,7 @@ def test_a_step_a_request_joined_is_no_steps_cost() -> None:
     """A request of a two-token prompt joins after the engine sat idle (serving other engines, or
     nobody): its prefill step holds fewer query tokens than the last call scheduled, but it is no
     verifying step's cost, nor any arm's outcome; a step of the same rows is."""
-    proposer = NGramProposer(engine_config(), ProposerConfig(arms=ARMS))
+    proposer = NGramProposer(engine_config(), ProposerConfig(arms=LEVEL_ARMS))
     proposer._last_end, proposer._verify_tokens = 0.0, 1 + 8
     proposer._learn(_Step(1, "model", 0.001, 2.0, {"model": {"r0": 8}}, {"r0": 100}, ("r0",)), 5.0, [[7]], ["r1"],
                     tokens=2)
@@ -694,6 +696,23 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     proposer._hidden = torch.randn(3, 32)  # rows that do not add up to the batch: n-grams alone, counted
     proposer.propose([[10], [22]], batch.lengths, batch.ids)
     assert proposer.counters["hidden_mismatch"] == 1 and proposer.counters["errors"] == 0
+    # a text step runs no heads: the n-grams alone, as the n-gram proposer drafts them
+    # (the arms choose where the step costs are measured, not given)
+    text_only = LatticeProposer(engine_config(k=3, vocab=64), ProposerConfig(heads=str(given), k=4, p=4,
+                                                                              arms=("text",)))
+    text_only.heads = heads
+    text_only._runner = weakref.ref(runner)
+    ngram = NGramProposer(engine_config(k=3, vocab=64), ProposerConfig())
+    ngram._runner = weakref.ref(runner)
+    repeated = Batch(2)
+    for r, text in enumerate([[1, 2, 3, 1, 2], [4, 20, 21, 4, 20]]):
+        repeated.put(r, text)
+    text_only._hidden = hidden
+    got = text_only.propose([[2], [20]], repeated.lengths, repeated.ids)
+    assert got == ngram.propose([[2], [20]], repeated.lengths, repeated.ids) and got[0][:1] == [3]
+    assert text_only.counters["lattice_rows"] == 0 and text_only.counters["steps_text"] == 1
+    with pytest.raises(ProposerConfigError, match="'text'"):
+        NGramProposer(engine_config(), ProposerConfig(arms=("model", "text")))
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status (Linux)")
