@@ -22,11 +22,14 @@ Drafters:
   most ``--suffix-k`` tokens; ``benchmarks/replay_drafters.py``'s ``Suffix``);
 * ``vllm-ngram``: vLLM's ``ngram`` function, ``prompt_lookup_min``/``max`` 2/4, k = 5 (as
   ``vllm_speed.py`` runs it);
-* ``latticekit``: its vLLM proposer at these step costs with its defaults, ``k`` = ``--k``
+* ``latticekit``: its vLLM proposer with its defaults, ``k`` = ``--k``, learning the step
+  costs from the simulated engine's clock as it learns them from an engine's
   (:class:`latticekit.eval.chain_replay.ProposerChains`); ``--variant NAME=JSON`` adds one with
   other settings;
-* ``latticekit-one-model``: the same with one acceptance model for every candidate source (the
-  proposer before per-source estimates), for the A/B.
+* ``latticekit-given``: the same with the step costs given (``step_costs``): what learning
+  them costs;
+* ``latticekit-one-model``: ``latticekit`` with one acceptance model for every candidate
+  source (the proposer before per-source estimates), for the A/B.
 
 What it leaves out: the engine's own overhead beyond ``a + b n`` (the floor of
 ``vllm_speed.py``: 1-2 %), the prefill, batching (one request), and the memory's last step of
@@ -63,23 +66,24 @@ def drafters(k: int, suffix_k: int, costs: tuple[float, float], variants: list[s
     from latticekit.eval.chain_replay import ProposerChains
 
     def one_model() -> ProposerChains:
-        source = ProposerChains(k, VOCAB, step_costs=costs)
+        source = ProposerChains(k, VOCAB, engine=costs)
         source.proposer.acceptance = AcceptanceModel.prior(trust=source.proposer.trust)  # type: ignore[assignment]
         return source
 
     out: dict[str, tuple[Any, int]] = {
         "suffix": (Suffix, suffix_k),
         "vllm-ngram": (lambda: VllmNgram(2, 4), 5),
-        "latticekit": (lambda: ProposerChains(k, VOCAB, step_costs=costs), k),
+        "latticekit": (lambda: ProposerChains(k, VOCAB, engine=costs), k),
+        "latticekit-given": (lambda: ProposerChains(k, VOCAB, step_costs=costs), k),
         "latticekit-one-model": (one_model, k),
     }
     for variant in variants:
         name, _, given = variant.partition("=")
         if not name or not given:
             raise SystemExit(f"--variant {variant!r}: NAME=JSON")
-        settings = {"step_costs": costs, **json.loads(given)}
+        settings = json.loads(given)
         chain = int(settings.pop("k", k))
-        out[f"latticekit-{name}"] = (lambda s=settings, c=chain: ProposerChains(c, VOCAB, **s), chain)
+        out[f"latticekit-{name}"] = (lambda s=settings, c=chain: ProposerChains(c, VOCAB, engine=costs, **s), chain)
     return out
 
 

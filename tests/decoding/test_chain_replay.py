@@ -119,3 +119,16 @@ def test_the_proposer_replayed_drafts_the_chain_drafters_chains_when_drafts_are_
     assert [d for d, _ in free.drafts] == [d for d, _ in chains.drafts] and sum(d for d, _ in free.drafts) == free.drafted
     dear = replay_chains(streams, ProposerChains(4, 100, step_costs=(1.0, 100.0), memory_tokens=0), 4)
     assert dear.drafted == 0 and [calls for _, calls in dear.per_request] == [15, 10]
+
+
+def test_the_proposer_replayed_learns_the_simulated_engines_step_costs() -> None:
+    """With a simulated engine, the proposer fits its steps' seconds as an engine's: a + b n."""
+    from latticekit.eval.chain_replay import ProposerChains
+
+    text = [7, 3, 9, 4, 1, 8, 2, 6, 5, 11, 12, 13, 14, 15, 16, 17]
+    streams = [([100 + r] + text, (text * 3)[r % 5:][:40]) for r in range(6)]
+    source = ProposerChains(8, 200, engine=(0.1, 0.004))
+    got = replay_chains(streams, source, 8)
+    assert got.drafted > 0 and source.proposer.stats()["errors"] == 0
+    a, b, _ = source.proposer.costs.coefficients()
+    assert a == pytest.approx(0.1, rel=1e-6) and b == pytest.approx(0.004, rel=1e-4)
