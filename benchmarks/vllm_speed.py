@@ -25,7 +25,9 @@ is checked identical to vLLM without speculation. The engines:
 * ``lattice``: latticekit's lattice proposer with latticekit's shipped heads (7 draft heads),
   at the concurrency levels of ``--lattice-at`` only.
 * ``latticekit-NAME`` (``--variant NAME=JSON``): latticekit's n-gram proposer with those settings
-  beside ``--settings``, to compare settings in the same run.
+  beside ``--settings``, to compare settings in the same run;
+* ``latticekit-one-model``: latticekit's n-gram proposer with one acceptance model for every
+  candidate source (:class:`OneModelProposer`: as before its estimates were learnt per source).
 
 Prompts: the held-out instruction requests of the heads recipe
 (``benchmarks/results/heads/instruction_prompts.json``, built from offline material by
@@ -97,10 +99,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from latticekit.drafting.calibration import AcceptanceModel
+from latticekit.vllm import NGramProposer
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine: 16 requests of 1.4k tokens fit
 
 ROOT = Path(__file__).resolve().parent
-ENGINES = ("none", "empty", "vllm-ngram", "suffix", "latticekit", "medusa", "lattice-medusa", "lattice")
+ENGINES = ("none", "empty", "vllm-ngram", "suffix", "latticekit", "latticekit-one-model", "medusa", "lattice-medusa",
+           "lattice")
 DOMAINS = {
     "code": {("code", "rewrite"), ("code", "docstring"), ("code", "test")},
     "summary": {(s, t) for s in ("python-docs", "postgresql-docs") for t in ("summarise", "rewrite", "key-points",
@@ -125,6 +131,16 @@ class EmptyProposer:
 
     def propose(self, sampled_token_ids: list[list[int]], *args: Any, **kwargs: Any) -> list[list[int]]:
         return [[] for _ in sampled_token_ids]
+
+
+class OneModelProposer(NGramProposer):
+    """latticekit's n-gram proposer with one acceptance model for every candidate source, as it
+    was before its estimates were learnt per source: the ``latticekit-one-model`` engine, built
+    for that A/B alone."""
+
+    def __init__(self, vllm_config: Any, config: Any = None) -> None:
+        super().__init__(vllm_config, config)
+        self.acceptance = AcceptanceModel.prior(trust=self.trust)  # type: ignore[assignment]
 
 
 def requests(per_domain: int, domains: list[str]) -> dict[str, list[str]]:
@@ -317,7 +333,7 @@ def main() -> None:
     lm = {} if args.lm == "none" else {"lm": args.lm}
     lm |= json.loads(args.settings)
     # latticekit's settings reach an engine's worker through the environment when it starts
-    settings = {"latticekit": lm, "lattice-medusa": {**lm, "heads": args.medusa},
+    settings = {"latticekit": lm, "latticekit-one-model": lm, "lattice-medusa": {**lm, "heads": args.medusa},
                 "lattice": {**lm, "heads": str(DEFAULT_HEADS_PATH)}}
     for variant in args.variant:
         name, _, given = variant.partition("=")
@@ -365,6 +381,8 @@ def main() -> None:
         t0 = time.perf_counter()
         if name in settings:
             spec = specs[name] = speculative_config(args.k, **settings[name], stats=str(stats_paths[name]))
+            if name == "latticekit-one-model":
+                spec["model"] = "benchmarks.vllm_speed.OneModelProposer"
         engines[name] = vllm.LLM(**common, **({"speculative_config": spec} if spec else {}))
         if args.lockstep:
             if type(engines[name].llm_engine.engine_core).__name__ != "InprocClient":
