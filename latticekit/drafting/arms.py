@@ -14,7 +14,7 @@ more. So, given a budget (the vLLM proposer's is :data:`PROBE_BUDGET`), an arm w
 against the best's ``R`` waits at least ``(R / r - 1) / budget`` steps between probes, whatever
 its doubling says: its probes lose at most that share of the time. (The vLLM lattice proposer
 at 16 requests on the CPU, its heads costing five steps, spent 21% of its steps probing them
-under the doubling alone and ran at 0.43-0.9x no speculation.) ``auto`` takes none: its arms'
+under the doubling alone and ran at 0.77-0.81x no speculation.) ``auto`` takes none: its arms'
 rates come from two steps each at first, and a union that loses them by chance would then wait
 a hundred steps. Outcomes kept from an earlier
 call are aged by :data:`KEPT_GAP` steps when a call resumes from them (:meth:`ArmStats.age`).

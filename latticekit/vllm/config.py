@@ -32,7 +32,8 @@ PROPOSER = "latticekit.vllm.NGramProposer"
 LATTICE_PROPOSER = "latticekit.vllm.LatticeProposer"
 #: The ways of drafting the proposer chooses among by their outcomes (``arms``): a draft token
 #: priced at the fitted step cost (``model``), at a quarter of it (``eager``) or at four times it
-#: (``lean``), or no drafting at all (``plain``).
+#: (``lean``), no drafting at all (``plain``), or the lattice proposer's n-grams alone, its heads
+#: not run (``text``, priced as ``model``).
 ARMS = ("model", "eager", "lean", "plain", "text")
 
 

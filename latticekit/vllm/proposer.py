@@ -15,13 +15,14 @@ engine's own steps (:func:`~latticekit.drafting.chains.allocate`): drafts shrink
 grows, down to none. The acceptance estimates are learnt per candidate source (the text's,
 the memory's, the heads'), and scaled by the draft tokens accepted over those expected. With
 ``arms`` set to more than ``model`` (this proposer's default; the lattice proposer's are all
-four), whether to draft, and how eagerly, is learnt from outcomes: per load bucket (the
-batch's rows, by powers of two) the
-arms ``plain`` (no drafting work at all), ``lean``, ``model`` and ``eager`` (a draft token
-priced at 4, 1 and 1/4 times the fitted cost) keep the tokens the engine really emitted per
-second it really took (the wall time between calls, and the drafting), and
+five), whether to draft, and how eagerly, is learnt from outcomes: per load bucket (the
+batch's rows, by powers of two) the arms ``plain`` (no drafting work at all), ``lean``,
+``model`` and ``eager`` (a draft token priced at 4, 1 and 1/4 times the fitted cost), and the
+lattice proposer's ``text`` (its n-grams alone, its heads not run) keep the tokens the engine
+really emitted per second it really took (the wall time between calls, and the drafting), and
 :func:`~latticekit.drafting.arms.choose_arm` keeps the best and probes the others ever more
-rarely. A drafted step is also the outcome of every less eager arm on the same rows (each
+rarely, an arm far worse than the best so rarely that its probes lose at most 2% of the time.
+A drafted step is also the outcome of every less eager arm on the same rows (each
 would have verified a prefix of the same chains: its accepted tokens are exact, its seconds
 the step's less the fitted cost of the drafts it leaves out), so the arms are compared on the
 same requests' steps. A chain stops where its request's ``max_tokens`` would (vLLM
