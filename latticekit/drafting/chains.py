@@ -62,7 +62,7 @@ class ChainDrafter:
             the heads'), each calibrated on the nodes its source proposed. An earlier answer's
             continuation that the request's own text does not back is accepted far less often
             than the memory's counts say, and a model shared with the text's nodes learns an
-            average that suits neither (``benchmarks/replay_costs.py``).
+            average that suits neither (``benchmarks/acceptance_features.py``).
         candidates: nodes of the candidate tree searched per step.
         max_depth: the longest chain.
         start: the text starts here in the ids handed over (a long prompt's head is left out:
