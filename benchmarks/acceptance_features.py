@@ -4,7 +4,7 @@ The question behind the per-source acceptance estimates of the vLLM proposers
 (``docs/vllm.md``, "How it drafts"). Each request's greedy stream of ``vllm_speed.py``'s tuning
 domains (``code``, ``summary``, ``chat``; ``benchmarks/replay_costs.py``'s cached streams)
 replays latticekit's vLLM proposer with free draft tokens (its whole chains;
-:class:`latticekit.eval.chain_replay.ProposerChains`, answer memory on: its default). Every
+:class:`latticekit.vllm.replay.ProposerChains`, answer memory on: its default). Every
 chain position up to the first rejected one is a labelled node (1: the greedy token, given
 its parent was): its depth, its cache-model probability (as the acceptance model's
 features), its sources (the request's own text, the memory of earlier answers, or both), and
@@ -50,7 +50,8 @@ def labelled_nodes(streams: list[tuple[list[int], list[int]]]) -> dict[str, np.n
     """Every chain position the replay decides (see the module docstring), its features and label."""
     from latticekit.drafting import chains
     from latticekit.drafting.calibration import SOURCES, node_features
-    from latticekit.eval.chain_replay import ProposerChains, accepted_prefix
+    from latticekit.eval.chain_replay import accepted_prefix
+    from latticekit.vllm.replay import ProposerChains
 
     chosen: dict[str, Any] = {}
     original = chains.ChainDrafter._chain
@@ -144,7 +145,8 @@ def main() -> None:
         "depth, cache": [depth, cache],
         "depth, cache, memory only": [depth, cache, memory_only],
         "depth, cache, log(1 + match)": [depth, cache, np.log1p(match)],
-        "depth, cache, memory only, log(1 + min(match, 4))": [depth, cache, memory_only, np.log1p(np.minimum(match, 4))],
+        "depth, cache, memory only, log(1 + min(match, 4))": [depth, cache, memory_only,
+                                                              np.log1p(np.minimum(match, 4))],
         "depth, cache, memory only, log(1 + match)": [depth, cache, memory_only, np.log1p(match)],
     }
     results: dict[str, Any] = {

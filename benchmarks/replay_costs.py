@@ -24,7 +24,7 @@ Drafters:
   ``vllm_speed.py`` runs it);
 * ``latticekit``: its vLLM proposer with its defaults, ``k`` = ``--k``, learning the step
   costs from the simulated engine's clock as it learns them from an engine's
-  (:class:`latticekit.eval.chain_replay.ProposerChains`); ``--variant NAME=JSON`` adds one with
+  (:class:`latticekit.vllm.replay.ProposerChains`); ``--variant NAME=JSON`` adds one with
   other settings;
 * ``latticekit-given``: the same with the step costs given (``step_costs``): what learning
   them costs;
@@ -33,7 +33,7 @@ Drafters:
 
 What it leaves out: the engine's own overhead beyond ``a + b n`` (the floor of
 ``vllm_speed.py``: 1-2 %), the prefill, batching (one request), and the memory's last step of
-each answer (:class:`~latticekit.eval.chain_replay.ProposerChains`).
+each answer (:class:`~latticekit.vllm.replay.ProposerChains`).
 
 Usage::
 
@@ -63,7 +63,7 @@ def drafters(k: int, suffix_k: int, costs: tuple[float, float], variants: list[s
     from replay_drafters import Suffix, VllmNgram
 
     from latticekit.drafting.calibration import AcceptanceModel
-    from latticekit.eval.chain_replay import ProposerChains
+    from latticekit.vllm.replay import ProposerChains
 
     def one_model() -> ProposerChains:
         source = ProposerChains(k, VOCAB, engine=costs)

@@ -17,10 +17,10 @@ allocation of the proposer left out: one request at a time, a draft token free).
 :class:`LatticekitTrees` verifies the whole candidate tree the chain is chosen from instead (the
 text's p best continuations, united with the memory's): what tree verification could accept,
 beside the chains (not comparable with them: a tree verifies more tokens a call).
-:class:`ProposerChains` is the vLLM proposer itself, its allocation of chain lengths included,
-at step costs given or learnt from a simulated engine's clock: with each request's draft tokens
-(:attr:`ChainReplay.drafts`), a replay then says what an engine of those costs would take in
-seconds (``benchmarks/replay_costs.py``).
+:class:`latticekit.vllm.replay.ProposerChains` is the vLLM proposer itself, its allocation of
+chain lengths included, at step costs given or learnt from a simulated engine's clock: with
+each request's draft tokens (:attr:`ChainReplay.drafts`), a replay then says what an engine of
+those costs would take in seconds (``benchmarks/replay_costs.py``).
 ``benchmarks/replay_drafters.py`` adds vLLM's ``ngram`` and SuffixDecoding; the test
 ``tests/decoding/test_chain_replay.py`` checks a replay against real greedy verification.
 """
@@ -30,10 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, Optional, Protocol
-
-import numpy as np
 
 from latticekit.drafting.calibration import SourceAcceptance
 from latticekit.drafting.chains import ChainDrafter
@@ -41,10 +38,8 @@ from latticekit.drafting.memory import AnswerMemory
 from latticekit.drafting.tree import Draft
 from latticekit.errors import DecoderConfigError
 from latticekit.ngram import NGramLM
-from latticekit.vllm import NGramProposer, ProposerConfig
 
-__all__ = ["ChainSource", "ChainReplay", "LatticekitChains", "LatticekitTrees", "ProposerChains", "replay_chains",
-           "accepted_prefix"]
+__all__ = ["ChainSource", "ChainReplay", "LatticekitChains", "LatticekitTrees", "replay_chains", "accepted_prefix"]
 
 
 class ChainSource(Protocol):
@@ -189,54 +184,3 @@ class LatticekitTrees(LatticekitChains):
         self.state.observe(ids)
         return self.state.candidate_tree(max_length).paths()
 
-
-class ProposerChains:
-    """latticekit's vLLM proposer (:class:`~latticekit.vllm.NGramProposer`: the chain drafter
-    with the per-batch allocation of chain lengths) driven as vLLM's runner drives it, a batch of
-    one request at a time: what it drafts at one request. A finished answer goes into its memory
-    when the next request takes the row (the proposer's own way without a runner to tell it;
-    the last step's tokens are left out).
-
-    Its step costs are either given (the ``step_costs`` setting) or, with ``engine`` ``(a, b)``,
-    learnt as in an engine: the proposer's clock is simulated, each step taking ``a + b n``
-    seconds for its ``n`` query tokens (the row's last token and its drafts), the step's query
-    tokens handed over as vLLM's slot mappings tell them, and its own drafting taking no time on
-    that clock (a replay charges it apart).
-
-    Args:
-        k: the engine's ``num_speculative_tokens``.
-        vocab_size: the target's vocabulary.
-        engine: the simulated engine's step costs ``(a, b)``, or None (``step_costs`` given).
-        settings: the proposer's other settings (:class:`~latticekit.vllm.ProposerConfig`).
-    """
-
-    def __init__(self, k: int, vocab_size: int, engine: Optional[tuple[float, float]] = None,
-                 **settings: Any) -> None:
-        config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
-                                 model_config=SimpleNamespace(max_model_len=1 << 16, get_vocab_size=lambda: vocab_size))
-        self.proposer = NGramProposer(config, ProposerConfig(**settings))
-        self.engine = engine
-        self.now = 0.0
-        self._drafts = 0  # the last call's draft tokens: the next step's query tokens are they and one
-        if engine is not None:
-            self.proposer.clock = lambda: self.now
-        self._buffer = np.zeros((1, 0), dtype=np.int32)
-
-    def start(self, prompt: Sequence[int]) -> None:
-        self._drafts = 0  # the last request's last chain is never verified
-
-    def propose(self, ids: Sequence[int], emitted: Sequence[int], max_length: int) -> Sequence[int]:
-        if self._buffer.shape[1] < len(ids):
-            self._buffer = np.zeros((1, 2 * len(ids)), dtype=np.int32)
-        self._buffer[0, :len(ids)] = ids
-        slots = None
-        if self.engine is not None:
-            a, b = self.engine
-            self.now += a + b * (1 + self._drafts)
-            slots = {"layer": np.zeros(1 + self._drafts)}
-        out = self.proposer.propose([list(emitted)], np.array([len(ids)]), self._buffer, slot_mappings=slots)[0]
-        self._drafts = len(out)
-        return out
-
-    def finish(self, ids: Sequence[int]) -> None:
-        pass

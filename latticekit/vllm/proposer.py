@@ -22,13 +22,13 @@ lattice proposer's ``text`` (its n-grams alone, its heads not run) keep the toke
 really emitted per second it really took (the wall time between calls, and the drafting), and
 :func:`~latticekit.drafting.arms.choose_arm` keeps the best and probes the others ever more
 rarely, an arm far worse than the best so rarely that its probes lose at most 2% of the time.
-A drafted step is also the outcome of every less eager arm on the same rows (each
-would have verified a prefix of the same chains: its accepted tokens are exact, its seconds
-the step's less the fitted cost of the drafts it leaves out), so the arms are compared on the
-same requests' steps. A chain stops where its request's ``max_tokens`` would (vLLM
-verifies a chain whole, and throws away what is accepted past it). Request state follows the
-batch: it is created when a request first appears, kept while a preempted request waits
-(bounded), and freed when the request finishes.
+A drafted step is also the outcome of every less eager arm on the same rows (each would have
+verified a prefix of the same chains: its accepted tokens are exact, its seconds the step's
+less the fitted cost of the drafts it leaves out), so the arms are compared on the same
+requests' steps. A chain stops where its request's ``max_tokens`` would (vLLM verifies a
+chain whole, and throws away what is accepted past it). Request state follows the batch: it
+is created when a request first appears, kept while a preempted request waits (bounded), and
+freed when the request finishes.
 With ``memory_tokens`` set, a finished request's output goes into the engine's memory of
 earlier answers (:class:`~latticekit.drafting.memory.AnswerMemory`), which every request drafts
 from beside its own text; vLLM calls the proposer from one thread.
@@ -146,8 +146,8 @@ class _Load:
         """The arm of the next step (:func:`~latticekit.drafting.arms.choose_arm`)."""
         self.steps += 1
         names = tuple(self.arms)
-        return choose_arm(names, self.arms, self.worth, self.steps, budget=PROBE_BUDGET) \
-            or ("plain" if "plain" in self.arms else names[0])
+        arm = choose_arm(names, self.arms, self.worth, self.steps, budget=PROBE_BUDGET)
+        return arm or ("plain" if "plain" in self.arms else names[0])
 
     def record(self, arm: str, tokens: int, seconds: float) -> None:
         """A step of ``arm`` emitted ``tokens`` in ``seconds`` (engine and drafting); nothing
@@ -204,8 +204,7 @@ class NGramProposer:
 
     #: Whether the proposer drafts from heads (``heads`` is its setting).
     reads_heads = False
-    #: What the acceptance estimates' prior takes at its word
-    #: (:meth:`~latticekit.drafting.calibration.AcceptanceModel.prior`).
+    #: What the acceptance estimates' priors take at their word (``AcceptanceModel.prior``'s ``trust``).
     trust = "cache"
     #: The clock steps are timed with (seconds).
     clock = staticmethod(time.perf_counter)
@@ -230,14 +229,12 @@ class NGramProposer:
                 raise ProposerConfigError(f"latticekit vLLM proposer: lm {self.config.lm!r} holds token id {largest}, "
                                           f"outside the model's vocabulary of {self.vocab_size}")
         self.arms = self.config.arms if self.config.arms is not None else self.default_arms
-        if "text" in self.arms and not self.reads_heads:
-            raise ProposerConfigError("latticekit vLLM proposer: arm 'text' (n-grams without the heads) is "
-                                      "latticekit.vllm.LatticeProposer's; NGramProposer drafts n-grams alone anyway")
+        if "text" in self.arms and not self.reads_heads:  # n-grams without heads: what this proposer does anyway
+            raise ProposerConfigError("latticekit vLLM proposer: arm 'text' is latticekit.vllm.LatticeProposer's")
         self._heads_now = True  # whether this step's arm reads the heads (the lattice proposer's)
         self.memory = AnswerMemory(self.config.memory_tokens, vocab_size=self.vocab_size) \
             if self.config.memory_tokens else None
-        # one model per candidate source: an earlier answer's continuation is trusted as far as
-        # answers have proven right, not as far as the request's own text has
+        # one model per candidate source: an earlier answer is trusted as far as answers proved right
         self.acceptance = SourceAcceptance.prior(("heads",) * self.reads_heads + ("text",)
                                                  + ("memory",) * (self.memory is not None), trust=self.trust)
         self.costs = BatchCosts(prior_ratio=self.config.prior_ratio)
@@ -446,8 +443,7 @@ class NGramProposer:
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
         lengths_by_arm: dict[str, dict[Any, int]] = {}
         # a heads step is the outcome of the heads' less eager levels too; a text step, of none but plain
-        levels = (arm,) if arm == "text" else \
-            (arm, *(other for other in LEVELS if other in self.arms and LEVELS[other] > LEVELS[arm]))
+        levels = (arm,) if arm == "text" else (arm, *(o for o in LEVELS if o in self.arms and LEVELS[o] > LEVELS[arm]))
         prices = [LEVELS["model"] if level == "text" else LEVELS[level] for level in levels]
         for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s,
                                                                            weights)):

@@ -108,7 +108,8 @@ def test_a_tree_accepts_its_longest_path_on_the_greedy_tokens() -> None:
 def test_the_proposer_replayed_drafts_the_chain_drafters_chains_when_drafts_are_free() -> None:
     """The vLLM proposer at one request, a draft token free: the chain drafter's whole chains,
     step for step; at a draft token's price above any gain, nothing."""
-    from latticekit.eval.chain_replay import LatticekitChains, ProposerChains
+    from latticekit.eval.chain_replay import LatticekitChains
+    from latticekit.vllm.replay import ProposerChains
 
     prompt = [1, 2, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 9]
     streams = [(prompt, [1, 2, 10, 11, 12, 13, 14, 15, 16, 17, 3, 1, 2, 10, 11]),
@@ -116,14 +117,15 @@ def test_the_proposer_replayed_drafts_the_chain_drafters_chains_when_drafts_are_
     free = replay_chains(streams, ProposerChains(4, 100, step_costs=(1.0, 0.0), memory_tokens=0), 4)
     chains = replay_chains(streams, LatticekitChains(100), 4)
     assert free.per_request == chains.per_request and free.drafted == chains.drafted > 0
-    assert [d for d, _ in free.drafts] == [d for d, _ in chains.drafts] and sum(d for d, _ in free.drafts) == free.drafted
+    assert [d for d, _ in free.drafts] == [d for d, _ in chains.drafts]
+    assert sum(d for d, _ in free.drafts) == free.drafted
     dear = replay_chains(streams, ProposerChains(4, 100, step_costs=(1.0, 100.0), memory_tokens=0), 4)
     assert dear.drafted == 0 and [calls for _, calls in dear.per_request] == [15, 10]
 
 
 def test_the_proposer_replayed_learns_the_simulated_engines_step_costs() -> None:
     """With a simulated engine, the proposer fits its steps' seconds as an engine's: a + b n."""
-    from latticekit.eval.chain_replay import ProposerChains
+    from latticekit.vllm.replay import ProposerChains
 
     text = [7, 3, 9, 4, 1, 8, 2, 6, 5, 11, 12, 13, 14, 15, 16, 17]
     streams = [([100 + r] + text, (text * 3)[r % 5:][:40]) for r in range(6)]
