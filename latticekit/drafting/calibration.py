@@ -317,16 +317,17 @@ class SourceAcceptance:
     def max_depth(self) -> int:
         return next(iter(self.models.values())).max_depth
 
-    def _members(self, sources: np.ndarray) -> "list[tuple[AcceptanceModel, np.ndarray]]":
-        sources = np.asarray(sources, dtype=np.int64)
-        return [(model, ((sources & SOURCES[name]) != 0) | (sources == 0)) for name, model in self.models.items()]
+    def _members(self, sources: np.ndarray) -> np.ndarray:
+        """Per node and model, whether the model is one of the node's sources', `(nodes, models)`."""
+        sources = np.asarray(sources, dtype=np.int64)[:, None]
+        member: np.ndarray = (sources & self._bits) != 0
+        member |= sources == 0
+        return member
 
     def conditional(self, features: np.ndarray, sources: np.ndarray) -> np.ndarray:
         """P(accepted | parent accepted) per row of :func:`node_features`: the largest estimate
         among the models of the node's sources."""
-        sources = np.asarray(sources, dtype=np.int64)[:, None]
-        member = (sources & self._bits) != 0  # (nodes, models)
-        member |= sources == 0
+        member = self._members(sources)
         weights = np.column_stack([model.weights for model in self._models])
         estimates = 1.0 / (1.0 + np.exp(-(features @ weights)))  # every model's, as AcceptanceModel.conditional
         out: np.ndarray = np.where(member, estimates, 0.0).max(axis=1, initial=0.0)
@@ -336,7 +337,7 @@ class SourceAcceptance:
         """Teaches each source's model the labelled nodes it proposed."""
         if len(labels) == 0:
             return
-        for model, member in self._members(sources):
+        for model, member in zip(self._models, self._members(sources).T):
             if member.any():
                 model.update(features[member], np.asarray(labels)[member])
 

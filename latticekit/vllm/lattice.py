@@ -113,12 +113,13 @@ class LatticeProposer(NGramProposer):
 
     # -- one step ---------------------------------------------------------------------------
 
-    def _begin_step(self, sampled: list[list[int]], prepared: list[Optional[tuple[ChainDrafter, int]]]) -> None:
+    def _begin_step(self, sampled: list[list[int]], prepared: list[Optional[tuple[ChainDrafter, int]]],
+                    arm: str) -> None:
         """Finds each drafting request's hidden state among the step's and builds every lattice:
         the heads run once on the batch's states (:func:`~latticekit.decoding.lattices.candidate_lattices`)."""
         hidden, self._hidden = self._hidden, None
         self._lattices = [None] * len(sampled)
-        if hidden is None or self.heads is None or not self._heads_now:  # a text step: n-grams alone
+        if hidden is None or self.heads is None or arm == "text":  # a text step: n-grams alone
             return
         runner = self._runner() if self._runner is not None else None
         spec = getattr(getattr(runner, "input_batch", None), "spec_token_ids", None)

@@ -231,7 +231,6 @@ class NGramProposer:
         self.arms = self.config.arms if self.config.arms is not None else self.default_arms
         if "text" in self.arms and not self.reads_heads:  # n-grams without heads: what this proposer does anyway
             raise ProposerConfigError("latticekit vLLM proposer: arm 'text' is latticekit.vllm.LatticeProposer's")
-        self._heads_now = True  # whether this step's arm reads the heads (the lattice proposer's)
         self.memory = AnswerMemory(self.config.memory_tokens, vocab_size=self.vocab_size) \
             if self.config.memory_tokens else None
         # one model per candidate source: an earlier answer is trusted as far as answers proved right
@@ -406,7 +405,6 @@ class NGramProposer:
         arm = self._arm(rows)
         if arm == "plain":  # no drafting work at all (the states catch up when drafting resumes)
             return [[] for _ in range(rows)], arm, 0.0, {}, None
-        self._heads_now = arm != "text"
         cap = self._schedule[min(rows, len(self._schedule) - 1)] if self._schedule is not None else None
         prepared: list[Optional[tuple[ChainDrafter, int]]] = [None] * rows
         for i in range(rows):
@@ -416,7 +414,7 @@ class NGramProposer:
                 except Exception as exc:
                     self._failed("row", exc)
                     self.states.pop(keys[i], None)
-        self._begin_step(sampled, prepared)
+        self._begin_step(sampled, prepared, arm)
         chains: list[np.ndarray] = []
         probabilities: list[np.ndarray] = []
         correction = self.correction
@@ -468,9 +466,11 @@ class NGramProposer:
             return [0] * rows, 0.0
         return chosen, expected
 
-    def _begin_step(self, sampled: list[list[int]], prepared: list[Optional[tuple[ChainDrafter, int]]]) -> None:
+    def _begin_step(self, sampled: list[list[int]], prepared: list[Optional[tuple[ChainDrafter, int]]],
+                    arm: str) -> None:
         """What a step's drafting needs for the whole batch, its rows' states up to date
-        (``prepared``: per row, its state and room, or None where it does not draft): nothing here."""
+        (``prepared``: per row, its state and room, or None where it does not draft; ``arm``: the
+        step's): nothing here."""
 
     def _draft(self, state: ChainDrafter, index: int, room: int) -> tuple[np.ndarray, np.ndarray]:
         """Row ``index``'s chain, its state up to date."""
