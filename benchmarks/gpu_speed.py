@@ -187,7 +187,9 @@ def make_decoders(model: Any, args: argparse.Namespace, device: torch.device, sm
 
     def latticekit(**extra: Any) -> Callable[[list[int], int, Optional[int]], list[int]]:
         def run(ids: list[int], new: int, eos: Optional[int]) -> list[int]:
-            return lk.generate(model, ids, max_new_tokens=new, eos_token_id=[] if eos is None else eos, **extra).tokens
+            decoding = lk.generate(model, ids, max_new_tokens=new, eos_token_id=[] if eos is None else eos, **extra)
+            run.last = decoding  # type: ignore[attr-defined]  # its steps, for the report's summary
+            return decoding.tokens
         return run
 
     decoders = {"hf-greedy": hf(), "hf-pld": hf(prompt_lookup_num_tokens=PLD_TOKENS)}
@@ -233,6 +235,11 @@ def acceptance(args: argparse.Namespace, device: torch.device, deadline: float) 
 
     prepare_target(model)  # what lk.generate does on its first call; every decoder runs on this model
     decoders, skipped = make_decoders(model, args, device, smollm2, longest)
+    if args.decoders:  # a subset (hf-greedy, the baseline, always runs)
+        unknown = set(args.decoders) - set(decoders) - set(skipped)
+        if unknown:
+            raise SystemExit(f"--decoders: no decoder {sorted(unknown)} (have {sorted(decoders)})")
+        decoders = {n: d for n, d in decoders.items() if n == "hf-greedy" or n in args.decoders}
     names = list(decoders)
     clock = Clock(device)
     log(f"acceptance: {description}, {len(prompts)} prompts, decoders {names}")
@@ -243,12 +250,14 @@ def acceptance(args: argparse.Namespace, device: torch.device, deadline: float) 
         for name in names:
             warm[name].append(clock(lambda: decoders[name](p["ids"], warm_new, p["eos"]))[1])
     groups: list[dict[str, dict[str, float]]] = []
+    records: dict[str, list[tuple[str, Any]]] = {n: [] for n in names}  # latticekit's decodings, by domain
     mismatches: list[dict[str, Any]] = []
     identical = {n: 0 for n in names}
     compared = 0
     while len(groups) < args.groups and (len(groups) < 2 or time.perf_counter() < deadline):
         g = len(groups)
         totals = {n: {"tokens": 0, "s": 0.0} for n in names}
+        by_domain = {d: {n: {"tokens": 0, "s": 0.0} for n in names} for d in domains}
         for i, (domain, p) in enumerate(prompts):
             shift = (i + g) % len(names)
             order = names[shift:] + names[:shift]
@@ -256,8 +265,11 @@ def acceptance(args: argparse.Namespace, device: torch.device, deadline: float) 
             for name in order:
                 tokens, seconds = clock(lambda: decoders[name](p["ids"], args.new_tokens, p["eos"]))
                 outs[name] = tokens
-                totals[name]["tokens"] += len(tokens)
-                totals[name]["s"] += seconds
+                if hasattr(decoders[name], "last"):
+                    records[name].append((domain, decoders[name].last))  # type: ignore[attr-defined]
+                for total in (totals[name], by_domain[domain][name]):
+                    total["tokens"] += len(tokens)
+                    total["s"] += seconds
             compared += 1
             for name in names:
                 if outs[name] == outs["hf-greedy"]:
@@ -267,18 +279,22 @@ def acceptance(args: argparse.Namespace, device: torch.device, deadline: float) 
                               min(len(outs[name]), len(outs["hf-greedy"])))
                     mismatches.append({"decoder": name, "domain": domain, "source": p["source"], "group": g,
                                        "first_difference": at})
-        groups.append({n: {"tokens_per_s": t["tokens"] / t["s"], "tokens": t["tokens"], "s": t["s"]}
+        groups.append({n: {"tokens_per_s": t["tokens"] / t["s"], "tokens": t["tokens"], "s": t["s"],
+                           "domains": {d: by_domain[d][n]["tokens"] / by_domain[d][n]["s"] for d in domains}}
                        for n, t in totals.items()})
         log(f"group {g + 1}: " + ", ".join(f"{n} {groups[-1][n]['tokens_per_s']:.1f} tok/s" for n in names))
     figures = {}
     for name in names:
         rates = [grp[name]["tokens_per_s"] for grp in groups]
         vs_greedy = [grp[name]["tokens_per_s"] / grp["hf-greedy"]["tokens_per_s"] for grp in groups]
-        vs_pld = [grp[name]["tokens_per_s"] / grp["hf-pld"]["tokens_per_s"] for grp in groups]
+        vs_pld = [grp[name]["tokens_per_s"] / grp["hf-pld"]["tokens_per_s"] for grp in groups if "hf-pld" in grp]
         figures[name] = {"tokens_per_s": statistics.median(rates), "tokens_per_s_groups": rates,
                          "vs_hf_greedy": statistics.median(vs_greedy), "vs_hf_greedy_range": [min(vs_greedy), max(vs_greedy)],
-                         "vs_hf_pld": statistics.median(vs_pld), "vs_hf_pld_range": [min(vs_pld), max(vs_pld)],
+                         **({"vs_hf_pld": statistics.median(vs_pld), "vs_hf_pld_range": [min(vs_pld), max(vs_pld)]}
+                            if vs_pld else {}),
+                         **({"steps": steps_summary(records[name])} if records[name] else {}),
                          "identical_to_hf_greedy": f"{identical[name]}/{compared}",
+                         "domains": {d: per_domain(groups, name, d) for d in domains},
                          "warmup_s": [round(s, 3) for s in warm[name]]}
     if "hf-static-compile" in figures:  # the first call compiles: its seconds over a steady call's
         steady = statistics.median(warm["hf-static-compile"][1:]) if len(warm["hf-static-compile"]) > 1 else 0.0
@@ -286,6 +302,34 @@ def acceptance(args: argparse.Namespace, device: torch.device, deadline: float) 
     return {"model": description, "dtype": args.dtype, "prepared": model.latticekit_preparation.describe(),
             "domains": {d: len(ps) for d, ps in domains.items()}, "origin": origin, "new_tokens": args.new_tokens,
             "groups": len(groups), "decoders": figures, "skipped": skipped, "mismatches": mismatches}
+
+
+def steps_summary(decodings: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Where a latticekit decoder's time went, per domain, over its timed decodes: tokens per
+    target call, the share of calls whose drafts came from the heads, draft-tree nodes per call,
+    and milliseconds per call in the heads (forward and top-k), the drafting search and the target."""
+    out: dict[str, Any] = {}
+    for domain in dict.fromkeys(d for d, _ in decodings):
+        steps = [step for d, dec in decodings if d == domain for step in dec.steps]
+        tokens = sum(len(dec.tokens) for d, dec in decodings if d == domain)
+        out[domain] = {"calls": len(steps), "tokens_per_call": tokens / max(len(steps), 1),
+                       "heads_share": sum(s.heads_s > 0 for s in steps) / max(len(steps), 1),
+                       "tree_nodes_per_call": statistics.mean(s.tree_nodes for s in steps) if steps else 0.0,
+                       **{f"{key}_ms_per_call": 1e3 * statistics.mean(getattr(s, f"{key}_s") for s in steps)
+                          if steps else 0.0 for key in ("heads", "search", "model")}}
+    return out
+
+
+def per_domain(groups: list[dict[str, Any]], name: str, domain: str) -> dict[str, Any]:
+    """One decoder's tokens/s on one domain's prompts: the median over the groups, and its ratio to
+    hf-greedy's and (where they ran) to the heads-free decoders' in the same group."""
+    out: dict[str, Any] = {"tokens_per_s": statistics.median(g[name]["domains"][domain] for g in groups)}
+    for other in ("hf-greedy", "lk", "lk+4gram"):
+        if other in groups[0] and other != name:
+            ratios = [g[name]["domains"][domain] / g[other]["domains"][domain] for g in groups]
+            out[f"vs_{other}"] = statistics.median(ratios)
+            out[f"vs_{other}_range"] = [min(ratios), max(ratios)]
+    return out
 
 
 # -- costs -------------------------------------------------------------------------------------------
@@ -411,8 +455,33 @@ def markdown(report: dict[str, Any]) -> str:
                   "|---|---|---|---|---|"]
         for name, f in acc["decoders"].items():
             lines.append(f"| {name} | {f['tokens_per_s']:.1f} | {f['vs_hf_greedy']:.2f}x "
-                         f"({f['vs_hf_greedy_range'][0]:.2f}-{f['vs_hf_greedy_range'][1]:.2f}) | {f['vs_hf_pld']:.2f}x "
-                         f"({f['vs_hf_pld_range'][0]:.2f}-{f['vs_hf_pld_range'][1]:.2f}) | {f['identical_to_hf_greedy']} |")
+                         f"({f['vs_hf_greedy_range'][0]:.2f}-{f['vs_hf_greedy_range'][1]:.2f}) | "
+                         + (f"{f['vs_hf_pld']:.2f}x ({f['vs_hf_pld_range'][0]:.2f}-{f['vs_hf_pld_range'][1]:.2f})"
+                            if "vs_hf_pld" in f else "not run") + f" | {f['identical_to_hf_greedy']} |")
+        domains = list(acc["domains"])
+        if len(domains) > 1:
+            lines += ["", "By domain: tokens/s, and the median over the groups of the ratio in the same group "
+                          "(range).", "",
+                      "| decoder | " + " | ".join(domains) + " |", "|---|" + "---|" * len(domains)]
+            for name, f in acc["decoders"].items():
+                cells = []
+                for d in domains:
+                    r = f["domains"][d]
+                    ratios = [f"{r[k]:.2f}x {k[3:]} ({r[k + '_range'][0]:.2f}-{r[k + '_range'][1]:.2f})"
+                              for k in ("vs_hf-greedy", "vs_lk", "vs_lk+4gram") if k in r]
+                    cells.append(f"{r['tokens_per_s']:.1f}" + ("; " + "; ".join(ratios) if ratios else ""))
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        summaries = {n: f["steps"] for n, f in acc["decoders"].items() if f.get("steps")}
+        if summaries:
+            lines += ["", "latticekit's calls of the target, per domain: tokens per call, calls drafted from the heads, "
+                          "tree nodes per call; ms per call in the heads, the drafting search and the target.", "",
+                      "| decoder | domain | tokens/call | heads calls | nodes/call | heads ms | search ms | target ms |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for name, by in summaries.items():
+                for d, r in by.items():
+                    lines.append(f"| {name} | {d} | {r['tokens_per_call']:.2f} | {r['heads_share']:.0%} | "
+                                 f"{r['tree_nodes_per_call']:.1f} | {r['heads_ms_per_call']:.2f} | "
+                                 f"{r['search_ms_per_call']:.2f} | {r['model_ms_per_call']:.2f} |")
         if "compile_s" in acc["decoders"].get("hf-static-compile", {}):
             lines += ["", f"hf-static-compile's first call took {acc['decoders']['hf-static-compile']['compile_s']} s "
                           "more than a steady one (compiling)."]
@@ -470,6 +539,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--prompts", default=str(OUT / "prompts.json"))
     p.add_argument("--prompts-per-domain", type=int, default=None, help="default 6 on CUDA, 2 on the CPU")
     p.add_argument("--new-tokens", type=int, default=None, help="default 64 on CUDA, 48 on the CPU")
+    p.add_argument("--decoders", nargs="+", default=None,
+                   help="run these decoders only (hf-greedy, the baseline, always runs)")
     p.add_argument("--groups", type=int, default=3)
     p.add_argument("--budget-s", type=float, default=420.0, help="no new acceptance group after this")
     p.add_argument("--shapes", nargs="*", default=None,

@@ -44,6 +44,10 @@ def test_the_cpu_path_runs_and_checks_tokens(tmp_path: Path, monkeypatch: Any) -
         assert figures["identical_to_hf_greedy"] == "4/4", (name, acc["mismatches"])
         assert len(figures["tokens_per_s_groups"]) == 2 and figures["tokens_per_s"] > 0
     assert acc["decoders"]["hf-greedy"]["vs_hf_greedy"] == 1.0
+    steps = acc["decoders"]["lk"]["steps"]["synthetic"]  # where latticekit's time went
+    assert steps["calls"] > 0 and steps["tokens_per_call"] >= 1.0 and steps["model_ms_per_call"] > 0
+    assert "steps" not in acc["decoders"]["hf-greedy"]
+    assert acc["decoders"]["lk"]["domains"]["synthetic"]["vs_hf-greedy"] > 0
     costs = report["costs"]["tiny"]
     assert set(costs["probe_ms"]) == {str(n) for n in gpu_speed.TREE_SIZES}
     assert costs["hf_plain_step_ms"]["same_lengths_again"] > 0 and costs["lk_over_hf_plain_step"] > 0
@@ -55,6 +59,27 @@ def test_the_cpu_path_runs_and_checks_tokens(tmp_path: Path, monkeypatch: Any) -
     text = out.with_suffix(".md").read_text()
     assert "| lk |" in text and "hf-static-compile: skipped" in text and "## Step costs" in text
     assert "Under torch's own SDPA choice" in text
+
+
+def test_a_subset_of_decoders_runs_beside_hf_greedy(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu_speed
+
+    threads = torch.get_num_threads()
+    out = tmp_path / "report"
+    common = ["--device", "cpu", "--threads", "1", "--model", "tiny-llama", "--prompts-per-domain", "1",
+              "--new-tokens", "6", "--groups", "2", "--parts", "acceptance", "--out", str(out)]
+    try:
+        with pytest.raises(SystemExit, match="no decoder"):
+            gpu_speed.main(common + ["--decoders", "lk+nothing"])
+        assert gpu_speed.main(common + ["--decoders", "lk"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    acc = json.loads(out.with_suffix(".json").read_text())["acceptance"]
+    assert set(acc["decoders"]) == {"hf-greedy", "lk"}  # the baseline always runs
+    assert "vs_hf_pld" not in acc["decoders"]["lk"]
+    assert "| lk |" in out.with_suffix(".md").read_text()
 
 
 def test_write_prompts_is_what_the_committed_file_holds() -> None:
