@@ -17,13 +17,10 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from latticekit.drafting.memory import DEFAULT_MAX_TOKENS
 from latticekit.errors import ProposerConfigError
-
-if TYPE_CHECKING:
-    from latticekit.ngram import NGramLM
 
 __all__ = ["ENV", "ARMS", "ProposerConfig", "speculative_config", "PROPOSER", "LATTICE_PROPOSER"]
 
@@ -92,12 +89,6 @@ class ProposerConfig:
             allocation. ``LatticeProposer``'s is all five: the heads' cost is what ``plain`` and
             ``text`` steps save, and where the heads do not repay it (a busy CPU) it drafts as
             ``NGramProposer`` does.
-        idle_wait: in a batch of 8 rows or more, the most steps a request waits between
-            searches while the allocation drafts nothing for it: after n searches in a row that
-            drafted nothing, the request is searched again n - 1 steps later (at most
-            ``idle_wait``), its state not synced meanwhile; a search that drafts resets it. 0:
-            every request searched every step. At 16 requests most searches draft nothing, and
-            each costs its row a sync and a candidate search (docs/vllm.md, "Idle requests").
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -121,7 +112,6 @@ class ProposerConfig:
     check_hidden: bool = False
     memory_tokens: int = DEFAULT_MAX_TOKENS
     arms: Optional[tuple[str, ...]] = None
-    idle_wait: int = 3
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -131,10 +121,9 @@ class ProposerConfig:
                 raise ProposerConfigError(f"latticekit vLLM proposer: arms must be a list of distinct names among "
                                           f"{list(ARMS)}, got {arms!r}")
             object.__setattr__(self, "arms", tuple(a for a in ARMS if a in arms))
-        for key in ("memory_tokens", "idle_wait"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ProposerConfigError(f"latticekit vLLM proposer: {key} must be an integer >= 0, got {value!r}")
+        if isinstance(self.memory_tokens, bool) or not isinstance(self.memory_tokens, int) or self.memory_tokens < 0:
+            raise ProposerConfigError(f"latticekit vLLM proposer: memory_tokens must be an integer >= 0, "
+                                      f"got {self.memory_tokens!r}")
         for key in ("candidates", "max_depth", "max_context", "max_requests", "k", "p"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -216,28 +205,6 @@ class ProposerConfig:
             if key in data:
                 data[key] = list(data[key])
         return json.dumps(data, sort_keys=True)
-
-    def load_lm(self) -> Optional["NGramLM"]:
-        """The n-gram model ``lm`` names, read (None without one).
-
-        Raises:
-            ProposerConfigError: the file is not a readable n-gram model (its reader's error named).
-        """
-        from latticekit.ngram import NGramLM
-
-        if self.lm is None:
-            return None
-        if self.lm == "embedded":
-            from latticekit.demo import embedded_token_lm
-
-            return embedded_token_lm()
-        try:
-            if self.lm.endswith((".arpa", ".arpa.gz", ".gz")):
-                return NGramLM.from_arpa(self.lm)
-            return NGramLM.load(self.lm)
-        except Exception as exc:  # every reader's error, named with the file
-            raise ProposerConfigError(f"latticekit vLLM proposer: lm {self.lm!r} is not a readable n-gram model: "
-                                      f"{type(exc).__name__}: {exc}") from exc
 
 
 def speculative_config(num_speculative_tokens: int = 8, **settings: Any) -> dict[str, Any]:

@@ -57,6 +57,7 @@ from latticekit.drafting.calibration import SourceAcceptance
 from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate_prices
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
+from latticekit.ngram import NGramLM
 from latticekit.vllm.config import ARMS, ProposerConfig
 
 __all__ = ["NGramProposer", "engine_stats"]
@@ -106,9 +107,20 @@ def _find_runner() -> Any:
     return None
 
 
-#: Rows from which a request that drafted nothing lately waits between searches (``idle_wait``):
-#: below them a search costs too small a part of a step to save (about 1% at one request).
-IDLE_WAIT_ROWS = 8
+def _load_lm(name: Optional[str]) -> Optional[NGramLM]:
+    if name is None:
+        return None
+    if name == "embedded":
+        from latticekit.demo import embedded_token_lm
+
+        return embedded_token_lm()
+    try:
+        if name.endswith((".arpa", ".arpa.gz", ".gz")):
+            return NGramLM.from_arpa(name)
+        return NGramLM.load(name)
+    except Exception as exc:  # every reader's error, named with the file
+        raise ProposerConfigError(f"latticekit vLLM proposer: lm {name!r} is not a readable n-gram model: "
+                                  f"{type(exc).__name__}: {exc}") from exc
 
 
 def load_bucket(rows: int) -> int:
@@ -210,7 +222,7 @@ class NGramProposer:
         self._schedule = _dynamic_schedule(vllm_config)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
-        self.lm = self.config.load_lm()
+        self.lm = _load_lm(self.config.lm)
         if self.lm is not None:
             largest = int(np.max(self.lm.word_token_ids(), initial=-1))
             if largest >= self.vocab_size:
@@ -240,11 +252,10 @@ class NGramProposer:
         self._stats_written = 0.0
         self._finished_now = False  # this call learnt that requests finished (the stats are rewritten then)
         self._last_ids: list[Any] = []  # the last call's request ids
-        self._idle: dict[Any, tuple[int, int]] = {}  # per request of the last call: searches that drafted nothing, steps to wait
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0,
                          "draft_seconds": 0.0, "errors": 0, "requests_started": 0, "requests_finished": 0,
-                         "states_evicted": 0, "rows_capped": 0, "rows_waited": 0, **{f"steps_{arm}": 0 for arm in ARMS}}
+                         "states_evicted": 0, "rows_capped": 0, **{f"steps_{arm}": 0 for arm in ARMS}}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """vLLM's CPU runner hands the target model over; n-gram drafting needs none of it."""
@@ -396,14 +407,8 @@ class NGramProposer:
             return [[] for _ in range(rows)], arm, 0.0, {}, None
         cap = self._schedule[min(rows, len(self._schedule) - 1)] if self._schedule is not None else None
         prepared: list[Optional[tuple[ChainDrafter, int]]] = [None] * rows
-        idle, self._idle = self._idle, {}
-        waits = rows >= IDLE_WAIT_ROWS and self.config.idle_wait
         for i in range(rows):
-            searches, wait = idle.get(keys[i], (0, 0))
-            if waits and wait and keys[i] in self.states:  # drafted nothing lately: not searched this step
-                self._idle[keys[i]] = (searches, wait - 1)
-                self.counters["rows_waited"] += 1
-            elif sampled[i] and cap != 0:  # nothing sampled: a prefill chunk or a discarded row
+            if sampled[i] and cap != 0:  # nothing sampled: a prefill chunk or a discarded row
                 try:
                     prepared[i] = self._row_state(keys[i], int(lengths[i]), buffer[i], len(sampled[i]), cap)
                 except Exception as exc:
@@ -445,10 +450,6 @@ class NGramProposer:
             if level == arm:
                 out = [chain[:n].tolist() for chain, n in zip(chains, chosen)]
                 arm_expected = expected
-        for i, ready in enumerate(prepared):  # a searched request's wait: one step more per search that drafted nothing
-            if ready is not None:
-                searches = 0 if out[i] else idle.get(keys[i], (0, 0))[0] + 1
-                self._idle[keys[i]] = (searches, min(searches - 1, self.config.idle_wait) if searches else 0)
         drafting = {keys[i]: context[i] for i, chain in enumerate(chains) if len(chain)}
         return out, arm, arm_expected, lengths_by_arm, drafting
 

@@ -502,54 +502,6 @@ def drive(proposer: NGramProposer, truths: list[list[int]], prompt: int, steps: 
     return arms
 
 
-def run_rows(proposer: NGramProposer, truths: list[list[int]], prompt: int, steps: int) -> list[int]:
-    """``steps`` greedy steps of the rows whose texts are ``truths`` (as :func:`drive`, at the
-    given step costs); the draft tokens each row had accepted."""
-    batch = Batch(len(truths), max(len(t) for t in truths) + 1)
-    for r, text in enumerate(truths):
-        batch.put(r, text[:prompt])
-    drafts: list[list[int]] = [[] for _ in truths]
-    accepted = [0] * len(truths)
-    for _ in range(steps):
-        sampled = []
-        for r, text in enumerate(truths):
-            at = int(batch.lengths[r])
-            n = 0
-            while n < len(drafts[r]) and text[at + n] == drafts[r][n]:
-                n += 1
-            accepted[r] += n
-            sampled.append(text[at:at + n + 1])
-            batch.put(r, text[:at + n + 1])
-        drafts = proposer.propose(sampled, batch.lengths, batch.ids)
-        for r, draft in enumerate(drafts):
-            assert len(draft) <= 6
-    return accepted
-
-
-@pytest.mark.parametrize("rows", [16, 4])
-def test_idle_requests_wait_between_searches_and_draft_again_when_their_text_repeats(rows: int) -> None:
-    """In a batch of 8 rows or more, a request whose searches draft nothing is searched less
-    often, and one whose text turns repetitive drafts about as much as when every request is
-    searched every step (the reference: ``idle_wait`` 0); below 8 rows nobody waits."""
-    rng = np.random.default_rng(0)
-    noise = [rng.integers(0, 1000, 1500).tolist() for _ in range(rows - 1)]
-    phrase = rng.integers(0, 1000, 12).tolist()
-    copier = rng.integers(0, 1000, 100).tolist() + phrase * 150  # random, then the phrase again and again
-    results = {}
-    for wait in (3, 0):
-        proposer = NGramProposer(engine_config(k=6, max_model_len=4096, vocab=1000),
-                                 ProposerConfig(step_costs=(0.1, 0.001), idle_wait=wait, memory_tokens=0))
-        accepted = run_rows(proposer, [copier] + noise, 40, 200)
-        results[wait] = (accepted[0], proposer.stats())
-    (copied, waited), (reference, every) = results[3], results[0]
-    assert every["rows_waited"] == 0 and waited["errors"] == every["errors"] == 0
-    if rows >= 8:
-        assert waited["rows_waited"] >= 0.5 * waited["rows"]  # the random rows wait most steps
-        assert reference > 200 and copied >= 0.9 * reference, (copied, reference)
-    else:
-        assert waited["rows_waited"] == 0 and copied == reference
-
-
 def test_outcomes_keep_plain_steps_under_load_probe_cheaply_and_draft_again_when_the_load_drops() -> None:
     rng = np.random.default_rng(0)
     proposer = TimedProposer(engine_config(k=6, max_model_len=4096, vocab=1000), ProposerConfig(arms=LEVEL_ARMS))
