@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from latticekit.heads.protocol import DraftHeads, ProjectedHeads
 
-__all__ = ["FullLattice", "CandidateLattice", "candidate_lattices", "lattice_source", "entropy_of_logprobs", "head_logits", "united"]
+__all__ = ["FullLattice", "CandidateLattice", "candidate_lattices", "full_lattices", "lattice_source", "entropy_of_logprobs", "head_logits", "united"]
 
 
 def head_logits(heads: DraftHeads, hidden: torch.Tensor, vocab_size: int,
@@ -125,6 +125,46 @@ class FullLattice:
             rows = logprobs.cpu().numpy()
             lattice = united(lattice, columns, lambda row, tokens: rows[row, tokens])
         return lattice, entropy_of_logprobs(logprobs) if entropy else None
+
+
+#: Logits :func:`full_lattices` holds at once (rows x heads x vocabulary): about 64 MB in float32.
+FULL_BATCH_LOGITS = 1 << 24
+
+
+def full_lattices(sources: Sequence[FullLattice], hidden: torch.Tensor,
+                  ids: Sequence[Sequence[int]]) -> list[SausageLattice]:
+    """One lattice per row of ``hidden`` (rows, hidden): row i's as ``sources[i](hidden[i],
+    ids[i], entropy=False)`` makes it (the sources share their heads and k). The heads run on
+    the rows together, as many at once as keep their logits within :data:`FULL_BATCH_LOGITS`,
+    and every head's top k of those rows is taken in one call: a batch reads the output
+    projection once, not once per row.
+
+    Raises:
+        HeadsMismatchError: the heads returned something else than `(rows, h >= 2, vocab)`.
+    """
+    first = sources[0]
+    heads, vocab = first.heads, first.vocab_size
+    conditioned = getattr(heads, "token_conditioned", False)
+    chunk = max(1, FULL_BATCH_LOGITS // (int(getattr(heads, "num_heads", 8)) * vocab))
+    out: list[SausageLattice] = []
+    for start in range(0, hidden.shape[0], chunk):
+        rows = hidden[start:start + chunk]
+        if conditioned:
+            last = torch.tensor([int(row[-1]) for row in ids[start:start + chunk]], device=hidden.device)
+            logits = heads(rows, next_token=last)
+        else:
+            logits = heads(rows)
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[0] != rows.shape[0] \
+                or logits.shape[1] < 2 or logits.shape[2] != vocab:
+            shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise HeadsMismatchError(f"heads(hidden) must return logits of shape ({rows.shape[0]}, h >= 2, {vocab}) "
+                                     f"for {rows.shape[0]} rows, got {shape}")
+        lattices = SausageLattice.from_logits(logits, first.k, fix_first=True)
+        for j in range(rows.shape[0]):
+            lattice = lattices[j]
+            lattice.tokens[0, 0] = ids[start + j][-1]  # head 1's arg-max, or the sampled token when sampling
+            out.append(lattice)
+    return out
 
 
 #: Packed candidate rows per output projection and candidate set: built once, shared by decodes.

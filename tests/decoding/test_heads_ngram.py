@@ -149,22 +149,30 @@ def test_conditioned_heads_decode_exactly_the_greedy_tokens(setup: Any, spec: st
     assert out.tokens == reference[len(PROMPT): len(PROMPT) + 50]
 
 
+@pytest.mark.parametrize("kind", ["candidates", "full", "full-chunked"])
 @pytest.mark.parametrize("conditioned", [False, True])
-def test_a_batchs_lattices_are_each_rows_own(conditioned: bool) -> None:
-    """``candidate_lattices`` runs the heads once on a batch of rows (the vLLM lattice proposer's
-    step): each row's lattice is the one its own source gives it alone."""
-    from latticekit.decoding.lattices import candidate_lattices
+def test_a_batchs_lattices_are_each_rows_own(conditioned: bool, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``candidate_lattices`` and ``full_lattices`` run the heads once on a batch of rows (the
+    vLLM lattice proposer's step; the full one a chunk of rows at a time): each row's lattice
+    is the one its own source gives it alone."""
+    from latticekit.decoding import lattices
+    from latticekit.decoding.lattices import candidate_lattices, full_lattices
 
     model = tiny_llama()
     heads = _conditioned_heads(model) if conditioned else BlockHeads.for_model(model, num_heads=4)
     texts = [PROMPT + [30, 31], PROMPT[:5] + [60, 61, 62], [7, 8, 9, 10, 11, 12]]
     hidden = torch.stack([hidden_states(model, ids)[-1] for ids in texts])
     static = np.arange(0, 64, 2)
-    alone, batched = [CandidateLattice(heads, static, 4) for _ in texts], [CandidateLattice(heads, static, 4)
-                                                                           for _ in texts]
+    if kind == "full-chunked":  # two rows' logits at a time: chunks of 2 and 1
+        monkeypatch.setattr(lattices, "FULL_BATCH_LOGITS", 2 * 4 * 64)
+
+    def source() -> Any:
+        return CandidateLattice(heads, static, 4) if kind == "candidates" else FullLattice(heads, 4, 64)
+
+    alone, batched = [source() for _ in texts], [source() for _ in texts]
     with torch.no_grad():
-        want = [source(hidden[i], texts[i])[0] for i, source in enumerate(alone)]
-        got = candidate_lattices(batched, hidden, texts)
+        want = [s(hidden[i], texts[i], entropy=False)[0] for i, s in enumerate(alone)]
+        got = candidate_lattices(batched, hidden, texts) if kind == "candidates" else full_lattices(batched, hidden, texts)
     for w, g in zip(want, got):
         np.testing.assert_array_equal(g.tokens, w.tokens)
         np.testing.assert_array_equal(g.widths, w.widths)
