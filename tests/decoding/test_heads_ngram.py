@@ -149,6 +149,20 @@ def test_conditioned_heads_decode_exactly_the_greedy_tokens(setup: Any, spec: st
     assert out.tokens == reference[len(PROMPT): len(PROMPT) + 50]
 
 
+def test_heads_that_do_not_take_a_batch_are_named_by_full_lattices() -> None:
+    """Heads answer ``(..., hidden) -> (..., h, vocab)`` (``DraftHeads``); ones that return a
+    single row's logits for a batch get a typed error naming the shapes."""
+    from latticekit.decoding.lattices import full_lattices
+    from latticekit.errors import HeadsMismatchError
+
+    class OneRowHeads(torch.nn.Module):
+        def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(3, 64)
+
+    with pytest.raises(HeadsMismatchError, match=r"\(2, h >= 2, 64\) for 2 rows, got \(3, 64\)"):
+        full_lattices([FullLattice(OneRowHeads(), 4, 64)] * 2, torch.zeros(2, 8), [[1, 2], [3, 4]])
+
+
 @pytest.mark.parametrize("kind", ["candidates", "full", "full-chunked"])
 @pytest.mark.parametrize("conditioned", [False, True])
 def test_a_batchs_lattices_are_each_rows_own(conditioned: bool, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
