@@ -217,7 +217,10 @@ def make_decoders(model: Any, args: argparse.Namespace, device: torch.device, sm
     return decoders, skipped
 
 
-def acceptance(args: argparse.Namespace, device: torch.device, deadline: float) -> dict[str, Any]:
+def acceptance(args: argparse.Namespace, device: torch.device, deadline: float,
+               progress: Callable[[dict[str, Any]], None] = lambda part: None) -> dict[str, Any]:
+    """The acceptance part's report; ``progress`` gets it as it stands after every group (a run
+    stopped at its time limit keeps the groups it finished)."""
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     model, description = load_model(args, device, dtype)
     model.generation_config.eos_token_id = None  # each decode passes its prompt's eos
@@ -249,11 +252,33 @@ def acceptance(args: argparse.Namespace, device: torch.device, deadline: float) 
     for _, p in warm_prompts:  # compile, kernels, the n-gram index, the step costs (measured once)
         for name in names:
             warm[name].append(clock(lambda: decoders[name](p["ids"], warm_new, p["eos"]))[1])
-    groups: list[dict[str, dict[str, float]]] = []
+    groups: list[dict[str, dict[str, Any]]] = []
     records: dict[str, list[tuple[str, Any]]] = {n: [] for n in names}  # latticekit's decodings, by domain
     mismatches: list[dict[str, Any]] = []
     identical = {n: 0 for n in names}
     compared = 0
+
+    def report() -> dict[str, Any]:  # the figures over the groups run so far
+        figures = {}
+        for name in names:
+            rates = [grp[name]["tokens_per_s"] for grp in groups]
+            vs_greedy = [grp[name]["tokens_per_s"] / grp["hf-greedy"]["tokens_per_s"] for grp in groups]
+            vs_pld = [grp[name]["tokens_per_s"] / grp["hf-pld"]["tokens_per_s"] for grp in groups if "hf-pld" in grp]
+            figures[name] = {"tokens_per_s": statistics.median(rates), "tokens_per_s_groups": rates,
+                             "vs_hf_greedy": statistics.median(vs_greedy), "vs_hf_greedy_range": [min(vs_greedy), max(vs_greedy)],
+                             **({"vs_hf_pld": statistics.median(vs_pld), "vs_hf_pld_range": [min(vs_pld), max(vs_pld)]}
+                                if vs_pld else {}),
+                             **({"steps": steps_summary(records[name])} if records[name] else {}),
+                             "identical_to_hf_greedy": f"{identical[name]}/{compared}",
+                             "domains": {d: per_domain(groups, name, d) for d in domains},
+                             "warmup_s": [round(s, 3) for s in warm[name]]}
+        if "hf-static-compile" in figures:  # the first call compiles: its seconds over a steady call's
+            steady = statistics.median(warm["hf-static-compile"][1:]) if len(warm["hf-static-compile"]) > 1 else 0.0
+            figures["hf-static-compile"]["compile_s"] = round(warm["hf-static-compile"][0] - steady, 2)
+        return {"model": description, "dtype": args.dtype, "prepared": model.latticekit_preparation.describe(),
+                "domains": {d: len(ps) for d, ps in domains.items()}, "origin": origin, "new_tokens": args.new_tokens,
+                "groups": len(groups), "decoders": figures, "skipped": skipped, "mismatches": mismatches}
+
     while len(groups) < args.groups and (len(groups) < 2 or time.perf_counter() < deadline):
         g = len(groups)
         totals = {n: {"tokens": 0, "s": 0.0} for n in names}
@@ -283,25 +308,8 @@ def acceptance(args: argparse.Namespace, device: torch.device, deadline: float) 
                            "domains": {d: by_domain[d][n]["tokens"] / by_domain[d][n]["s"] for d in domains}}
                        for n, t in totals.items()})
         log(f"group {g + 1}: " + ", ".join(f"{n} {groups[-1][n]['tokens_per_s']:.1f} tok/s" for n in names))
-    figures = {}
-    for name in names:
-        rates = [grp[name]["tokens_per_s"] for grp in groups]
-        vs_greedy = [grp[name]["tokens_per_s"] / grp["hf-greedy"]["tokens_per_s"] for grp in groups]
-        vs_pld = [grp[name]["tokens_per_s"] / grp["hf-pld"]["tokens_per_s"] for grp in groups if "hf-pld" in grp]
-        figures[name] = {"tokens_per_s": statistics.median(rates), "tokens_per_s_groups": rates,
-                         "vs_hf_greedy": statistics.median(vs_greedy), "vs_hf_greedy_range": [min(vs_greedy), max(vs_greedy)],
-                         **({"vs_hf_pld": statistics.median(vs_pld), "vs_hf_pld_range": [min(vs_pld), max(vs_pld)]}
-                            if vs_pld else {}),
-                         **({"steps": steps_summary(records[name])} if records[name] else {}),
-                         "identical_to_hf_greedy": f"{identical[name]}/{compared}",
-                         "domains": {d: per_domain(groups, name, d) for d in domains},
-                         "warmup_s": [round(s, 3) for s in warm[name]]}
-    if "hf-static-compile" in figures:  # the first call compiles: its seconds over a steady call's
-        steady = statistics.median(warm["hf-static-compile"][1:]) if len(warm["hf-static-compile"]) > 1 else 0.0
-        figures["hf-static-compile"]["compile_s"] = round(warm["hf-static-compile"][0] - steady, 2)
-    return {"model": description, "dtype": args.dtype, "prepared": model.latticekit_preparation.describe(),
-            "domains": {d: len(ps) for d, ps in domains.items()}, "origin": origin, "new_tokens": args.new_tokens,
-            "groups": len(groups), "decoders": figures, "skipped": skipped, "mismatches": mismatches}
+        progress(report())
+    return report()
 
 
 def steps_summary(decodings: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -573,23 +581,28 @@ def main(argv: Optional[list[str]] = None) -> int:
     start = time.perf_counter()
     report: dict[str, Any] = {"command": "python " + " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
                               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine_info(device)}
+    out = Path(args.out) if args.out else OUT / device.type
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(part: str, figures: Any) -> None:  # the report so far: a run cut short keeps what it measured
+        report[part] = figures
+        report["seconds"] = time.perf_counter() - start
+        report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]  # machine() has the start's
+        out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+        out.with_suffix(".md").write_text(markdown(report))
+
     with torch.inference_mode():
         if "acceptance" in args.parts:
-            report["acceptance"] = acceptance(args, device, start + args.budget_s)
+            save("acceptance", acceptance(args, device, start + args.budget_s,
+                                          progress=lambda part: save("acceptance", part)))
     if "costs" in args.parts:
-        report["costs"] = costs(args, device)
+        save("costs", costs(args, device))
     if "rescore" in args.parts:
         from rescore_latency import device_rows
 
         from latticekit.demo import embedded_token_lm
 
-        report["rescore"] = device_rows(embedded_token_lm(), str(device), iters=args.rescore_iters)
-    report["seconds"] = time.perf_counter() - start
-    report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]  # machine() has the start's
-    out = Path(args.out) if args.out else OUT / device.type
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(report))
+        save("rescore", device_rows(embedded_token_lm(), str(device), iters=args.rescore_iters))
     print(markdown(report))
     log(f"wrote {out.with_suffix('.json')} and .md ({report['seconds']:.0f} s)")
     return 0

@@ -82,6 +82,32 @@ def test_a_subset_of_decoders_runs_beside_hf_greedy(tmp_path: Path, monkeypatch:
     assert "| lk |" in out.with_suffix(".md").read_text()
 
 
+def test_a_run_cut_short_keeps_the_groups_it_finished(tmp_path: Path, monkeypatch: Any) -> None:
+    """The report is written after every acceptance group: a run stopped at its time limit (a
+    GPU lease's) keeps what it measured."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu_speed
+
+    def log(msg: str) -> None:
+        if msg.startswith("group 2"):
+            raise KeyboardInterrupt  # the limit strikes as the second group ends
+
+    monkeypatch.setattr(gpu_speed, "log", log)
+    threads = torch.get_num_threads()
+    out = tmp_path / "report"
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            gpu_speed.main(["--device", "cpu", "--threads", "1", "--model", "tiny-llama", "--prompts-per-domain", "1",
+                            "--new-tokens", "6", "--groups", "3", "--parts", "acceptance", "--decoders", "lk",
+                            "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    acc = json.loads(out.with_suffix(".json").read_text())["acceptance"]
+    assert acc["groups"] == 1 and acc["decoders"]["lk"]["identical_to_hf_greedy"] == "1/1"
+    assert "| lk |" in out.with_suffix(".md").read_text()
+
+
 def test_write_prompts_is_what_the_committed_file_holds() -> None:
     """The committed prompts: token ids a GPU machine decodes without a tokenizer."""
     data = json.loads((BENCHMARKS / "results" / "gpu_speed" / "prompts.json").read_text())
