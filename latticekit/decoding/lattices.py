@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Optional, Union, cast
 
 import numpy as np
 import torch
@@ -42,9 +42,11 @@ __all__ = ["FullLattice", "CandidateLattice", "candidate_lattices", "full_lattic
 
 
 def head_logits(heads: DraftHeads, hidden: torch.Tensor, vocab_size: int,
-                next_token: Optional[int] = None) -> torch.Tensor:
-    """``heads(hidden)``, checked: `(h >= 2, vocab)`. Heads that read the token at t + 1
-    (``token_conditioned``, :class:`latticekit.heads.BlockHeads`) get ``next_token``.
+                next_token: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+    """``heads(hidden)``, checked: `(h >= 2, vocab)` for one hidden state, `(rows, h >= 2,
+    vocab)` for a batch `(rows, hidden)`. Heads that read the token at t + 1
+    (``token_conditioned``, :class:`latticekit.heads.BlockHeads`) get ``next_token`` (a tensor of
+    `(rows,)` ids for a batch).
 
     Raises:
         HeadsMismatchError: the heads returned something else (a :class:`HeadsError`).
@@ -53,10 +55,12 @@ def head_logits(heads: DraftHeads, hidden: torch.Tensor, vocab_size: int,
         logits = heads(hidden, next_token=next_token)
     else:
         logits = heads(hidden)
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != vocab_size \
-            or logits.shape[0] < 2:
+    lead = tuple(hidden.shape[:-1])
+    if not isinstance(logits, torch.Tensor) or tuple(logits.shape[:-2]) != lead or logits.dim() != len(lead) + 2 \
+            or logits.shape[-1] != vocab_size or logits.shape[-2] < 2:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise HeadsMismatchError(f"heads(hidden) must return logits of shape (h >= 2, {vocab_size}), got {shape}")
+        rows = f"({lead[0]}, h >= 2, {vocab_size}) for {lead[0]} rows" if lead else f"(h >= 2, {vocab_size})"
+        raise HeadsMismatchError(f"heads(hidden) must return logits of shape {rows}, got {shape}")
     return logits
 
 
@@ -143,22 +147,12 @@ def full_lattices(sources: Sequence[FullLattice], hidden: torch.Tensor,
         HeadsMismatchError: the heads returned something else than `(rows, h >= 2, vocab)`.
     """
     first = sources[0]
-    heads, vocab = first.heads, first.vocab_size
-    conditioned = getattr(heads, "token_conditioned", False)
-    chunk = max(1, FULL_BATCH_LOGITS // (int(getattr(heads, "num_heads", 8)) * vocab))
+    chunk = max(1, FULL_BATCH_LOGITS // (int(getattr(first.heads, "num_heads", 8)) * first.vocab_size))
     out: list[SausageLattice] = []
     for start in range(0, hidden.shape[0], chunk):
         rows = hidden[start:start + chunk]
-        if conditioned:
-            last = torch.tensor([int(row[-1]) for row in ids[start:start + chunk]], device=hidden.device)
-            logits = heads(rows, next_token=last)
-        else:
-            logits = heads(rows)
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[0] != rows.shape[0] \
-                or logits.shape[1] < 2 or logits.shape[2] != vocab:
-            shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-            raise HeadsMismatchError(f"heads(hidden) must return logits of shape ({rows.shape[0]}, h >= 2, {vocab}) "
-                                     f"for {rows.shape[0]} rows, got {shape}")
+        last = torch.tensor([int(row[-1]) for row in ids[start:start + chunk]], device=hidden.device)
+        logits = head_logits(first.heads, rows, first.vocab_size, last)
         lattices = SausageLattice.from_logits(logits, first.k, fix_first=True)
         for j in range(rows.shape[0]):
             lattice = lattices[j]
