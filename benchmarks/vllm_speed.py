@@ -27,9 +27,7 @@ is checked identical to vLLM without speculation. The engines:
 * ``latticekit-NAME`` (``--variant NAME=JSON``): latticekit's n-gram proposer with those settings
   beside ``--settings``, to compare settings in the same run;
 * ``latticekit-one-model``: latticekit's n-gram proposer with one acceptance model for every
-  candidate source (:class:`OneModelProposer`: as before its estimates were learnt per source);
-* ``latticekit-unscreened``: latticekit's n-gram proposer building every row's chain, also those
-  the batch's allocation cannot take (:class:`UnscreenedProposer`: as before the screen).
+  candidate source (:class:`OneModelProposer`: as before its estimates were learnt per source).
 
 Prompts: the held-out instruction requests of the heads recipe
 (``benchmarks/results/heads/instruction_prompts.json``, built from offline material by
@@ -107,8 +105,8 @@ from latticekit.vllm import NGramProposer
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine: 16 requests of 1.4k tokens fit
 
 ROOT = Path(__file__).resolve().parent
-ENGINES = ("none", "empty", "vllm-ngram", "suffix", "latticekit", "latticekit-one-model", "latticekit-unscreened",
-           "medusa", "lattice-medusa", "lattice")
+ENGINES = ("none", "empty", "vllm-ngram", "suffix", "latticekit", "latticekit-one-model", "medusa", "lattice-medusa",
+           "lattice")
 DOMAINS = {
     "code": {("code", "rewrite"), ("code", "docstring"), ("code", "test")},
     "summary": {(s, t) for s in ("python-docs", "postgresql-docs") for t in ("summarise", "rewrite", "key-points",
@@ -143,18 +141,6 @@ class OneModelProposer(NGramProposer):
     def __init__(self, vllm_config: Any, config: Any = None) -> None:
         super().__init__(vllm_config, config)
         self.acceptance = AcceptanceModel.prior(trust=self.trust)  # type: ignore[assignment]
-
-
-class UnscreenedProposer(NGramProposer):
-    """latticekit's n-gram proposer that builds every row's chain, as before rows whose chains the
-    allocation cannot take were screened out: the ``latticekit-unscreened`` engine, for that A/B."""
-
-    screens = False
-
-
-#: The engines of latticekit's proposer as it was before a change, for an A/B in one run: their classes.
-REFERENCE_PROPOSERS = {"latticekit-one-model": "benchmarks.vllm_speed.OneModelProposer",
-                       "latticekit-unscreened": "benchmarks.vllm_speed.UnscreenedProposer"}
 
 
 def requests(per_domain: int, domains: list[str]) -> dict[str, list[str]]:
@@ -347,8 +333,7 @@ def main() -> None:
     lm = {} if args.lm == "none" else {"lm": args.lm}
     lm |= json.loads(args.settings)
     # latticekit's settings reach an engine's worker through the environment when it starts
-    settings = {"latticekit": lm, **{name: lm for name in REFERENCE_PROPOSERS},
-                "lattice-medusa": {**lm, "heads": args.medusa},
+    settings = {"latticekit": lm, "latticekit-one-model": lm, "lattice-medusa": {**lm, "heads": args.medusa},
                 "lattice": {**lm, "heads": str(DEFAULT_HEADS_PATH)}}
     for variant in args.variant:
         name, _, given = variant.partition("=")
@@ -396,8 +381,8 @@ def main() -> None:
         t0 = time.perf_counter()
         if name in settings:
             spec = specs[name] = speculative_config(args.k, **settings[name], stats=str(stats_paths[name]))
-            if name in REFERENCE_PROPOSERS:
-                spec["model"] = REFERENCE_PROPOSERS[name]
+            if name == "latticekit-one-model":
+                spec["model"] = "benchmarks.vllm_speed.OneModelProposer"
         engines[name] = vllm.LLM(**common, **({"speculative_config": spec} if spec else {}))
         if args.lockstep:
             if type(engines[name].llm_engine.engine_core).__name__ != "InprocClient":

@@ -29,7 +29,6 @@ Plain numpy; nothing here imports torch.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from latticekit.drafting.tree import trie
 from latticekit.errors import DecoderConfigError
 
 __all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "SourceAcceptance", "FEATURES", "SOURCES",
-           "first_coefficients", "first_conditional", "first_logit", "node_features", "logit", "shipped_acceptance"]
+           "node_features", "logit", "shipped_acceptance"]
 
 #: One path's per-token values: a sequence of floats or a float array.
 _Floats = Union[Sequence[float], np.ndarray]
@@ -60,55 +59,6 @@ def logit(logprob: np.ndarray) -> np.ndarray:
     lp = np.minimum(np.asarray(logprob, dtype=np.float64), -1e-12)
     out: np.ndarray = np.maximum(np.minimum(lp - np.log(-np.expm1(lp)), _CLIP), -_CLIP)
     return out
-
-
-def _logit_feature(logprob: float) -> float:
-    """One log-probability's feature as :func:`node_features` makes it (0 where NaN)."""
-    if logprob != logprob:
-        return 0.0
-    lp = min(logprob, -1e-12)
-    return max(min(lp - math.log(-math.expm1(lp)), _CLIP), -_CLIP) / _SCALE
-
-
-def first_coefficients(acceptance: "Union[AcceptanceModel, SourceAcceptance]",
-                       sources: int) -> list[tuple[float, float, float]]:
-    """Per model a node under the root (depth one) with no head score and these ``sources``
-    reads (a :class:`SourceAcceptance`'s models of its sources; 0: every model's), its
-    weights ``(intercept, ngram, cache)``: its logit is ``intercept + ngram * f(ngram log-prob)
-    + cache * f(cache log-prob)`` over :func:`node_features`' scaled, clipped logits ``f``
-    (:func:`first_conditional`)."""
-    if isinstance(acceptance, SourceAcceptance):
-        models = [model for model, bit in zip(acceptance._models, acceptance._bits.tolist())
-                  if sources == 0 or sources & bit]
-    else:
-        models = [acceptance]
-    out = []
-    for model in models:
-        w, depth = model.weights, model.max_depth
-        out.append((float(w[0]), float(w[depth + 1]), float(w[depth + 2])))
-    return out
-
-
-def first_logit(coefficients: list[tuple[float, float, float]], ngram_logprob: float, cache_logprob: float) -> float:
-    """The largest logit of :func:`first_coefficients`' models for one node (-inf: no model)."""
-    ngram, cache = _logit_feature(ngram_logprob), _logit_feature(cache_logprob)
-    return max((w0 + wn * ngram + wc * cache for w0, wn, wc in coefficients), default=-math.inf)
-
-
-def first_conditional(acceptance: "Union[AcceptanceModel, SourceAcceptance]", ngram_logprob: float,
-                      cache_logprob: float, sources: int) -> float:
-    """P(accepted) of a node under the root (depth one) with no head score, as
-    :func:`node_features` and ``acceptance.conditional`` give it, in plain Python: a screen for
-    one node needs no numpy call. Equal to theirs within rounding (``tests/drafting/test_sources.py``).
-
-    Args:
-        acceptance: the estimates.
-        ngram_logprob, cache_logprob: the node's static and cache log-probabilities (NaN: none).
-        sources: the node's sources (bits of :data:`SOURCES`; 0: every model's), read by a
-            :class:`SourceAcceptance` only.
-    """
-    z = first_logit(first_coefficients(acceptance, sources), ngram_logprob, cache_logprob)
-    return 0.0 if z < -700 else 1.0 / (1.0 + math.exp(-z))
 
 
 @dataclass

@@ -38,7 +38,7 @@ import numpy as np
 
 from latticekit.drafting.cache_model import CacheModel
 from latticekit.drafting.calibration import (SOURCES, AcceptanceModel, CandidateTree, PendingLabels, SourceAcceptance,
-                                             first_coefficients, first_logit, node_features)
+                                             node_features)
 from latticekit.drafting.continuations import Continuations, best_continuations
 from latticekit.drafting.memory import AnswerMemory, memory_continuations, united_with_memory
 from latticekit.drafting.union import united_candidates
@@ -46,7 +46,7 @@ from latticekit.errors import DecoderConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 
-__all__ = ["ChainDrafter", "BatchCosts", "CostFit", "allocate", "allocate_prices", "allocation_floors"]
+__all__ = ["ChainDrafter", "BatchCosts", "CostFit", "allocate", "allocate_prices"]
 
 
 class ChainDrafter:
@@ -100,23 +100,13 @@ class ChainDrafter:
         else:
             self.acceptance.update(features, labels)
 
-    def propose(self, max_length: int, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    def propose(self, max_length: int) -> tuple[np.ndarray, np.ndarray]:
         """The chain after the text :meth:`observe` last saw (at most ``max_length`` tokens) and
-        each position's probability of being accepted (non-increasing).
-
-        With ``floor`` > 0, no chain (and no tree waiting for labels) where the chain's first
-        position would be accepted with a probability under ``floor``: every node under the
-        root is estimated (:func:`~latticekit.drafting.calibration.first_conditional`, no tree
-        built) before the tree is. A batch's allocation that cannot take such a chain
-        (:func:`allocation_floors`) so skips the work of building it."""
+        each position's probability of being accepted (non-increasing)."""
         text = self.model.ids
         if max_length < 1 or not text:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        depth = min(self.max_depth, max_length)
-        found, recalled = self._searched(depth)
-        if floor > 0 and self._first_under(found, recalled, floor):
-            return np.zeros(0, dtype=np.int64), np.zeros(0)
-        found, sources = self._united(found, recalled)
+        found, sources = self._candidates(max_length)
         if not found.size:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         tree = found.tree()
@@ -131,56 +121,15 @@ class ChainDrafter:
     def _candidates(self, max_length: int) -> tuple[Continuations, np.ndarray]:
         """:meth:`candidate_tree`, and each node's sources (bits of
         :data:`~latticekit.drafting.calibration.SOURCES`)."""
-        return self._united(*self._searched(min(self.max_depth, max_length)))
-
-    def _searched(self, depth: int) -> tuple[Continuations, Optional[Continuations]]:
-        """The text's continuations of at most ``depth`` tokens, and the memory's (None without one)."""
+        depth = min(self.max_depth, max_length)
         keep = self.model.context_size if self.memory is None else max(self.model.context_size,
                                                                       self.memory.model.context_size)
-        # the text's last tokens, as the searches read them (the cache model's ids are int32 already)
-        text = cast(Sequence[int], np.asarray(self.model.ids[-keep:] if keep else [], dtype=np.int32))
+        # the text's last tokens as both searches read them, made once (the cache model's ids are int32 already)
+        text = cast(Sequence[int], np.asarray(self.model.ids[-keep:], dtype=np.int32))
         found = best_continuations(self.model, text, self.candidates, depth)
         if self.memory is None:
-            return found, None
-        return found, memory_continuations(self.memory, text, self.candidates, depth)
-
-    @staticmethod
-    def _united(found: Continuations, recalled: Optional[Continuations]) -> tuple[Continuations, np.ndarray]:
-        if recalled is None:
             return found, np.full(found.size, SOURCES["text"], dtype=np.int64)
-        return united_with_memory(found, recalled)
-
-    def _first_under(self, found: Continuations, recalled: Optional[Continuations], floor: float) -> bool:
-        """Whether every node under the root of the united tree (:meth:`_united`: a node both
-        hold takes the larger cache log-probability and both sources, a memory's own has no
-        static one) is accepted with a probability under ``floor``
-        (:func:`~latticekit.drafting.calibration.first_conditional`), by a margin that rounding
-        cannot cross: compared as logits."""
-        limit = floor * (1.0 - 1e-9)
-        if limit >= 1.0:
-            return True
-        threshold = math.log(limit) - math.log1p(-limit)
-        recalled_first: dict[int, float] = {}
-        if recalled is not None and recalled.size:
-            for token, parent, lp in zip(recalled.tokens.tolist(), recalled.parents.tolist(),
-                                         recalled.logprob.tolist()):
-                if parent < 0:
-                    recalled_first[token] = lp
-        text = first_coefficients(self.acceptance, SOURCES["text"])
-        both = first_coefficients(self.acceptance, SOURCES["text"] | SOURCES["memory"]) if recalled_first else text
-        for token, parent, lp, static in zip(found.tokens.tolist(), found.parents.tolist(), found.logprob.tolist(),
-                                             found.static_logprob.tolist()):
-            if parent >= 0:
-                continue
-            recalled_lp = recalled_first.pop(token, None)
-            if recalled_lp is None:
-                z = first_logit(text, static, lp)
-            else:
-                z = first_logit(both, static, max(lp, recalled_lp))
-            if z >= threshold:
-                return False
-        memory = first_coefficients(self.acceptance, SOURCES["memory"])
-        return all(first_logit(memory, math.nan, lp) < threshold for lp in recalled_first.values())
+        return united_with_memory(found, memory_continuations(self.memory, text, self.candidates, depth))
 
     def remember(self) -> None:
         """Adds the request's answer (its text after the prompt, as far as :meth:`observe` saw
@@ -450,28 +399,3 @@ def allocate_prices(probabilities: Sequence[np.ndarray], a: float, prices: Seque
         if not active:
             break
     return out
-
-
-def allocation_floors(a: float, prices: Sequence[float], overhead: float, weights: Sequence[float]) -> list[float]:
-    """Per row, a probability at or under which :func:`allocate_prices` (same ``a``, ``prices``,
-    ``overhead`` and ``weights``) takes none of the row's positions at any of the prices: 0
-    where it may take any.
-
-    The allocation starts from the batch's expected tokens per second with no draft,
-    ``rows / (a + overhead + price * sum(weights))``, a rate that only rises as positions are
-    taken, and takes a position only while its probability exceeds its price
-    (``price * weights[row]``) times that rate. So a row whose first position's probability is at
-    most ``weights[row]`` times the least of ``price * rows / (a + overhead + price *
-    sum(weights))`` over the prices gets nothing, and (its positions sorted after every position
-    taken) its chain changes nothing of the others' lengths: the allocation without it, its row
-    left empty, is the same (``tests/drafting/test_allocation.py``)."""
-    rows = len(weights)
-    unit = [float(x) for x in weights]
-    total = sum(unit)
-    if not rows or not prices or any(p <= 0 for p in prices) or any(not x > 0 for x in unit):
-        return [0.0] * rows
-    fixed = a + overhead
-    if any(fixed + p * total <= 0 for p in prices):
-        return [0.0] * rows
-    rate = min(p * rows / (fixed + p * total) for p in prices)
-    return [x * rate for x in unit]

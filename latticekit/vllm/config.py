@@ -230,18 +230,3 @@ def speculative_config(num_speculative_tokens: int = 8, **settings: Any) -> dict
     os.environ[ENV] = config.to_json()
     proposer = LATTICE_PROPOSER if config.heads is not None else PROPOSER
     return {"method": "custom_class", "model": proposer, "num_speculative_tokens": num_speculative_tokens}
-
-
-def dynamic_schedule(vllm_config: Any) -> Optional[list[int]]:
-    """vLLM's dynamic speculative decoding schedule (``num_speculative_tokens_per_batch_size``)
-    as vLLM's scheduler expands it: index = the batch's requests, value = the most draft tokens
-    it schedules per request; None when the engine has no schedule. vLLM computes it for its
-    own proposers and does not hand it to a ``custom_class`` one, which reads it from the engine's configuration."""
-    spec = vllm_config.speculative_config
-    schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
-    if not schedule:
-        return None
-    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
-
-    return list(build_dynamic_sd_schedule_lookup(schedule, vllm_max_batch_size=int(
-        vllm_config.scheduler_config.max_num_seqs), vllm_num_speculative_tokens=int(spec.num_speculative_tokens)))

@@ -176,11 +176,8 @@ class LatticeProposer(NGramProposer):
         self.counters["hidden_checked"] += 1
         self.counters["hidden_wrong"] += int(best != int(token))
 
-    def _draft(self, state: ChainDrafter, index: int, room: int, floor: float) -> tuple[np.ndarray, np.ndarray]:
-        """Row ``index``'s chain: from its lattice united with its n-grams, every candidate built
-        (the heads' own first tokens are not screened), else from its n-grams alone, screened by
-        ``floor``."""
+    def _draft(self, state: ChainDrafter, index: int, room: int) -> tuple[np.ndarray, np.ndarray]:
         lattice = self._lattices[index] if index < len(self._lattices) else None
         if lattice is None:
-            return state.propose(room, floor)
+            return state.propose(room)
         return state.propose_lattice(room, lattice, self.search_lm, self.config.p, self.alpha)

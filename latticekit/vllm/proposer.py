@@ -54,11 +54,11 @@ import numpy as np
 
 from latticekit.drafting.arms import PROBE_BUDGET, ArmStats, choose_arm, probe_outcome
 from latticekit.drafting.calibration import SourceAcceptance
-from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate_prices, allocation_floors
+from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate_prices
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
-from latticekit.vllm.config import ARMS, ProposerConfig, dynamic_schedule
+from latticekit.vllm.config import ARMS, ProposerConfig
 
 __all__ = ["NGramProposer", "engine_stats"]
 
@@ -160,6 +160,21 @@ class _Load:
             probe_outcome(stats, self.worth(arm) >= max((self.worth(a) for a in self.arms if a != arm), default=0.0))
 
 
+def _dynamic_schedule(vllm_config: Any) -> Optional[list[int]]:
+    """vLLM's dynamic speculative decoding schedule (``num_speculative_tokens_per_batch_size``)
+    as vLLM's scheduler expands it: index = the batch's requests, value = the most draft tokens
+    it schedules per request; None when the engine has no schedule. vLLM computes it for its
+    own proposers and does not hand it to a ``custom_class`` one, so the proposer reads it here."""
+    spec = vllm_config.speculative_config
+    schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+    if not schedule:
+        return None
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    return list(build_dynamic_sd_schedule_lookup(schedule, vllm_max_batch_size=int(
+        vllm_config.scheduler_config.max_num_seqs), vllm_num_speculative_tokens=int(spec.num_speculative_tokens)))
+
+
 def _scheduled_tokens(slot_mappings: Any) -> Optional[int]:
     """Query tokens of the step just run: the length of any layer's slot mapping."""
     if isinstance(slot_mappings, (list, tuple)):
@@ -195,9 +210,6 @@ class NGramProposer:
     clock = staticmethod(time.perf_counter)
     #: The arms it chooses among where ``arms`` is not set: the cost model alone.
     default_arms: tuple[str, ...] = ("model",)
-    #: Whether a row whose chain the allocation cannot take is not built (:func:`~latticekit.drafting.
-    #: chains.allocation_floors`): the same chains, less work; False: the reference tests compare with.
-    screens = True
 
     def __init__(self, vllm_config: Any, config: Optional[ProposerConfig] = None) -> None:
         self.config = config if config is not None else ProposerConfig.from_env()
@@ -207,7 +219,7 @@ class NGramProposer:
                 f"latticekit.vllm.NGramProposer; {type(self).__name__} was given heads={self.config.heads!r}")
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
-        self._schedule = dynamic_schedule(vllm_config)
+        self._schedule = _dynamic_schedule(vllm_config)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.lm = _load_lm(self.config.lm)
@@ -403,6 +415,19 @@ class NGramProposer:
                     self._failed("row", exc)
                     self.states.pop(keys[i], None)
         self._begin_step(sampled, prepared, arm)
+        chains: list[np.ndarray] = []
+        probabilities: list[np.ndarray] = []
+        correction = self.correction
+        for i, ready in enumerate(prepared):
+            chain, prob = np.zeros(0, dtype=np.int64), np.zeros(0)
+            if ready is not None:
+                try:
+                    chain, prob = self._draft(ready[0], i, ready[1])
+                except Exception as exc:
+                    self._failed("row", exc)
+                    self.states.pop(keys[i], None)
+            chains.append(chain)
+            probabilities.append(np.minimum(prob * correction, 1.0))
         if self.config.step_costs is not None:
             a, b, c = (*self.config.step_costs, 0.0)
         else:
@@ -413,26 +438,11 @@ class NGramProposer:
         # a row's query token costs b + c * its context (the keys it attends): the allocation's
         # weights, in seconds, with each level's price a multiple of them
         weights = [b + c * n for n in context]
+        self.counters["proposed_tokens"] += sum(len(c) for c in chains)
+        lengths_by_arm: dict[str, dict[Any, int]] = {}
         # a heads step is the outcome of the heads' less eager levels too; a text step, of none but plain
         levels = (arm,) if arm == "text" else (arm, *(o for o in LEVELS if o in self.arms and LEVELS[o] > LEVELS[arm]))
         prices = [LEVELS["model"] if level == "text" else LEVELS[level] for level in levels]
-        correction = self.correction
-        # a row whose chain the allocation cannot take (its first position under its floor) is not built
-        floors = allocation_floors(a, prices, self._draft_s, weights) if self.screens else [0.0] * rows
-        chains: list[np.ndarray] = []
-        probabilities: list[np.ndarray] = []
-        for i, ready in enumerate(prepared):
-            chain, prob = np.zeros(0, dtype=np.int64), np.zeros(0)
-            if ready is not None:
-                try:
-                    chain, prob = self._draft(ready[0], i, ready[1], floors[i] / correction)
-                except Exception as exc:
-                    self._failed("row", exc)
-                    self.states.pop(keys[i], None)
-            chains.append(chain)
-            probabilities.append(np.minimum(prob * correction, 1.0))
-        self.counters["proposed_tokens"] += sum(len(c) for c in chains)
-        lengths_by_arm: dict[str, dict[Any, int]] = {}
         for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s,
                                                                            weights)):
             chosen, expected = self._repaid(probabilities, allocated, a, price, weights)
@@ -462,10 +472,9 @@ class NGramProposer:
         (``prepared``: per row, its state and room, or None where it does not draft; ``arm``: the
         step's): nothing here."""
 
-    def _draft(self, state: ChainDrafter, index: int, room: int, floor: float) -> tuple[np.ndarray, np.ndarray]:
-        """Row ``index``'s chain, its state up to date; none where its first position's
-        probability is under ``floor`` (before the correction: the allocation cannot take it)."""
-        return state.propose(room, floor)
+    def _draft(self, state: ChainDrafter, index: int, room: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row ``index``'s chain, its state up to date."""
+        return state.propose(room)
 
     def _row_state(self, key: Any, length: int, row: np.ndarray, emitted: int,
                    cap: Optional[int] = None) -> Optional[tuple[ChainDrafter, int]]:

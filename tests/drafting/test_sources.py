@@ -12,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticekit.drafting import DecoderConfig
-from latticekit.drafting.calibration import (SOURCES, AcceptanceModel, CandidateTree, SourceAcceptance,
-                                             first_conditional, node_features)
+from latticekit.drafting.calibration import SOURCES, AcceptanceModel, CandidateTree, SourceAcceptance
 from latticekit.drafting.costs import StepCosts
 from latticekit.drafting.arms import MAX_PROBE_INTERVAL
 from latticekit.drafting.drafters.auto import AutoDrafter
@@ -21,33 +20,6 @@ from latticekit.errors import DecoderConfigError
 
 paths_and_bits = st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=4),
                                     st.sampled_from([1, 2, 4, 3, 6])), min_size=1, max_size=12)
-
-
-logprobs = st.floats(-40.0, 0.0) | st.just(float("nan")) | st.sampled_from([0.0, -1e-15, -1e-6, -0.7, -20.0])
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.lists(st.floats(-6.0, 6.0), min_size=10, max_size=10), min_size=1, max_size=3),
-       st.lists(st.tuples(logprobs, logprobs, st.sampled_from([0, 2, 4, 6, 1, 3, 7])), min_size=1, max_size=6))
-def test_a_first_nodes_estimate_in_plain_python_is_the_models(weights: list[list[float]],
-                                                              nodes: list[tuple[float, float, int]]) -> None:
-    """``first_conditional`` (the screen's estimate of a node under the root, no numpy) against
-    :func:`node_features` and the models' own ``conditional``: one model, and one per source."""
-    names = [name for name in ("heads", "text", "memory")][:len(weights)]
-    per_source = SourceAcceptance({name: AcceptanceModel(np.array(w)) for name, w in zip(names, weights)})
-    one = AcceptanceModel(np.array(weights[0]))
-    tree = CandidateTree(np.arange(len(nodes), dtype=np.int64), np.full(len(nodes), -1, dtype=np.int64),
-                         np.ones(len(nodes), dtype=np.int64), np.full(len(nodes), np.nan),
-                         np.array([n for n, _, _ in nodes]), np.array([c for _, c, _ in nodes]),
-                         np.array([b for _, _, b in nodes], dtype=np.int64))
-    features = node_features(tree, one.max_depth)
-    assert tree.sources is not None
-    want_sources = per_source.conditional(features, tree.sources)
-    want_one = one.conditional(features)
-    for i, (ngram, cache, bits) in enumerate(nodes):
-        got = first_conditional(per_source, ngram, cache, bits)
-        assert got == pytest.approx(want_sources[i], rel=1e-12, abs=1e-300)
-        assert first_conditional(one, ngram, cache, bits) == pytest.approx(want_one[i], rel=1e-12, abs=1e-300)
 
 
 @settings(max_examples=200, deadline=None)

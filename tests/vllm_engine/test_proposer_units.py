@@ -17,8 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticekit.drafting.calibration import AcceptanceModel
-from latticekit.drafting.chains import (BatchCosts, ChainDrafter, CostFit, allocate, allocate_prices,
-                                        allocation_floors)
+from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate, allocate_prices
 from latticekit.drafting.drafters.ngram import uniform_lm
 from latticekit.errors import ProposerConfigError
 from latticekit.lattice import SausageLattice
@@ -94,34 +93,6 @@ def test_allocate_at_several_prices_in_one_pass_is_the_best_at_each(probabilitie
         best = max(objective(probabilities, list(other), a, b, overhead)
                    for other in itertools.product(*(range(len(p) + 1) for p in probabilities)))
         assert objective(probabilities, lengths, a, b, overhead) == pytest.approx(best, rel=1e-9, abs=1e-12)
-
-
-@settings(max_examples=400, deadline=None)
-@given(st.lists(st.lists(st.floats(0.0, 1.0), max_size=4).map(lambda xs: np.sort(np.array(xs))[::-1]),
-                min_size=1, max_size=6).flatmap(
-           lambda ps: st.tuples(st.just(ps), st.lists(st.floats(0.0005, 0.05), min_size=len(ps), max_size=len(ps)))),
-       st.floats(0.0, 1.0), st.lists(st.sampled_from([1.0, 0.25, 4.0]), min_size=1, max_size=3, unique=True),
-       st.floats(0.0, 0.02))
-def test_a_row_under_its_allocation_floor_gets_nothing_and_changes_nothing(
-        given_rows: tuple[list[np.ndarray], list[float]], a: float, prices: list[float], overhead: float) -> None:
-    """``allocation_floors``: a row whose first position's probability is at most its floor is
-    given no token at any price, and leaving its chain out (its row empty) changes no other
-    row's lengths; a floor is the largest such bound (a row a little above it may draft)."""
-    probabilities, weights = given_rows
-    floors = allocation_floors(a, prices, overhead, weights)
-    got = allocate_prices(probabilities, a, prices, overhead, weights)
-    under = [len(p) > 0 and p[0] <= floor for p, floor in zip(probabilities, floors)]
-    for lengths in got:
-        assert all(n == 0 for n, u in zip(lengths, under) if u)
-    screened = [np.zeros(0) if u else p for p, u in zip(probabilities, under)]
-    assert allocate_prices(screened, a, prices, overhead, weights) == got
-    if a + overhead > 0:  # a row alone just above its floor, the others empty, drafts at the lowest price
-        alone = [np.zeros(0)] * len(probabilities)
-        alone[0] = np.array([min(1.0, floors[0] * 1.001 + 1e-9)])
-        if alone[0][0] > floors[0]:
-            lowest = min(prices)
-            assert allocate_prices(alone, a, [lowest], overhead, weights)[0][0] == 1
-    assert allocation_floors(a, [0.0, *prices], overhead, weights) == [0.0] * len(weights)  # free tokens: all taken
 
 
 def test_drafts_shrink_as_the_batch_grows() -> None:
@@ -370,84 +341,7 @@ def test_drafts_nothing_where_drafts_do_not_repay_themselves() -> None:
     batch.put(0, [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2])
     calls = [proposer.propose([[2]], batch.lengths[:1], batch.ids[:1]) for _ in range(12)]
     assert calls == [[[]]] * 12
-    # a chain whose first position is under the allocation's floor is not even built ...
-    assert proposer.counters["proposed_tokens"] == 0
-    reference = Unscreened(engine_config(), ProposerConfig(step_costs=(0.1, 0.2)))
-    assert [reference.propose([[2]], batch.lengths[:1], batch.ids[:1]) for _ in range(12)] == calls
-    assert reference.counters["proposed_tokens"] > 0  # ... where the reference built chains and drafted none
-
-
-class Unscreened(NGramProposer):
-    """The n-gram proposer that builds every row's chain (the screen's reference)."""
-
-    screens = False
-
-
-class FixedClock:
-    """A clock that never moves: drafting takes no time, so the allocation's overhead is 0."""
-
-    def __call__(self) -> float:
-        return 0.0
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 12), st.sampled_from([(0.05, 0.0005), (0.07, 0.0017), (0.1, 0.02),
-                                                                       (0.03, 0.004)]),
-       st.booleans(), st.sampled_from(["cache", "head+cache"]))
-def test_screened_rows_draft_exactly_what_the_reference_drafts(seed: int, rows: int, costs: tuple[float, float],
-                                                               memory: bool, trust: str) -> None:
-    """The screen (rows whose chains the allocation cannot take are not built) changes no chain:
-    the proposer with it and without it, their estimates frozen (learning from the trees
-    screened rows do not build is the one difference the screen makes), draft the same chains
-    step after step, rows finishing and their answers going into the memory, at loads from
-    one row (nothing screened) to twelve (most screened)."""
-    from latticekit.drafting.calibration import SourceAcceptance
-
-    rng = np.random.default_rng(seed)
-    settings_ = ProposerConfig(step_costs=costs, memory_tokens=4096 if memory else 0)
-    screened = NGramProposer(engine_config(k=6, max_model_len=256, vocab=40), settings_)
-    reference = Unscreened(engine_config(k=6, max_model_len=256, vocab=40), settings_)
-    weights = {name: AcceptanceModel.prior(trust=trust).weights + rng.normal(0, 0.5, 10)
-               for name in screened.acceptance.models}
-    for proposer in (screened, reference):
-        proposer.clock = FixedClock()  # type: ignore[assignment]
-        proposer.acceptance = SourceAcceptance({name: AcceptanceModel(w, learning_rate=0.0)
-                                                for name, w in weights.items()})
-    # texts that repeat phrases (so chains of every probability), each row a run of requests
-    phrases = [rng.integers(0, 40, size=int(rng.integers(2, 6))).tolist() for _ in range(6)]
-
-    def text() -> list[int]:
-        out: list[int] = []
-        while len(out) < 120:
-            out += phrases[int(rng.integers(0, 6))] if rng.random() < 0.7 else [int(rng.integers(0, 40))]
-        return out
-
-    truths = [text() for _ in range(rows)]
-    batch = Batch(rows, 256)
-    for r in range(rows):
-        batch.put(r, truths[r][:20])
-    drafts: list[list[int]] = [[] for _ in range(rows)]
-    built = 0
-    for _ in range(40):
-        sampled = []
-        for r in range(rows):
-            at = int(batch.lengths[r])
-            if at + 8 >= len(truths[r]):  # the request ends: another takes the row
-                truths[r] = text()
-                batch.ids[r] = 0
-                batch.put(r, truths[r][:20])
-                drafts[r] = []
-                at = 20
-            accepted = 0
-            while accepted < len(drafts[r]) and truths[r][at + accepted] == drafts[r][accepted]:
-                accepted += 1
-            batch.put(r, truths[r][:at + accepted + 1])
-            sampled.append(truths[r][at:at + accepted + 1])
-        drafts = screened.propose(sampled, batch.lengths, batch.ids)
-        assert reference.propose(sampled, batch.lengths, batch.ids) == drafts
-        built = screened.counters["proposed_tokens"]
-    assert screened.counters["draft_tokens"] == reference.counters["draft_tokens"]
-    assert built <= reference.counters["proposed_tokens"]
+    assert proposer.counters["proposed_tokens"] > 0  # it looked
 
 
 def test_a_model_over_other_token_ids_is_refused_at_start() -> None:
@@ -573,9 +467,9 @@ class TimedProposer(NGramProposer):
 
     clock: Clock
 
-    def _draft(self, state: ChainDrafter, index: int, room: int, floor: float) -> tuple[np.ndarray, np.ndarray]:
+    def _draft(self, state: ChainDrafter, index: int, room: int) -> tuple[np.ndarray, np.ndarray]:
         self.clock.now += 0.002
-        return super()._draft(state, index, room, floor)
+        return super()._draft(state, index, room)
 
 
 def drive(proposer: NGramProposer, truths: list[list[int]], prompt: int, steps: int, a: float, b: float,
