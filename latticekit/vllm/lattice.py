@@ -26,7 +26,9 @@ Medusa checkpoint, or latticekit's own heads file) and, per request and step:
 vLLM 0.32 hands a ``custom_class`` proposer token ids only. The hidden states come from the
 target model the runner hands to ``load_model``: a forward pre-hook on its ``logits_processor``
 (a ``torch.nn`` hook, no vLLM code replaced) keeps the states the step computed logits from,
-one row per request plus one per verified draft token, in batch order; the row of a request's
+one row per request plus one per verified draft token, in batch order (the first logits after
+the step's forward pass whose rows add up to those: a request asking for prompt logprobs has
+them computed from its prompt's states after the step's own); the row of a request's
 last emitted token is its first row plus the tokens it emitted, less one (the index vLLM's own
 Medusa proposer takes). The heads' cost is measured with the rest of drafting and counts in
 the arms' outcomes, so where they do not repay it (a large batch on a CPU) the proposer drafts
@@ -38,6 +40,7 @@ the best arm allows (:func:`~latticekit.drafting.arms.choose_arm`'s budget).
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from typing import Any, Optional, cast
 
 import numpy as np
@@ -50,6 +53,10 @@ from latticekit.vllm.config import ARMS, ProposerConfig
 from latticekit.vllm.proposer import NGramProposer
 
 __all__ = ["LatticeProposer", "hidden_rows"]
+
+#: Logits computations kept between two calls (a step's own, then one per request whose prompt
+#: logprobs it computed; more only where the engine ran steps without calling the proposer).
+_HIDDEN_CALLS = 64
 
 
 def hidden_rows(emitted: list[int], scheduled_drafts: list[int]) -> list[int]:
@@ -93,7 +100,9 @@ class LatticeProposer(NGramProposer):
         self.search_lm = self.lm if self.lm is not None else uniform_lm()
         self.alpha = self.config.alpha if self.lm is not None else 0.0
         self.heads: Any = None
-        self._hidden: Any = None  # the states of the last step's logits
+        # the states of every logits computation since the last call: the step's own come first
+        # (its prompt logprobs' after them)
+        self._hidden: "deque[Any]" = deque(maxlen=_HIDDEN_CALLS)
         self._lattices: list[Any] = []  # this step's lattice per row, None where not drafting from one
         # each request's lattice source (its candidate vocabulary holds the request's own tokens)
         self._sources: "weakref.WeakKeyDictionary[ChainDrafter, Any]" = weakref.WeakKeyDictionary()
@@ -109,10 +118,19 @@ class LatticeProposer(NGramProposer):
             raise ProposerConfigError(f"latticekit vLLM lattice proposer: {type(model).__name__} has no "
                                       "logits_processor module to read its hidden states from")
         processor.register_forward_pre_hook(self._keep_hidden, with_kwargs=True)
+        if hasattr(model, "register_forward_pre_hook"):  # a step's forward: what came before it is another step's
+            model.register_forward_pre_hook(lambda *_: self._hidden.clear())
 
     def _keep_hidden(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         hidden = kwargs.get("hidden_states", args[1] if len(args) > 1 else None)
-        self._hidden = hidden
+        if hidden is not None:
+            self._hidden.append(hidden)
+
+    def propose(self, *args: Any, **kwargs: Any) -> list[list[int]]:
+        try:
+            return super().propose(*args, **kwargs)
+        finally:
+            self._hidden.clear()  # the next step's states are those computed after this call
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -120,16 +138,19 @@ class LatticeProposer(NGramProposer):
                     arm: str) -> None:
         """Finds each drafting request's hidden state among the step's and builds every lattice:
         the heads run once on the batch's states (:func:`~latticekit.decoding.lattices.candidate_lattices`)."""
-        hidden, self._hidden = self._hidden, None
+        calls = list(self._hidden)
         self._lattices = [None] * len(sampled)
-        if hidden is None or self.heads is None or arm == "text":  # a text step: n-grams alone
+        if not calls or self.heads is None or arm == "text":  # a text step: n-grams alone
             return
         runner = self._runner() if self._runner is not None else None
         spec = getattr(getattr(runner, "input_batch", None), "spec_token_ids", None)
-        # which drafts each request verified, and states that add up to them, or n-grams alone this step
+        # which drafts each request verified, and the states that add up to them: the step's
+        # sampling logits, computed before any request's prompt logprobs; or n-grams alone this step
         drafts = [len(spec[i]) for i in range(len(sampled))] if spec is not None and len(spec) >= len(sampled) \
             else None
-        if drafts is None or sum(drafts) + len(sampled) != int(hidden.shape[0]):
+        hidden = None if drafts is None else next(
+            (h for h in calls if int(h.shape[0]) == sum(drafts) + len(sampled)), None)
+        if drafts is None or hidden is None:
             self.counters["hidden_mismatch"] += 1
             return
         rows, states, positions = [], [], []

@@ -91,6 +91,15 @@ def test_the_lattice_proposer_decodes_exactly_greedy_reading_every_requests_own_
     assert counters["hidden_checked"] >= 8 * 10 and counters["hidden_wrong"] == 0
     assert counters["lattice_rows"] >= 8 * 5
     assert counters["draft_tokens"] > 0 and counters["accepted_tokens"] > 0.1 * counters["draft_tokens"]
+    # requests asking for their prompts' logprobs: the runner computes those logits from the
+    # prompts' states after the step's own, and the heads still read every request's own state
+    asking = [vllm.SamplingParams(temperature=0, max_tokens=48, prompt_logprobs=1 if i % 2 else None)
+              for i in range(len(prompts))]
+    outputs = lattice.generate(prompts, asking)
+    assert ids(outputs) == want and all(o.prompt_logprobs for o in outputs[1::2])
+    after = engine_stats(lattice, stats)
+    assert after["hidden_mismatch"] == 0 and after["hidden_wrong"] == 0
+    assert after["lattice_rows"] - counters["lattice_rows"] >= 8 * 5
 
 
 def test_heads_load_from_a_medusa_folder_or_a_heads_file_onto_a_models_projection(

@@ -681,8 +681,13 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     for r, text in enumerate(texts):
         batch.put(r, text)
     hidden = torch.randn(2, 32)
-    proposer._hidden = hidden  # what the hook on the logits processor keeps
+    def logits(p: LatticeProposer, states: Any) -> None:  # the hook on the logits processor
+        p._keep_hidden(None, (None, states), {})
+
+    logits(proposer, hidden)  # the step's sampling logits, then one request's prompt logprobs
+    logits(proposer, torch.randn(5, 32))
     out = proposer.propose([[10], [22]], batch.lengths, batch.ids)
+    assert not proposer._hidden  # the next step's states are those computed after the call
     assert proposer.counters["lattice_rows"] == 2 and proposer.counters["errors"] == 0 and all(out)
     assert set(proposer.acceptance.models) == {"heads", "text", "memory"}  # estimates per candidate source
     assert proposer.counters["hidden_mismatch"] == 0
@@ -693,7 +698,7 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
             lattice, _ = FullLattice(heads, 4, 64)(hidden[r], text, entropy=False)
         chain, _ = alone.propose_lattice(3, lattice, uniform_lm(), 4, 0.0)
         assert out[r] == chain.tolist()
-    proposer._hidden = torch.randn(3, 32)  # rows that do not add up to the batch: n-grams alone, counted
+    logits(proposer, torch.randn(3, 32))  # rows that do not add up to the batch: n-grams alone, counted
     proposer.propose([[10], [22]], batch.lengths, batch.ids)
     assert proposer.counters["hidden_mismatch"] == 1 and proposer.counters["errors"] == 0
     # a text step runs no heads: the n-grams alone, as the n-gram proposer drafts them
@@ -707,7 +712,7 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     repeated = Batch(2)
     for r, text in enumerate([[1, 2, 3, 1, 2], [4, 20, 21, 4, 20]]):
         repeated.put(r, text)
-    text_only._hidden = hidden
+    logits(text_only, hidden)
     got = text_only.propose([[2], [20]], repeated.lengths, repeated.ids)
     assert got == ngram.propose([[2], [20]], repeated.lengths, repeated.ids) and got[0][:1] == [3]
     assert text_only.counters["lattice_rows"] == 0 and text_only.counters["steps_text"] == 1
