@@ -51,6 +51,9 @@ def pytest_sessionfinish(session, exitstatus):
     for logger in loggers:
         for handler in getattr(logger, "handlers", ()):
             if type(handler) is logging.StreamHandler and handler.stream not in (sys.__stdout__, sys.__stderr__):
-                handler.setStream(sys.__stderr__)
+                if getattr(handler.stream, "closed", False):  # closed already (a run stopped by -x): no flush
+                    handler.stream = sys.__stderr__
+                else:
+                    handler.setStream(sys.__stderr__)
     if "vllm" in sys.modules:
         logging.getLogger("vllm").setLevel(logging.ERROR)
