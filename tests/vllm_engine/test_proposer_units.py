@@ -681,6 +681,7 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     for r, text in enumerate(texts):
         batch.put(r, text)
     hidden = torch.randn(2, 32)
+
     def logits(p: LatticeProposer, states: Any) -> None:  # the hook on the logits processor
         p._keep_hidden(None, (None, states), {})
 
