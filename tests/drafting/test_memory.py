@@ -232,3 +232,30 @@ def test_chain_drafter_learns_each_sources_estimates_from_its_own_nodes() -> Non
     shared_text_p, shared_memory_p = first_probabilities(AcceptanceModel.prior(trust="cache"))
     assert memory_p < 0.5 < text_p
     assert text_p > shared_text_p and memory_p < shared_memory_p - 0.2
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 7), min_size=1, max_size=60), st.lists(st.lists(st.integers(0, 7), min_size=1,
+                                                                            max_size=30), max_size=4),
+       st.integers(1, 6), st.integers(1, 12))
+def test_a_drafters_candidates_are_the_searches_over_its_whole_text(text: list[int], answers: list[list[int]],
+                                                                     depth: int, p: int) -> None:
+    """The chain drafter hands both searches one int32 copy of its text's last tokens: its
+    candidates are those the text's and the memory's searches find over the whole text, as a
+    list of ids, united."""
+    from latticekit.drafting.calibration import SourceAcceptance
+    from latticekit.drafting.chains import ChainDrafter
+    from latticekit.drafting.continuations import best_continuations
+
+    memory = AnswerMemory(1000, vocab_size=8)
+    for answer in answers:
+        memory.add(answer)
+    for store in (memory, None):
+        drafter = ChainDrafter(None, 8, SourceAcceptance.prior(("text", "memory")), candidates=p, memory=store)
+        drafter.observe(text)
+        found = best_continuations(drafter.model, list(text), p, depth)
+        if store is not None:
+            found, _ = united_with_memory(found, memory_continuations(store, list(text), p, depth))
+        got = drafter.candidate_tree(depth)
+        for name in ("tokens", "parents", "depths", "logprob", "static_logprob", "score"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(found, name))
