@@ -31,7 +31,8 @@ from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountT
                               LookupChildren, ParseIdLines, PBestBatch, PBestOne, LatticeView,
                               LatticeBatchView, BatchPathsOut, PathsOut, StateId, Checksum64,
                               BestContinuations, TrieConditionals, Continuations, KatzState, KatzStateMemo, KatzSuccessors, NGramCache,
-                              NGramCacheFollower, LogisticSgd)
+                              NGramCacheFollower, LogisticSgd, TreeChain,
+                              ContinuationNodes, UniteContinuations)
 
 
 cdef string _path_bytes(path):

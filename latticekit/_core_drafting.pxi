@@ -201,3 +201,71 @@ def logistic_sgd(const double[:, ::1] x, const double[::1] y, double rate, doubl
         return
     with nogil:
         LogisticSgd(&x[0, 0], &y[0], x.shape[0], x.shape[1], rate, &w[0])
+
+
+cdef _int64v(const vector[int64_t]& values):
+    out = np.empty(values.size(), dtype=np.int64)
+    cdef int64_t[::1] o = out
+    cdef size_t i
+    for i in range(values.size()):
+        o[i] = values[i]
+    return out
+
+
+cdef ContinuationNodes _nodes(const int64_t[::1] tokens, const int64_t[::1] parents, const int64_t[::1] depths,
+                              const double[::1] logprob, const double[::1] static_logprob, str which) except *:
+    cdef size_t n = tokens.shape[0]
+    if <size_t> parents.shape[0] != n or <size_t> depths.shape[0] != n or <size_t> logprob.shape[0] != n \
+            or <size_t> static_logprob.shape[0] != n:
+        raise ValueError(f"{which}: {n} tokens, {parents.shape[0]} parents, {depths.shape[0]} depths, "
+                         f"{logprob.shape[0]} and {static_logprob.shape[0]} log-probabilities")
+    cdef ContinuationNodes out
+    out.size = n
+    out.tokens = &tokens[0] if n > 0 else NULL
+    out.parents = &parents[0] if n > 0 else NULL
+    out.depths = &depths[0] if n > 0 else NULL
+    out.logprob = &logprob[0] if n > 0 else NULL
+    out.static_logprob = &static_logprob[0] if n > 0 else NULL
+    return out
+
+
+def unite_continuations(found, recalled, int64_t text_bit, int64_t memory_bit):
+    """(tokens, parents, depths, logprob, static_logprob, score, sources) of two searches' nodes in
+    one tree (continuations.h's UniteContinuations); found and recalled are (tokens, parents,
+    depths, logprob, static_logprob) of int64 and float64 arrays."""
+    cdef ContinuationNodes a = _nodes(found[0], found[1], found[2], found[3], found[4], "text")
+    cdef ContinuationNodes b = _nodes(recalled[0], recalled[1], recalled[2], recalled[3], recalled[4], "memory")
+    cdef vector[int64_t] tokens, parents, depths, sources
+    cdef vector[double] logprob, static_logprob, score
+    with nogil:
+        UniteContinuations(a, b, text_bit, memory_bit, &tokens, &parents, &depths, &logprob, &static_logprob,
+                           &score, &sources)
+    return (_int64v(tokens), _int64v(parents), _int64v(depths), _doubles(logprob), _doubles(static_logprob),
+            _doubles(score), _int64v(sources))
+
+
+def tree_chain(const int64_t[::1] parents, const int64_t[::1] depths, const double[::1] head,
+               const double[::1] ngram, const double[::1] cache, const int64_t[::1] sources,
+               const double[:, ::1] weights, const int64_t[::1] bits, size_t max_depth):
+    """(features, probability, chain) of a candidate tree (acceptance.h's TreeChain): features
+    `(n, max_depth + 4)`, the last column the node's sources."""
+    cdef size_t n = parents.shape[0]
+    if <size_t> depths.shape[0] != n or <size_t> head.shape[0] != n or <size_t> ngram.shape[0] != n \
+            or <size_t> cache.shape[0] != n or <size_t> sources.shape[0] != n:
+        raise ValueError(f"tree_chain: {n} parents, {depths.shape[0]} depths, {head.shape[0]}, {ngram.shape[0]} "
+                         f"and {cache.shape[0]} log-probabilities, {sources.shape[0]} sources")
+    if max_depth < 1 or <size_t> weights.shape[1] != max_depth + 3 or weights.shape[0] != bits.shape[0] \
+            or weights.shape[0] < 1:
+        raise ValueError(f"tree_chain: weights of shape ({weights.shape[0]}, {weights.shape[1]}) for "
+                         f"{bits.shape[0]} models and max_depth {max_depth}")
+    features = np.empty((n, max_depth + 4), dtype=np.float64)
+    probability = np.empty(n, dtype=np.float64)
+    cdef vector[int64_t] chain
+    if n == 0:
+        return features, probability, np.zeros(0, dtype=np.int64)
+    cdef double[:, ::1] f = features
+    cdef double[::1] pr = probability
+    with nogil:
+        TreeChain(n, &parents[0], &depths[0], &head[0], &ngram[0], &cache[0], &sources[0], weights.shape[0],
+                  &weights[0, 0], &bits[0], max_depth, &f[0, 0], &pr[0], &chain)
+    return features, probability, _int64v(chain)

@@ -242,6 +242,23 @@ cdef extern from "latticekit/continuations.h" namespace "latticekit" nogil:
                           const int32_t* tokens, size_t n, double* logprob,
                           double* static_logprob) except +raise_core_error
 
+    cdef cppclass ContinuationNodes:
+        const int64_t* tokens
+        const int64_t* parents
+        const int64_t* depths
+        const double* logprob
+        const double* static_logprob
+        size_t size
+
+    void UniteContinuations(const ContinuationNodes& found, const ContinuationNodes& recalled, int64_t text_bit,
+                            int64_t memory_bit, vector[int64_t]* tokens, vector[int64_t]* parents,
+                            vector[int64_t]* depths, vector[double]* logprob, vector[double]* static_logprob,
+                            vector[double]* score, vector[int64_t]* sources) except +raise_core_error
+
 
 cdef extern from "latticekit/acceptance.h" namespace "latticekit" nogil:
     void LogisticSgd(const double* x, const double* y, size_t rows, size_t cols, double rate, double* w)
+    void TreeChain(size_t n, const int64_t* parents, const int64_t* depths, const double* head, const double* ngram,
+                   const double* cache, const int64_t* sources, size_t models, const double* weights,
+                   const int64_t* bits, size_t max_depth, double* features, double* probability,
+                   vector[int64_t]* chain) except +raise_core_error

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -339,6 +340,69 @@ void TrieConditionals(const NGramCache &cache, const KatzSuccessors *static_mode
     begin[i] = at;
     length[i] = static_cast<uint32_t>(len + 1 - drop);
   }
+}
+
+namespace {
+
+void CheckParents(const ContinuationNodes &nodes, const char *which) {
+  for (size_t i = 0; i < nodes.size; ++i)
+    if (nodes.parents[i] < -1 || nodes.parents[i] >= static_cast<int64_t>(i))
+      throw InvalidArgument(std::string("UniteContinuations: ") + which + " node " + std::to_string(i) +
+                            " has parent " + std::to_string(nodes.parents[i]) + ", not an earlier node or -1");
+}
+
+}  // namespace
+
+void UniteContinuations(const ContinuationNodes &found, const ContinuationNodes &recalled, int64_t text_bit,
+                        int64_t memory_bit, std::vector<int64_t> *tokens, std::vector<int64_t> *parents,
+                        std::vector<int64_t> *depths, std::vector<double> *logprob,
+                        std::vector<double> *static_logprob, std::vector<double> *score,
+                        std::vector<int64_t> *sources) {
+  CheckParents(found, "text");
+  CheckParents(recalled, "memory");
+  const size_t most = found.size + recalled.size;
+  tokens->assign(found.tokens, found.tokens + found.size);
+  parents->assign(found.parents, found.parents + found.size);
+  depths->assign(found.depths, found.depths + found.size);
+  logprob->assign(found.logprob, found.logprob + found.size);
+  static_logprob->assign(found.static_logprob, found.static_logprob + found.size);
+  sources->assign(found.size, text_bit);
+  for (auto *v : {tokens, parents, depths, sources}) v->reserve(most);
+  logprob->reserve(most);
+  static_logprob->reserve(most);
+  // children[parent + 1]: the united tree's nodes under parent, as a linked list (the trees
+  // are small: a parent's children are searched one by one)
+  std::vector<int64_t> first(most + 1, -1), next(most, -1), last(most + 1, -1);
+  auto link = [&](int64_t parent, int64_t node) {
+    int64_t &tail = last[parent + 1];
+    if (tail < 0) first[parent + 1] = node; else next[tail] = node;
+    tail = node;
+  };
+  for (size_t i = 0; i < found.size; ++i) link(found.parents[i], static_cast<int64_t>(i));
+  std::vector<int64_t> placed(recalled.size);
+  for (size_t r = 0; r < recalled.size; ++r) {
+    const int64_t parent = recalled.parents[r] >= 0 ? placed[recalled.parents[r]] : -1;
+    const int64_t token = recalled.tokens[r];
+    int64_t node = first[parent + 1];
+    while (node >= 0 && (*tokens)[node] != token) node = next[node];
+    if (node < 0) {
+      node = static_cast<int64_t>(tokens->size());
+      tokens->push_back(token);
+      parents->push_back(parent);
+      depths->push_back(recalled.depths[r]);
+      logprob->push_back(recalled.logprob[r]);
+      static_logprob->push_back(std::numeric_limits<double>::quiet_NaN());
+      sources->push_back(memory_bit);
+      link(parent, node);
+    } else {
+      (*logprob)[node] = std::max((*logprob)[node], recalled.logprob[r]);
+      (*sources)[node] |= memory_bit;
+    }
+    placed[r] = node;
+  }
+  score->resize(tokens->size());
+  for (size_t i = 0; i < tokens->size(); ++i)
+    (*score)[i] = ((*parents)[i] >= 0 ? (*score)[(*parents)[i]] : 0.0) + (*logprob)[i];
 }
 
 }  // namespace latticekit

@@ -51,6 +51,25 @@ void TrieConditionals(const NGramCache &cache, const KatzSuccessors *static_mode
                       int64_t vocab_size, const int32_t *tail, size_t size, const int32_t *parents,
                       const int32_t *tokens, size_t n, double *logprob, double *static_logprob);
 
+// One tree of two searches' nodes (memory.py's united_with_memory is the reference): the
+// text's (found: nf nodes, parents before children, -1 under the root) first as they are, then
+// the memory's (recalled: nr nodes) that found lacks, placed under their parents' places in the
+// united tree, parents before children. A node both hold takes the larger of its two
+// conditionals; a node only the memory holds has NaN as its static log-probability; scores are
+// the sums of the conditionals down each path. sources: each node's bits, text_bit for found's,
+// memory_bit for recalled's (both for a node both hold). Throws InvalidArgument for a parent
+// out of order in either tree.
+struct ContinuationNodes {
+  const int64_t *tokens, *parents, *depths;
+  const double *logprob, *static_logprob;  // static_logprob: unread for the memory's nodes
+  size_t size;
+};
+void UniteContinuations(const ContinuationNodes &found, const ContinuationNodes &recalled, int64_t text_bit,
+                        int64_t memory_bit, std::vector<int64_t> *tokens, std::vector<int64_t> *parents,
+                        std::vector<int64_t> *depths, std::vector<double> *logprob,
+                        std::vector<double> *static_logprob, std::vector<double> *score,
+                        std::vector<int64_t> *sources);
+
 }  // namespace latticekit
 
 #endif  // LATTICEKIT_CONTINUATIONS_H_

@@ -42,7 +42,7 @@ from latticekit.drafting.tree import trie
 from latticekit.errors import DecoderConfigError
 
 __all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "SourceAcceptance", "FEATURES", "SOURCES",
-           "node_features", "logit", "shipped_acceptance"]
+           "node_features", "logit", "shipped_acceptance", "tree_chain"]
 
 #: One path's per-token values: a sequence of floats or a float array.
 _Floats = Union[Sequence[float], np.ndarray]
@@ -340,6 +340,32 @@ class SourceAcceptance:
         for model, member in zip(self._models, self._members(sources).T):
             if member.any():
                 model.update(features[member], np.asarray(labels)[member])
+
+
+def tree_chain(tree: CandidateTree, acceptance: Union[AcceptanceModel, SourceAcceptance]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A tree's acceptance estimates and best chain in one pass, in the C++ core (``TreeChain``,
+    ``csrc/latticekit/acceptance.h``): what :func:`node_features`, the estimates'
+    ``conditional``, :meth:`CandidateTree.path_probability` and :meth:`CandidateTree.best_chain`
+    give one after the other (``tests/drafting/test_tree_chain.py`` checks it against them).
+
+    Returns:
+        The features, `(n, max_depth + 4)`: :func:`node_features`' columns, then the node's
+        sources (what :class:`SourceAcceptance` learns from); each node's probability of
+        being accepted; and the best chain's nodes, top down.
+    """
+    assert tree.cache_logprob is not None and tree.sources is not None  # set by CandidateTree.__post_init__
+    if isinstance(acceptance, SourceAcceptance):
+        weights, bits = np.array([m.weights for m in acceptance._models]), acceptance._bits
+    else:  # one model, every node's
+        weights, bits = acceptance.weights[None, :], _EVERY_SOURCE
+    features, probability, chain = _core.tree_chain(
+        tree.parents, tree.depths, tree.head_logprob, tree.ngram_logprob, tree.cache_logprob, tree.sources,
+        weights, bits, acceptance.max_depth)
+    return features, probability, chain
+
+
+_EVERY_SOURCE = np.array([-1], dtype=np.int64)
 
 
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "acceptance"

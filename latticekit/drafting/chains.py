@@ -25,7 +25,8 @@ forward pass. Two things decide what a chain should be:
    request's drafts are cut before a short one's (the vLLM proposer fits ``c`` only with its
    ``context_costs`` setting).
 
-Plain Python and numpy: nothing here imports torch or an engine.
+Python, numpy and the C++ core (a tree's estimates and chain: :func:`~latticekit.drafting.calibration.tree_chain`):
+nothing here imports torch or an engine.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import numpy as np
 
 from latticekit.drafting.cache_model import CacheModel
 from latticekit.drafting.calibration import (SOURCES, AcceptanceModel, CandidateTree, PendingLabels, SourceAcceptance,
-                                             node_features)
+                                             tree_chain)
 from latticekit.drafting.continuations import Continuations, best_continuations
 from latticekit.drafting.memory import AnswerMemory, memory_continuations, united_with_memory
 from latticekit.drafting.union import united_candidates
@@ -159,15 +160,10 @@ class ChainDrafter:
     def _chain(self, tree: CandidateTree, root_index: int) -> tuple[np.ndarray, np.ndarray]:
         """The tree's best chain and each position's acceptance probability; its candidates wait
         for their labels."""
-        features = node_features(tree, self.acceptance.max_depth)
-        if isinstance(self.acceptance, SourceAcceptance):
-            assert tree.sources is not None  # set by CandidateTree.__post_init__
-            probability = tree.path_probability(self.acceptance.conditional(features, tree.sources))
-            self.pending.add(root_index, tree, np.column_stack([features, tree.sources]))
-        else:
-            probability = tree.path_probability(self.acceptance.conditional(features))
-            self.pending.add(root_index, tree, features)
-        chain = tree.best_chain(probability)
+        features, probability, chain = tree_chain(tree, self.acceptance)
+        # a source model learns from its nodes: the features' last column is their sources
+        self.pending.add(root_index, tree, features if isinstance(self.acceptance, SourceAcceptance)
+                         else features[:, :-1])
         return tree.tokens[chain].astype(np.int64), probability[chain]
 
 

@@ -37,6 +37,7 @@ from typing import Optional
 
 import numpy as np
 
+from latticekit import _core
 from latticekit.drafting.cache_model import MAX_ORDER, CacheModel, _token_array
 from latticekit.drafting.calibration import SOURCES
 from latticekit.drafting.continuations import Continuations, best_continuations
@@ -157,42 +158,23 @@ def united_with_memory(found: Continuations, recalled: Continuations) -> tuple[C
     conditionals (the stronger evidence); a node only the memory holds has no static
     log-probability (NaN). Scores are the sums of the conditionals down each path.
 
+    In the C++ core (``UniteContinuations``, ``csrc/latticekit/continuations.h``);
+    ``tests/drafting/test_memory.py`` checks it against the union written out in Python.
+
     Returns:
         The tree, and each node's sources (bits of
         :data:`~latticekit.drafting.calibration.SOURCES`: the text's, the memory's, or both).
     """
     if not recalled.size:
         return found, np.full(found.size, SOURCES["text"], dtype=np.int64)
-    tokens, parents, depths = found.tokens.tolist(), found.parents.tolist(), found.depths.tolist()
-    logprob, static = found.logprob.tolist(), found.static_logprob.tolist()
-    sources = [SOURCES["text"]] * len(tokens)
-    # a node is its parent's node and its token: the memory's nodes (parents first) are
-    # placed by their parents' places in the united tree
-    index = {(parent, token): i for i, (parent, token) in enumerate(zip(parents, tokens))}
-    placed: list[int] = []
-    for token, parent, depth, lp in zip(recalled.tokens.tolist(), recalled.parents.tolist(),
-                                        recalled.depths.tolist(), recalled.logprob.tolist()):
-        key = (placed[parent] if parent >= 0 else -1, token)
-        i = index.get(key)
-        if i is None:
-            i = index[key] = len(tokens)
-            sources.append(SOURCES["memory"])
-            tokens.append(token)
-            parents.append(key[0])
-            depths.append(depth)
-            logprob.append(lp)
-            static.append(float("nan"))
-        else:
-            logprob[i] = max(logprob[i], lp)
-            sources[i] |= SOURCES["memory"]
-        placed.append(i)
-    score: list[float] = []
-    for parent, lp in zip(parents, logprob):
-        score.append((score[parent] if parent >= 0 else 0.0) + lp)
-    united = Continuations(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
-                           np.asarray(depths, dtype=np.int64), np.asarray(logprob, dtype=np.float64),
-                           np.asarray(static, dtype=np.float64), np.asarray(score, dtype=np.float64))
-    return united, np.asarray(sources, dtype=np.int64)
+    *nodes, sources = _core.unite_continuations(_arrays(found), _arrays(recalled), SOURCES["text"], SOURCES["memory"])
+    return Continuations(*nodes), sources
+
+
+def _arrays(nodes: Continuations) -> tuple[np.ndarray, ...]:
+    """The nodes' tokens, parents, depths, conditionals and static log-probabilities as the core reads them."""
+    ints = [np.ascontiguousarray(a, dtype=np.int64) for a in (nodes.tokens, nodes.parents, nodes.depths)]
+    return (*ints, *(np.ascontiguousarray(a, dtype=np.float64) for a in (nodes.logprob, nodes.static_logprob)))
 
 
 _default: Optional[AnswerMemory] = None

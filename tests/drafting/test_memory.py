@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticekit.drafting.memory import AnswerMemory, default_memory, memory_continuations, united_with_memory
-from latticekit.errors import DecoderConfigError
+from latticekit.drafting.continuations import Continuations
+from latticekit.errors import DecoderConfigError, LatticeError
 
 ORDER = 3
 answers_st = st.lists(st.lists(st.integers(0, 4), min_size=0, max_size=12), min_size=1, max_size=14)
@@ -182,6 +183,85 @@ def test_united_tree_holds_both_sources(text: list[int], added: list[list[int]])
         assert united.logprob[i] == best[p] and united.depths[i] == len(p)
         parent = int(united.parents[i])
         assert parent < i and united.score[i] == pytest.approx((united.score[parent] if parent >= 0 else 0) + best[p])
+
+
+def united_reference(found: Continuations, recalled: Continuations) -> tuple[Continuations, np.ndarray]:
+    """united_with_memory written out in Python (what the C++ core's UniteContinuations replaced)."""
+    if not recalled.size:
+        return found, np.full(found.size, 2, dtype=np.int64)
+    tokens, parents, depths = found.tokens.tolist(), found.parents.tolist(), found.depths.tolist()
+    logprob, static = found.logprob.tolist(), found.static_logprob.tolist()
+    sources = [2] * len(tokens)
+    index = {(parent, token): i for i, (parent, token) in enumerate(zip(parents, tokens))}
+    placed: list[int] = []
+    for token, parent, depth, lp in zip(recalled.tokens.tolist(), recalled.parents.tolist(),
+                                        recalled.depths.tolist(), recalled.logprob.tolist()):
+        key = (placed[parent] if parent >= 0 else -1, token)
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(tokens)
+            sources.append(4)
+            tokens.append(token)
+            parents.append(key[0])
+            depths.append(depth)
+            logprob.append(lp)
+            static.append(float("nan"))
+        else:
+            logprob[i] = max(logprob[i], lp)
+            sources[i] |= 4
+        placed.append(i)
+    score: list[float] = []
+    for parent, lp in zip(parents, logprob):
+        score.append((score[parent] if parent >= 0 else 0.0) + lp)
+    return (Continuations(*(np.asarray(a, dtype=np.int64) for a in (tokens, parents, depths)),
+                          *(np.asarray(a, dtype=np.float64) for a in (logprob, static, score))),
+            np.asarray(sources, dtype=np.int64))
+
+
+@st.composite
+def continuation_trees(draw: st.DrawFn) -> Continuations:
+    """A trie over a small alphabet (its nodes' paths distinct, as a search's are), parents first."""
+    n = draw(st.integers(0, 24))
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    for _ in range(n):
+        parent = draw(st.integers(-1, len(tokens) - 1))
+        taken = {t for t, q in zip(tokens, parents) if q == parent}
+        free = [t for t in range(4) if t not in taken]
+        if not free:
+            continue
+        tokens.append(draw(st.sampled_from(free)))
+        parents.append(parent)
+        depths.append(depths[parent] + 1 if parent >= 0 else 1)
+    m = len(tokens)
+    lp = st.lists(st.one_of(st.sampled_from([-1.0, -0.5, 0.0, -math.inf]), st.floats(-20.0, 0.0)), min_size=m,
+                  max_size=m)
+    static = st.lists(st.one_of(st.just(math.nan), st.floats(-20.0, 0.0)), min_size=m, max_size=m)
+    return Continuations(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
+                         np.asarray(depths, dtype=np.int64), np.asarray(draw(lp), dtype=np.float64),
+                         np.asarray(draw(static), dtype=np.float64), np.zeros(m))
+
+
+@settings(max_examples=300, deadline=None)
+@given(found=continuation_trees(), recalled=continuation_trees())
+def test_the_core_unites_two_trees_as_the_python_reference(found: Continuations, recalled: Continuations) -> None:
+    united, sources = united_with_memory(found, recalled)
+    want, want_sources = united_reference(found, recalled)
+    assert sources.tolist() == want_sources.tolist()
+    for name in ("tokens", "parents", "depths"):
+        assert getattr(united, name).tolist() == getattr(want, name).tolist(), name
+    for name in ("logprob", "static_logprob", "score"):  # the same operations in the same order: exact
+        np.testing.assert_array_equal(getattr(united, name), getattr(want, name), err_msg=name)
+
+
+def test_a_tree_out_of_order_is_refused_by_name() -> None:
+    good = Continuations(np.array([1]), np.array([-1]), np.array([1]), np.zeros(1), np.zeros(1), np.zeros(1))
+    bad = Continuations(np.array([1, 2]), np.array([-1, 1]), np.array([1, 2]), np.zeros(2), np.zeros(2), np.zeros(2))
+    with pytest.raises(LatticeError, match="memory node 1 has parent 1"):
+        united_with_memory(good, bad)
+    with pytest.raises(LatticeError, match="text node 1 has parent 1"):
+        united_with_memory(bad, good)
 
 
 def test_chain_drafter_drafts_from_an_earlier_answer() -> None:
