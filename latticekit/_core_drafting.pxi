@@ -203,6 +203,32 @@ def logistic_sgd(const double[:, ::1] x, const double[::1] y, double rate, doubl
         LogisticSgd(&x[0, 0], &y[0], x.shape[0], x.shape[1], rate, &w[0])
 
 
+
+def source_sgd(const double[:, ::1] x, const double[::1] y, const int64_t[::1] sources, const int64_t[::1] bits,
+               const double[::1] rates, list weights):
+    """Per model, one logistic-loss SGD step per row of x its sources count for (acceptance.h's
+    SourceSgd), on its weights (in place); the rows each model counted. Shapes checked here."""
+    cdef size_t rows = x.shape[0], cols = x.shape[1], models = bits.shape[0], m
+    if <size_t> y.shape[0] != rows or <size_t> sources.shape[0] != rows or <size_t> rates.shape[0] != models \
+            or <size_t> len(weights) != models:
+        raise ValueError(f"source_sgd: {rows} rows, {y.shape[0]} labels, {sources.shape[0]} sources; {models} models, "
+                         f"{rates.shape[0]} rates, {len(weights)} weight vectors")
+    cdef vector[double*] w
+    cdef double[::1] view
+    for m in range(models):
+        view = weights[m]
+        if <size_t> view.shape[0] != cols:
+            raise ValueError(f"source_sgd: weights of {view.shape[0]} for rows of {cols}")
+        w.push_back(&view[0])
+    counts = np.zeros(models, dtype=np.int64)
+    if rows == 0:
+        return counts
+    cdef int64_t[::1] c = counts
+    with nogil:
+        SourceSgd(&x[0, 0], &y[0], &sources[0], rows, cols, models, &bits[0], &rates[0], w.data(), &c[0])
+    return counts
+
+
 cdef _int64v(const vector[int64_t]& values):
     out = np.empty(values.size(), dtype=np.int64)
     cdef int64_t[::1] o = out

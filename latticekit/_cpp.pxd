@@ -258,6 +258,8 @@ cdef extern from "latticekit/continuations.h" namespace "latticekit" nogil:
 
 cdef extern from "latticekit/acceptance.h" namespace "latticekit" nogil:
     void LogisticSgd(const double* x, const double* y, size_t rows, size_t cols, double rate, double* w)
+    void SourceSgd(const double* x, const double* y, const int64_t* sources, size_t rows, size_t cols, size_t models,
+                   const int64_t* bits, const double* rates, double* const* weights, int64_t* counts)
     void TreeChain(size_t n, const int64_t* parents, const int64_t* depths, const double* head, const double* ngram,
                    const double* cache, const int64_t* sources, size_t models, const double* weights,
                    const int64_t* bits, size_t max_depth, double* features, double* probability,

@@ -20,6 +20,18 @@ void LogisticSgd(const double *x, const double *y, size_t rows, size_t cols, dou
   }
 }
 
+void SourceSgd(const double *x, const double *y, const int64_t *sources, size_t rows, size_t cols, size_t models,
+               const int64_t *bits, const double *rates, double *const *weights, int64_t *counts) {
+  for (size_t m = 0; m < models; ++m) {
+    counts[m] = 0;
+    for (size_t i = 0; i < rows; ++i) {
+      if (sources[i] != 0 && (sources[i] & bits[m]) == 0) continue;
+      ++counts[m];
+      if (rates[m] != 0) LogisticSgd(x + i * cols, y + i, 1, cols, rates[m], weights[m]);
+    }
+  }
+}
+
 namespace {
 
 constexpr double kClip = 8.0;   // calibration.py's _CLIP

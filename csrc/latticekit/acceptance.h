@@ -13,6 +13,13 @@ namespace latticekit {
 // For each row i of x ([rows, cols], row-major) in turn: w += rate * (y[i] - sigmoid(x_i . w)) * x_i.
 void LogisticSgd(const double *x, const double *y, size_t rows, size_t cols, double rate, double *w);
 
+// One estimate per candidate source (calibration.py, SourceAcceptance.update): for each model m,
+// LogisticSgd over the rows of x whose sources share a bit with bits[m] or name none, in order,
+// at rates[m] on weights[m] (a model at rate 0 is left as it is). Each model's count of such
+// rows goes to counts[m].
+void SourceSgd(const double *x, const double *y, const int64_t *sources, size_t rows, size_t cols, size_t models,
+               const int64_t *bits, const double *rates, double *const *weights, int64_t *counts);
+
 // A candidate tree's acceptance estimates and its best chain, in one pass: what
 // calibration.py's node_features, SourceAcceptance.conditional, CandidateTree.path_probability
 // and CandidateTree.best_chain compute one after the other (they are its reference).

@@ -334,12 +334,27 @@ class SourceAcceptance:
         return out
 
     def update(self, features: np.ndarray, labels: np.ndarray, sources: np.ndarray) -> None:
-        """Teaches each source's model the labelled nodes it proposed."""
+        """Teaches each source's model the labelled nodes it proposed: one
+        :meth:`AcceptanceModel.update` per model on its nodes, in the C++ core in one call.
+
+        Raises:
+            DecoderConfigError: features that are not one row of the models' width per label
+                and source.
+        """
         if len(labels) == 0:
             return
-        for model, member in zip(self._models, self._members(sources).T):
-            if member.any():
-                model.update(features[member], np.asarray(labels)[member])
+        x = np.ascontiguousarray(features, dtype=np.float64)
+        y = np.ascontiguousarray(labels, dtype=np.float64).reshape(-1)
+        bits = np.ascontiguousarray(sources, dtype=np.int64).reshape(-1)
+        width = self._models[0].weights.shape[0]
+        if x.shape != (y.shape[0], width) or bits.shape[0] != y.shape[0]:
+            raise DecoderConfigError(f"features of shape {x.shape} for {y.shape[0]} labels, {bits.shape[0]} "
+                                     f"sources and {width} weights")
+        rates = np.array([model.learning_rate for model in self._models])
+        counts = _core.source_sgd(x, y, bits, self._bits, rates, [model.weights for model in self._models])
+        for model, count in zip(self._models, counts.tolist()):
+            if model.learning_rate:
+                model.updates += count
 
 
 def tree_chain(tree: CandidateTree, acceptance: Union[AcceptanceModel, SourceAcceptance]

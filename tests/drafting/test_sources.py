@@ -58,11 +58,18 @@ def test_per_source_estimates_against_one_model_at_a_time(seed: int, n: int, nam
         members = [m for name, m in reference.items() if sources[i] == 0 or sources[i] & SOURCES[name]]
         want = max((float(m.conditional(x[i:i + 1])[0]) for m in members), default=0.0)
         assert got[i] == pytest.approx(want, rel=1e-12, abs=1e-15)
+    estimates.models[names[0]].learning_rate = reference[names[0]].learning_rate = 0.0  # one model frozen
     estimates.update(x, labels, sources)
     for name, model in reference.items():
         member = (sources == 0) | ((sources & SOURCES[name]) != 0)
         model.update(x[member], labels[member])
-        np.testing.assert_allclose(estimates.models[name].weights, model.weights, rtol=1e-12, atol=1e-15)
+        # the core's one call (SourceSgd) runs each model's steps as AcceptanceModel.update does: exactly
+        np.testing.assert_array_equal(estimates.models[name].weights, model.weights)
+        assert estimates.models[name].updates == model.updates
+    with pytest.raises(DecoderConfigError, match="features of shape"):
+        estimates.update(x[:, :-1], labels, sources)
+    with pytest.raises(DecoderConfigError, match="sources"):
+        estimates.update(x, labels, sources[:-1])
 
 
 def test_per_source_estimates_refuse_unknown_sources_and_mixed_widths() -> None:
