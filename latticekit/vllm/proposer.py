@@ -380,10 +380,15 @@ class NGramProposer:
         from the rest, else the fit over every load. An engine's step need not be one line across
         loads (a pass of a few query tokens may be bound by reading the weights, a busy one by
         its tokens' compute); on vLLM's CPU build with SmolLM2 the fits per load came out within
-        4.8-6.2 ms a token, the fixed part growing from 129 ms at one request to 177 ms at 16."""
+        4.8-6.2 ms a token, the fixed part growing from 129 ms at one request to 177 ms at 16.
+
+        A bucket's fit through the origin (no fixed part) is not taken: within one bucket the
+        steps vary by a few tokens, and where noise hides their slope the fit puts the whole
+        step on its tokens (at 2-3 requests: 14 ms a token, eight times the true price), drafts
+        nothing at that load, and so never sees the larger steps that would correct it."""
         load = self.loads.get(bucket)
         fit = load.costs.fit() if load is not None else None
-        return fit if fit is not None else self.costs.coefficients()
+        return fit if fit is not None and fit.a > 0 else self.costs.coefficients()
 
     @staticmethod
     def _keys(lengths: Any, out: list[list[int]]) -> float:

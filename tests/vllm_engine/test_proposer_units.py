@@ -235,6 +235,14 @@ def test_step_costs_are_fitted_per_load_where_the_engine_is_no_one_line() -> Non
     assert proposer._coefficients(load_bucket(2)) == proposer.costs.coefficients()
     assert proposer.stats()["load_step_costs"] == {"1": pytest.approx([0.12, 0.001, 0.0]),
                                                    "5": pytest.approx([0.05, 0.012, 0.0])}
+    # three requests whose steps' seconds hide their tokens' slope in noise: the bucket's own fit
+    # goes through the origin (a step all per token: ~43 ms a token) and is not taken
+    for _ in range(60):
+        tokens = int(rng.integers(3, 6))
+        step(3, tokens, 0.13 + float(rng.normal(0, 0.01)) - 0.004 * (tokens - 3))
+    own = proposer.loads[load_bucket(3)].costs.fit()
+    assert own is not None and own.a == 0 and own.b > 0.02
+    assert proposer._coefficients(load_bucket(3)) == proposer.costs.coefficients()
 
 
 def test_chain_drafter_follows_the_repeated_text_and_learns() -> None:
