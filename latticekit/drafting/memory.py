@@ -171,10 +171,16 @@ def united_with_memory(found: Continuations, recalled: Continuations) -> tuple[C
     return Continuations(*nodes), sources
 
 
-def _arrays(nodes: Continuations) -> tuple[np.ndarray, ...]:
+def _arrays(nodes: Continuations) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The nodes' tokens, parents, depths, conditionals and static log-probabilities as the core reads them."""
-    ints = [np.ascontiguousarray(a, dtype=np.int64) for a in (nodes.tokens, nodes.parents, nodes.depths)]
-    return (*ints, *(np.ascontiguousarray(a, dtype=np.float64) for a in (nodes.logprob, nodes.static_logprob)))
+    def ints(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a, dtype=np.int64)
+
+    def floats(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a, dtype=np.float64)
+
+    return (ints(nodes.tokens), ints(nodes.parents), ints(nodes.depths), floats(nodes.logprob),
+            floats(nodes.static_logprob))
 
 
 _default: Optional[AnswerMemory] = None

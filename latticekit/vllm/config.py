@@ -89,6 +89,13 @@ class ProposerConfig:
             allocation. ``LatticeProposer``'s is all five: the heads' cost is what ``plain`` and
             ``text`` steps save, and where the heads do not repay it (a busy CPU) it drafts as
             ``NGramProposer`` does.
+        frugal: draft on only as many steps as the drafting's own seconds are repaid on. Per
+            load bucket the proposer keeps two running means over the steps it drafted on: the
+            seconds its chains were expected to save (the accepted tokens its corrected
+            estimates expect, at the step's seconds per row, less the seconds their draft
+            tokens add to the pass) and the seconds the drafting took. Where the first is the
+            smaller, only that share of steps (at least 1 in 8) runs the drafting; the others
+            draft nothing and do no drafting work (as ``plain``). False: every step drafts.
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -110,6 +117,7 @@ class ProposerConfig:
     p: int = 16
     alpha: float = 1.0
     check_hidden: bool = False
+    frugal: bool = True
     memory_tokens: int = DEFAULT_MAX_TOKENS
     arms: Optional[tuple[str, ...]] = None
 
@@ -152,6 +160,8 @@ class ProposerConfig:
         if not isinstance(self.context_costs, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: context_costs must be true or false, "
                                       f"got {self.context_costs!r}")
+        if not isinstance(self.frugal, bool):
+            raise ProposerConfigError(f"latticekit vLLM proposer: frugal must be true or false, got {self.frugal!r}")
         if not isinstance(self.check_hidden, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: check_hidden must be true or false, "
                                       f"got {self.check_hidden!r}")

@@ -129,15 +129,53 @@ def load_bucket(rows: int) -> int:
     return max(1, int(rows)).bit_length()
 
 
-class _Load:
-    """The arms' outcomes at one load bucket, its steps, and its own fit of the step costs."""
+#: ``frugal``: decay per drafted step of a load's means of the seconds drafting saved and took,
+#: the drafted steps it waits for before it skips any, and the least share of steps it drafts on.
+_FRUGAL_DECAY, _FRUGAL_WARM, _FRUGAL_LEAST = 0.95, 16, 1 / 8
 
-    __slots__ = ("arms", "steps", "costs")
+
+class _Load:
+    """The arms' outcomes at one load bucket, its steps, its own fit of the step costs, and
+    (``frugal``) what its drafting saved and took."""
+
+    __slots__ = ("arms", "steps", "costs", "saved", "spent", "drafted", "credit")
 
     def __init__(self, prior_ratio: float, arms: Sequence[str] = ARMS) -> None:
         self.arms = {arm: ArmStats() for arm in arms}
         self.steps = 0
         self.costs = BatchCosts(prior_ratio=prior_ratio)
+        self.saved = self.spent = 0.0  # decayed means over drafted steps: seconds expected saved, seconds drafting
+        self.drafted = 0  # steps drafted on
+        self.credit = 0.0  # the share of steps drafted on, accrued
+
+    @property
+    def share(self) -> float:
+        """The share of steps worth drafting on: the seconds drafting is expected to save over
+        the seconds it takes (at most 1, at least :data:`_FRUGAL_LEAST`; 1 until
+        :data:`_FRUGAL_WARM` drafted steps tell)."""
+        if self.drafted < _FRUGAL_WARM or self.saved >= self.spent:
+            return 1.0
+        return max(_FRUGAL_LEAST, self.saved / self.spent)
+
+    def drafts_now(self) -> bool:
+        """Whether this step drafts: every step at a share of 1, else one in 1 / share (spread evenly)."""
+        share = self.share
+        if share >= 1.0:
+            self.credit = 0.0
+            return True
+        self.credit += share
+        if self.credit >= 1.0:
+            self.credit -= 1.0
+            return True
+        return False
+
+    def drafted_step(self, saved: float, spent: float) -> None:
+        """A step that drafted: its chains were expected to save ``saved`` seconds (0 if none),
+        its drafting took ``spent``."""
+        d = _FRUGAL_DECAY if self.drafted else 0.0
+        self.saved = d * self.saved + (1 - d) * max(saved, 0.0)
+        self.spent = d * self.spent + (1 - d) * spent
+        self.drafted += 1
 
     def worth(self, arm: str) -> float:
         return self.arms[arm].rate
@@ -248,6 +286,7 @@ class NGramProposer:
         self.loads: dict[int, _Load] = {}
         self._pending: Optional[_Step] = None  # what the last call decided, for the next step's outcome
         self._accepted = self._expected = 0.0  # decayed: draft tokens accepted, and expected, on drafted steps
+        self._saved = 0.0  # the seconds the last call's chains were expected to save (frugal)
         self._logged: set[str] = set()
         self._stats_written = 0.0
         self._finished_now = False  # this call learnt that requests finished (the stats are rewritten then)
@@ -255,7 +294,8 @@ class NGramProposer:
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0,
                          "draft_seconds": 0.0, "errors": 0, "requests_started": 0, "requests_finished": 0,
-                         "states_evicted": 0, "rows_capped": 0, **{f"steps_{arm}": 0 for arm in ARMS}}
+                         "states_evicted": 0, "rows_capped": 0, "steps_frugal": 0,
+                         **{f"steps_{arm}": 0 for arm in ARMS}}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """vLLM's CPU runner hands the target model over; n-gram drafting needs none of it."""
@@ -284,6 +324,8 @@ class NGramProposer:
         spent = end - start
         if arm != "plain":
             self._draft_s = spent if self._draft_s == 0 else 0.9 * self._draft_s + 0.1 * spent
+            if self.config.frugal:
+                self._load(load_bucket(rows)).drafted_step(self._saved, spent)
         drafts = sum(len(chain) for chain in out)
         self._verify_tokens = rows + drafts
         self._verify_keys = self._keys(num_tokens_no_spec, out) if self.config.context_costs else 0.0
@@ -408,6 +450,10 @@ class NGramProposer:
         contexts (:class:`_Step`)."""
         rows = len(sampled)
         arm = self._arm(rows)
+        self._saved = 0.0
+        if arm != "plain" and self.config.frugal and not self._load(load_bucket(rows)).drafts_now():
+            arm = "plain"  # drafting would not repay its own seconds at this load (frugal)
+            self.counters["steps_frugal"] += 1
         if arm == "plain":  # no drafting work at all (the states catch up when drafting resumes)
             return [[] for _ in range(rows)], arm, 0.0, {}, None
         cap = self._schedule[min(rows, len(self._schedule) - 1)] if self._schedule is not None else None
@@ -455,6 +501,10 @@ class NGramProposer:
             if level == arm:
                 out = [chain[:n].tolist() for chain, n in zip(chains, chosen)]
                 arm_expected = expected
+                # the seconds these chains are expected to save: their accepted tokens at the plain
+                # step's seconds per row, less the seconds their draft tokens add to the pass
+                self._saved = expected * (a + sum(weights)) / max(rows, 1) - price * sum(
+                    w * n for w, n in zip(weights, chosen))
         drafting = {keys[i]: context[i] for i, chain in enumerate(chains) if len(chain)}
         return out, arm, arm_expected, lengths_by_arm, drafting
 

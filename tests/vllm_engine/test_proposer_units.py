@@ -24,7 +24,7 @@ from latticekit.lattice import SausageLattice
 from latticekit.vllm import ENV, LATTICE_PROPOSER, LatticeProposer, NGramProposer, ProposerConfig, speculative_config
 from latticekit.vllm.lattice import hidden_rows
 from latticekit.vllm.config import ARMS
-from latticekit.vllm.proposer import _Step, load_bucket
+from latticekit.vllm.proposer import _Load, _Step, load_bucket
 from vllm_helpers import rss_mb
 
 ARPA = Path(__file__).resolve().parents[1] / "data" / "words-small-katz2.arpa.gz"
@@ -526,6 +526,41 @@ def test_outcomes_keep_plain_steps_under_load_probe_cheaply_and_draft_again_when
     assert quiet[30:].count("plain") <= 6
     assert max(proposer.stats()["arms"]["1"][arm][0] for arm in ("model", "eager", "lean")) > \
         2 * proposer.stats()["arms"]["1"]["plain"][0]
+
+
+def test_a_load_drafts_on_the_share_of_steps_its_drafting_repays() -> None:
+    load = _Load(1 / 16, ("model",))
+    for _ in range(15):  # until 16 drafted steps tell, every step drafts
+        assert load.drafts_now()
+        load.drafted_step(0.001, 0.004)
+    assert load.share == 1.0
+    load.drafted_step(0.001, 0.004)
+    assert load.share == pytest.approx(0.25)
+    assert [load.drafts_now() for _ in range(12)] == [False, False, False, True] * 3
+    for _ in range(200):
+        load.drafted_step(-0.01, 0.004)  # chains expected to cost more than they save: nothing saved
+    assert load.share == pytest.approx(1 / 8) and sum(load.drafts_now() for _ in range(64)) == 8
+    for _ in range(200):
+        load.drafted_step(0.02, 0.004)  # repaid five times over: every step
+    assert load.share == 1.0 and all(load.drafts_now() for _ in range(20))
+
+
+def test_frugal_skips_the_drafting_work_under_load_where_it_does_not_pay_and_not_where_it_does() -> None:
+    rng = np.random.default_rng(0)
+    config = engine_config(k=6, max_model_len=4096, vocab=1000)
+    noise = [rng.integers(0, 40, 800).tolist() for _ in range(16)]  # drafts a step would rarely accept
+    frugal, every = TimedProposer(config, ProposerConfig()), TimedProposer(config, ProposerConfig(frugal=False))
+    frugal.clock, every.clock = Clock(), Clock()
+    # 16 requests at 0.1 s + 10 ms a query token, their drafting 2 ms a row: 32 ms a step
+    busy = drive(frugal, noise, 64, 200, 0.1, 0.01, frugal.clock)
+    assert drive(every, noise, 64, 200, 0.1, 0.01, every.clock).count("plain") == 0
+    late = busy[60:]
+    assert 0.8 <= late.count("plain") / len(late) <= 0.9  # one step in eight still drafts (and learns)
+    assert frugal.counters["steps_frugal"] == busy.count("plain")
+    assert frugal.counters["draft_seconds"] < 0.3 * every.counters["draft_seconds"]  # the drafting work skipped
+    # one request copying its prompt: its drafts pay, every step drafts
+    copy = [list(range(100, 160)) * 12]
+    assert drive(frugal, copy, 70, 60, 0.1, 0.01, frugal.clock).count("plain") == 0
 
 
 def test_the_proposer_chooses_among_the_arms_it_is_given_alone() -> None:
