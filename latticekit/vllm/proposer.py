@@ -627,7 +627,11 @@ class NGramProposer:
                 for bucket, load in sorted(self.loads.items())}
         load_costs = {str(bucket): list(load.costs.coefficients()) for bucket, load in sorted(self.loads.items())
                       if load.costs.fitted}
-        return {**self.counters, "step_costs": [a, b, c], "load_step_costs": load_costs, "states": len(self.states),
+        # per load bucket (frugal): the share of steps drafted on, and the means (ms) it comes from
+        frugal = {str(bucket): [round(load.share, 3), round(1e3 * load.saved, 3), round(1e3 * load.spent, 3)]
+                  for bucket, load in sorted(self.loads.items()) if load.drafted}
+        return {**self.counters, "step_costs": [a, b, c], "load_step_costs": load_costs, "frugal": frugal,
+                "states": len(self.states),
                 "pid": os.getpid(),
                 "correction": self.correction, "arms": arms, **memory}
 

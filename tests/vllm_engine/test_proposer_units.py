@@ -557,6 +557,8 @@ def test_frugal_skips_the_drafting_work_under_load_where_it_does_not_pay_and_not
     late = busy[60:]
     assert 0.8 <= late.count("plain") / len(late) <= 0.9  # one step in eight still drafts (and learns)
     assert frugal.counters["steps_frugal"] == busy.count("plain")
+    share, saved_ms, spent_ms = frugal.stats()["frugal"]["5"]  # 16 rows: bucket 5
+    assert share == 0.125 and saved_ms < 0.125 * spent_ms and spent_ms == pytest.approx(32.0)
     assert frugal.counters["draft_seconds"] < 0.3 * every.counters["draft_seconds"]  # the drafting work skipped
     # one request copying its prompt: its drafts pay, every step drafts
     copy = [list(range(100, 160)) * 12]
