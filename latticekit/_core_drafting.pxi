@@ -203,7 +203,6 @@ def logistic_sgd(const double[:, ::1] x, const double[::1] y, double rate, doubl
         LogisticSgd(&x[0, 0], &y[0], x.shape[0], x.shape[1], rate, &w[0])
 
 
-
 def source_sgd(const double[:, ::1] x, const double[::1] y, const int64_t[::1] sources, const int64_t[::1] bits,
                const double[::1] rates, list weights):
     """Per model, one logistic-loss SGD step per row of x its sources count for (acceptance.h's

@@ -25,8 +25,10 @@ rarely, an arm far worse than the best so rarely that its probes lose at most 2%
 A drafted step is also the outcome of every less eager arm on the same rows (each would have
 verified a prefix of the same chains: its accepted tokens are exact, its seconds the step's
 less the fitted cost of the drafts it leaves out), so the arms are compared on the same
-requests' steps. A chain stops where its request's ``max_tokens`` would (vLLM verifies a
-chain whole, and throws away what is accepted past it). Request state follows the batch: it
+requests' steps. With ``frugal`` (the default), a load whose drafted steps were expected to
+save fewer seconds than their drafting took drafts on only that share of its steps (at least 1
+in 8); the others do no drafting work. A chain stops where its request's ``max_tokens`` would
+(vLLM verifies a chain whole, and throws away what is accepted past it). Request state follows the batch: it
 is created when a request first appears, kept while a preempted request waits (bounded), and
 freed when the request finishes.
 With ``memory_tokens`` set, a finished request's output goes into the engine's memory of

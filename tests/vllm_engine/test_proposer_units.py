@@ -269,6 +269,8 @@ def test_config_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.Monk
         ProposerConfig.from_dict({"step_costs": [0, 1]})
     with pytest.raises(ProposerConfigError, match="context_costs must be true or false"):
         ProposerConfig.from_dict({"context_costs": "yes"})
+    with pytest.raises(ProposerConfigError, match="frugal must be true or false"):
+        ProposerConfig.from_dict({"frugal": 1})
     for arms in ([], ["fast"], ["model", "model"], "model", [1]):
         with pytest.raises(ProposerConfigError, match="arms must be a list of distinct names among"):
             ProposerConfig.from_dict({"arms": arms})
