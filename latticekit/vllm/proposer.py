@@ -54,13 +54,13 @@ from typing import Any, NamedTuple, Optional, cast
 
 import numpy as np
 
-from latticekit.drafting.arms import PROBE_BUDGET, ArmStats, choose_arm, probe_outcome
 from latticekit.drafting.calibration import SourceAcceptance
 from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate_prices
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
 from latticekit.vllm.config import ARMS, ProposerConfig
+from latticekit.vllm.loads import Load, load_bucket
 
 __all__ = ["NGramProposer", "engine_stats"]
 
@@ -123,81 +123,6 @@ def _load_lm(name: Optional[str]) -> Optional[NGramLM]:
     except Exception as exc:  # every reader's error, named with the file
         raise ProposerConfigError(f"latticekit vLLM proposer: lm {name!r} is not a readable n-gram model: "
                                   f"{type(exc).__name__}: {exc}") from exc
-
-
-def load_bucket(rows: int) -> int:
-    """The load a step's outcome is kept under: its batch's rows, by powers of two (1, 2-3,
-    4-7, 8-15, 16-31, ...); query tokens follow from the rows and the arm's drafts."""
-    return max(1, int(rows)).bit_length()
-
-
-#: ``frugal``: decay per drafted step of a load's means of the seconds drafting saved and took,
-#: the drafted steps it waits for before it skips any, and the least share of steps it drafts on.
-_FRUGAL_DECAY, _FRUGAL_WARM, _FRUGAL_LEAST = 0.95, 16, 1 / 8
-
-
-class _Load:
-    """The arms' outcomes at one load bucket, its steps, its own fit of the step costs, and
-    (``frugal``) what its drafting saved and took."""
-
-    __slots__ = ("arms", "steps", "costs", "saved", "spent", "drafted", "credit")
-
-    def __init__(self, prior_ratio: float, arms: Sequence[str] = ARMS) -> None:
-        self.arms = {arm: ArmStats() for arm in arms}
-        self.steps = 0
-        self.costs = BatchCosts(prior_ratio=prior_ratio)
-        self.saved = self.spent = 0.0  # decayed means over drafted steps: seconds expected saved, seconds drafting
-        self.drafted = 0  # steps drafted on
-        self.credit = 0.0  # the share of steps drafted on, accrued
-
-    @property
-    def share(self) -> float:
-        """The share of steps worth drafting on: the seconds drafting is expected to save over
-        the seconds it takes (at most 1, at least :data:`_FRUGAL_LEAST`; 1 until
-        :data:`_FRUGAL_WARM` drafted steps tell)."""
-        if self.drafted < _FRUGAL_WARM or self.saved >= self.spent:
-            return 1.0
-        return max(_FRUGAL_LEAST, self.saved / self.spent)
-
-    def drafts_now(self) -> bool:
-        """Whether this step drafts: every step at a share of 1, else one in 1 / share (spread evenly)."""
-        share = self.share
-        if share >= 1.0:
-            self.credit = 0.0
-            return True
-        self.credit += share
-        if self.credit >= 1.0:
-            self.credit -= 1.0
-            return True
-        return False
-
-    def drafted_step(self, saved: float, spent: float) -> None:
-        """A step that drafted: its chains were expected to save ``saved`` seconds (0 if none),
-        its drafting took ``spent``."""
-        d = _FRUGAL_DECAY if self.drafted else 0.0
-        self.saved = d * self.saved + (1 - d) * max(saved, 0.0)
-        self.spent = d * self.spent + (1 - d) * spent
-        self.drafted += 1
-
-    def worth(self, arm: str) -> float:
-        return self.arms[arm].rate
-
-    def choose(self) -> str:
-        """The arm of the next step (:func:`~latticekit.drafting.arms.choose_arm`)."""
-        self.steps += 1
-        names = tuple(self.arms)
-        arm = choose_arm(names, self.arms, self.worth, self.steps, budget=PROBE_BUDGET)
-        return arm or ("plain" if "plain" in self.arms else names[0])
-
-    def record(self, arm: str, tokens: int, seconds: float) -> None:
-        """A step of ``arm`` emitted ``tokens`` in ``seconds`` (engine and drafting); nothing
-        for an arm the proposer does not choose among."""
-        stats = self.arms.get(arm)
-        if stats is None:
-            return
-        stats.add(tokens, seconds, self.steps)
-        if stats.probing:
-            probe_outcome(stats, self.worth(arm) >= max((self.worth(a) for a in self.arms if a != arm), default=0.0))
 
 
 def _dynamic_schedule(vllm_config: Any) -> Optional[list[int]]:
@@ -285,7 +210,7 @@ class NGramProposer:
         self._verify_keys = 0.0  # ... and the keys they attend (per row, its query tokens times its context)
         self._draft_s = 0.0  # running mean of a drafting call's own seconds
         #: per load bucket, the arms' outcomes (learnt where the step costs are measured, not given)
-        self.loads: dict[int, _Load] = {}
+        self.loads: dict[int, Load] = {}
         self._pending: Optional[_Step] = None  # what the last call decided, for the next step's outcome
         self._accepted = self._expected = 0.0  # decayed: draft tokens accepted, and expected, on drafted steps
         self._saved = 0.0  # the seconds the last call's chains were expected to save (frugal)
@@ -413,10 +338,10 @@ class NGramProposer:
             return "model"
         return self._load(load_bucket(rows)).choose()
 
-    def _load(self, bucket: int) -> _Load:
+    def _load(self, bucket: int) -> Load:
         load = self.loads.get(bucket)
         if load is None:
-            load = self.loads[bucket] = _Load(self.config.prior_ratio, self.arms)
+            load = self.loads[bucket] = Load(self.config.prior_ratio, self.arms)
         return load
 
     def _coefficients(self, bucket: int) -> CostFit:

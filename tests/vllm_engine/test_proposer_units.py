@@ -24,7 +24,8 @@ from latticekit.lattice import SausageLattice
 from latticekit.vllm import ENV, LATTICE_PROPOSER, LatticeProposer, NGramProposer, ProposerConfig, speculative_config
 from latticekit.vllm.lattice import hidden_rows
 from latticekit.vllm.config import ARMS
-from latticekit.vllm.proposer import _Load, _Step, load_bucket
+from latticekit.vllm.loads import Load, load_bucket
+from latticekit.vllm.proposer import _Step
 from vllm_helpers import rss_mb
 
 ARPA = Path(__file__).resolve().parents[1] / "data" / "words-small-katz2.arpa.gz"
@@ -531,7 +532,7 @@ def test_outcomes_keep_plain_steps_under_load_probe_cheaply_and_draft_again_when
 
 
 def test_a_load_drafts_on_the_share_of_steps_its_drafting_repays() -> None:
-    load = _Load(1 / 16, ("model",))
+    load = Load(1 / 16, ("model",))
     for _ in range(15):  # until 16 drafted steps tell, every step drafts
         assert load.drafts_now()
         load.drafted_step(0.001, 0.004)
