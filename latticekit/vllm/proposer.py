@@ -353,8 +353,8 @@ class NGramProposer:
 
         A bucket's fit through the origin (no fixed part) is not taken: within one bucket the
         steps vary by a few tokens, and where noise hides their slope the fit puts the whole
-        step on its tokens (at 2-3 requests: 14 ms a token, eight times the true price), drafts
-        nothing at that load, and so never sees the larger steps that would correct it."""
+        step on its tokens (at 2-3 requests: 14 ms a token, about nine times the fit over every
+        load), drafts nothing at that load, and so never sees the larger steps that would correct it."""
         load = self.loads.get(bucket)
         fit = load.costs.fit() if load is not None else None
         return fit if fit is not None and fit.a > 0 else self.costs.coefficients()
