@@ -231,9 +231,8 @@ def source_sgd(const double[:, ::1] x, const double[::1] y, const int64_t[::1] s
 cdef _int64v(const vector[int64_t]& values):
     out = np.empty(values.size(), dtype=np.int64)
     cdef int64_t[::1] o = out
-    cdef size_t i
-    for i in range(values.size()):
-        o[i] = values[i]
+    if values.size() > 0:
+        memcpy(&o[0], values.data(), values.size() * sizeof(int64_t))
     return out
 
 

@@ -20,12 +20,20 @@ void LogisticSgd(const double *x, const double *y, size_t rows, size_t cols, dou
   }
 }
 
+namespace {
+
+// Whether model m's estimate counts for a node of these source bits: they share a bit with the
+// model's, or the node names no source (SourceAcceptance._members).
+bool Counts(int64_t sources, int64_t model_bits) { return sources == 0 || (sources & model_bits) != 0; }
+
+}  // namespace
+
 void SourceSgd(const double *x, const double *y, const int64_t *sources, size_t rows, size_t cols, size_t models,
                const int64_t *bits, const double *rates, double *const *weights, int64_t *counts) {
   for (size_t m = 0; m < models; ++m) {
     counts[m] = 0;
     for (size_t i = 0; i < rows; ++i) {
-      if (sources[i] != 0 && (sources[i] & bits[m]) == 0) continue;
+      if (!Counts(sources[i], bits[m])) continue;
       ++counts[m];
       if (rates[m] != 0) LogisticSgd(x + i * cols, y + i, 1, cols, rates[m], weights[m]);
     }
@@ -70,7 +78,7 @@ void TreeChain(size_t n, const int64_t *parents, const int64_t *depths, const do
     x[max_depth + 3] = static_cast<double>(sources[i]);
     double conditional = 0.0;
     for (size_t m = 0; m < models; ++m) {
-      if (sources[i] != 0 && (sources[i] & bits[m]) == 0) continue;
+      if (!Counts(sources[i], bits[m])) continue;
       const double *w = weights + m * width;
       double dot = 0.0;
       for (size_t j = 0; j < width; ++j) dot += x[j] * w[j];
