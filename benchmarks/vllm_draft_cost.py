@@ -9,7 +9,10 @@ drafts K copies of one token per request at every step (:class:`FixedProposer`; 
 rejected, so every step emits one token and the steps are as many as the tokens), decoding
 ``--new`` tokens after a prompt of L tokens (windows of docs/speed.md), for K in
 ``--drafts`` and L in ``--contexts``; the K values rotate within each round, ``--rounds``
-rounds. Per (L, K): the median milliseconds per step and the spread over rounds.
+rounds. Per (L, K): the median milliseconds per step and the spread over rounds. With
+``--drafting-rows``, only the batch's first M rows draft, for each M given: whether a step in
+which a few rows draft pays more than those rows' tokens (a batch of decodes and
+multi-token queries may take another path through the engine than decodes alone).
 
 Usage::
 
@@ -30,15 +33,17 @@ from typing import Any
 from benchmarks.vllm_speed import EmptyProposer
 
 ROOT = Path(__file__).resolve().parent
-#: Draft tokens per request at the next step (set between generate calls; the engine runs here).
-DRAFT = [0]
+#: Draft tokens per drafting request at the next step, and the rows that draft (the batch's
+#: first; None: every row). Set between generate calls; the engine runs here.
+DRAFT: list[Any] = [0, None]
 
 
 class FixedProposer(EmptyProposer):
-    """A ``custom_class`` proposer that drafts :data:`DRAFT` copies of one token per request."""
+    """A ``custom_class`` proposer that drafts :data:`DRAFT` copies of one token per drafting request."""
 
     def propose(self, sampled_token_ids: list[list[int]], *args: Any, **kwargs: Any) -> list[list[int]]:
-        return [[17] * DRAFT[0] for _ in sampled_token_ids]
+        k, rows = DRAFT
+        return [[17] * k if rows is None or i < rows else [] for i in range(len(sampled_token_ids))]
 
 
 def main() -> int:
@@ -46,6 +51,8 @@ def main() -> int:
     p.add_argument("--contexts", type=int, nargs="+", default=[64, 512, 1536])
     p.add_argument("--drafts", type=int, nargs="+", default=[0, 1, 2, 4, 8])
     p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--drafting-rows", type=int, nargs="+", default=None,
+                   help="only the batch's first M rows draft, for each M (default: every row)")
     p.add_argument("--new", type=int, default=48)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=str(ROOT / "results" / "vllm_speed" / "draft-token-cost"))
@@ -68,22 +75,24 @@ def main() -> int:
         raise SystemExit(f"docs/speed.md holds {len(ids)} tokens: too few for these contexts")
     params = vllm.SamplingParams(max_tokens=args.new, ignore_eos=True, temperature=0)
     rows = []
+    drafting = args.drafting_rows or [args.concurrency]
+    cases = [(0, 0)] + [(k, m) for m in drafting for k in args.drafts if k]
     for context in args.contexts:
         prompts = [{"prompt_token_ids": ids[7 * i: 7 * i + context]} for i in range(args.concurrency)]
         llm.generate(prompts, params, use_tqdm=False)  # warm-up: the prompts' prefix cache and shapes
-        ms: dict[int, list[float]] = {k: [] for k in args.drafts}
+        ms: dict[tuple[int, int], list[float]] = {case: [] for case in cases}
         for _ in range(args.rounds):
-            for k in args.drafts:
-                engine_side.DRAFT[0] = k
+            for k, m in cases:
+                engine_side.DRAFT[:] = [k, m]
                 t0 = time.perf_counter()
                 llm.generate(prompts, params, use_tqdm=False)
-                ms[k].append((time.perf_counter() - t0) / args.new * 1e3)
-        base = statistics.median(ms[args.drafts[0]])
-        for k in args.drafts:
-            median = statistics.median(ms[k])
-            row = {"context": context, "draft": k, "ms_per_step": round(median, 2),
-                   "spread": [round(min(ms[k]), 2), round(max(ms[k]), 2)],
-                   "ms_per_draft_token": round((median - base) / (k * args.concurrency), 2) if k else None}
+                ms[k, m].append((time.perf_counter() - t0) / args.new * 1e3)
+        base = statistics.median(ms[0, 0])
+        for k, m in cases:
+            median = statistics.median(ms[k, m])
+            row = {"context": context, "draft": k, "drafting_rows": min(m, args.concurrency) if k else 0,
+                   "ms_per_step": round(median, 2), "spread": [round(min(ms[k, m]), 2), round(max(ms[k, m]), 2)],
+                   "ms_per_draft_token": round((median - base) / (k * min(m, args.concurrency)), 2) if k else None}
             rows.append(row)
             print(json.dumps(row), flush=True)
     out = Path(args.out)
@@ -95,8 +104,10 @@ def main() -> int:
              "", f"`{json.dumps(vars(args))}`", "",
              f"{args.concurrency} request(s), every draft rejected; ms per step: median over {args.rounds} rounds "
              "(lowest-highest); ms per draft token: over the step with no draft.", "",
-             "| context tokens | draft tokens | ms/step | spread | ms per draft token |", "|---|---|---|---|---|"]
-    lines += [f"| {r['context']} | {r['draft']} | {r['ms_per_step']} | {r['spread'][0]}-{r['spread'][1]} | "
+             "| context tokens | draft tokens a drafting row | drafting rows | ms/step | spread | ms per draft token |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['context']} | {r['draft']} | {r['drafting_rows']} | {r['ms_per_step']} | "
+              f"{r['spread'][0]}-{r['spread'][1]} | "
               f"{'-' if r['ms_per_draft_token'] is None else r['ms_per_draft_token']} |" for r in rows]
     (out / "draft_cost.md").write_text("\n".join(lines) + "\n")
     llm.llm_engine.engine_core.shutdown()

@@ -4,8 +4,9 @@ On a GPU, cuDNN's attention builds a plan for every key length it has not seen, 
 cache grows every step: the first probe, which timed a growing cache, measured 2-5x the true
 steps there. The target here is a real tiny Llama with a forward pre-hook: every pass sleeps
 ``STEADY_S`` (so the steady cost is known and dominates the tiny model's compute), and
-``FIRST_S`` more the first time the model sees a key length. The probe must come within 10% of
-the same probe on the same model without the first-sight sleep, and report what it saw.
+``FIRST_S`` more the first time the model sees a key length. The probe must come within a sixth
+of that penalty of the same probe on the same model without the first-sight sleep, and report
+what it saw.
 """
 
 from __future__ import annotations
@@ -70,8 +71,11 @@ def test_the_probe_times_steady_state(slow_sights: int) -> None:
     trapped = measure_step_costs(model, **probe)
     hook.first_s = 0.0
     steady = measure_step_costs(model, **probe)
+    # within a sixth of the first-sight penalty: a probe that timed one slow pass in its
+    # repeats is off by a third of it or more, while a loaded machine (the suite runs in
+    # parallel) may stretch a 0.1 s sleep by more than the 10% this once allowed
     for n, got, want in zip(trapped.nodes, trapped.seconds, steady.seconds):
-        assert got == pytest.approx(want, rel=0.10), f"{n} nodes: {got * 1e3:.1f} ms, steady {want * 1e3:.1f} ms"
+        assert got == pytest.approx(want, abs=FIRST_S / 6), f"{n} nodes: {got * 1e3:.1f} ms, steady {want * 1e3:.1f} ms"
     assert all(s < STEADY_S + FIRST_S / 2 for s in trapped.seconds)
     assert trapped.description["first_sight"] and trapped.description["first_pass_ratio"] > FIRST_SIGHT_RATIO
     assert not steady.description["first_sight"]
