@@ -28,9 +28,6 @@ is checked identical to vLLM without speculation. The engines:
   beside ``--settings``, to compare settings in the same run;
 * ``latticekit-one-model``: latticekit's n-gram proposer with one acceptance model for every
   candidate source (:class:`OneModelProposer`: as before its estimates were learnt per source).
-* ``latticekit-no-jump``: latticekit's n-gram proposer whose step-cost fit has no price for a
-  step that verifies any draft (:class:`NoJumpProposer`: as before stop 45, a step's seconds
-  ``a + b * tokens`` alone).
 
 Prompts: the held-out instruction requests of the heads recipe
 (``benchmarks/results/heads/instruction_prompts.json``, built from offline material by
@@ -108,8 +105,8 @@ from latticekit.vllm import NGramProposer
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine: 16 requests of 1.4k tokens fit
 
 ROOT = Path(__file__).resolve().parent
-ENGINES = ("none", "empty", "vllm-ngram", "suffix", "latticekit", "latticekit-one-model", "latticekit-no-jump", "medusa",
-           "lattice-medusa", "lattice")
+ENGINES = ("none", "empty", "vllm-ngram", "suffix", "latticekit", "latticekit-one-model", "medusa", "lattice-medusa",
+           "lattice")
 DOMAINS = {
     "code": {("code", "rewrite"), ("code", "docstring"), ("code", "test")},
     "summary": {(s, t) for s in ("python-docs", "postgresql-docs") for t in ("summarise", "rewrite", "key-points",
@@ -144,17 +141,6 @@ class OneModelProposer(NGramProposer):
     def __init__(self, vllm_config: Any, config: Any = None) -> None:
         super().__init__(vllm_config, config)
         self.acceptance = AcceptanceModel.prior(trust=self.trust)  # type: ignore[assignment]
-
-
-class NoJumpProposer(NGramProposer):
-    """latticekit's n-gram proposer whose step-cost fit never hears that a step drafted, so it
-    has no price ``d`` for drafting at all (``CostFit``): the ``latticekit-no-jump`` engine, built
-    for that A/B alone."""
-
-    def propose(self, *args: Any, **kwargs: Any) -> list[list[int]]:
-        out = super().propose(*args, **kwargs)
-        self._verify_drafted = False  # every step a plain one to the fit: its drafted column stays 0
-        return out
 
 
 def requests(per_domain: int, domains: list[str]) -> dict[str, list[str]]:
@@ -347,7 +333,7 @@ def main() -> None:
     lm = {} if args.lm == "none" else {"lm": args.lm}
     lm |= json.loads(args.settings)
     # latticekit's settings reach an engine's worker through the environment when it starts
-    settings = {"latticekit": lm, "latticekit-one-model": lm, "latticekit-no-jump": lm, "lattice-medusa": {**lm, "heads": args.medusa},
+    settings = {"latticekit": lm, "latticekit-one-model": lm, "lattice-medusa": {**lm, "heads": args.medusa},
                 "lattice": {**lm, "heads": str(DEFAULT_HEADS_PATH)}}
     for variant in args.variant:
         name, _, given = variant.partition("=")
@@ -397,8 +383,6 @@ def main() -> None:
             spec = specs[name] = speculative_config(args.k, **settings[name], stats=str(stats_paths[name]))
             if name == "latticekit-one-model":
                 spec["model"] = "benchmarks.vllm_speed.OneModelProposer"
-            if name == "latticekit-no-jump":
-                spec["model"] = "benchmarks.vllm_speed.NoJumpProposer"
         engines[name] = vllm.LLM(**common, **({"speculative_config": spec} if spec else {}))
         if args.lockstep:
             if type(engines[name].llm_engine.engine_core).__name__ != "InprocClient":

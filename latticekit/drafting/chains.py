@@ -15,10 +15,9 @@ forward pass. Two things decide what a chain should be:
    down the candidate tree, with each position's probability of being accepted.
 2. **Per batch** (:func:`allocate`; at several prices at once, :func:`allocate_prices`): a draft
    token is one more token in the batch's forward pass, attending its request's context. With
-   the engine's step seconds ``a + b * tokens + c * keys + d * drafted`` (:class:`BatchCosts`,
-   fitted online from the steps the engine really took; :class:`CostFit`), a request's draft
-   token costs ``b + c * its context`` (and a step that drafts anything, ``d`` more), and the
-   lengths maximise the batch's expected tokens per second:
+   the engine's step seconds ``a + b * tokens + c * keys`` (:class:`BatchCosts`, fitted online
+   from the steps the engine really took; :class:`CostFit`), a request's draft token costs
+   ``b + c * its context``, and the lengths maximise the batch's expected tokens per second:
    positions are added by their probability over their price, highest first, while one more
    token's probability exceeds its price times the tokens per second already expected. At one
    request a draft token costs little against the whole pass; at high concurrency the pass is
@@ -198,18 +197,13 @@ def _solve_gram(m: list[list[float]], r: list[float]) -> Optional[list[float]]:
 
 
 class CostFit(NamedTuple):
-    """A step's seconds, ``a + b * tokens + c * keys + d * drafted``: ``tokens`` every query
-    token of the batch's forward pass, ``keys`` the keys those queries attend (per row, its
-    query tokens times its context), so that a row's draft token costs ``b + c * its context``;
-    ``drafted`` 1 where the step verifies any draft at all, else 0: ``d`` is what a step pays
-    for drafting anything, whatever its draft tokens (on vLLM 0.32's CPU build at 16 requests, a
-    step where one row drafted one token took 3.4-6.6 ms more than a plain one, against 1.8 ms a
-    draft token where every row drafted: ``benchmarks/vllm_draft_cost.py --drafting-rows``)."""
+    """A step's seconds, ``a + b * tokens + c * keys``: ``tokens`` every query token of the
+    batch's forward pass, ``keys`` the keys those queries attend (per row, its query tokens
+    times its context), so that a row's draft token costs ``b + c * its context``."""
 
     a: float
     b: float
     c: float = 0.0
-    d: float = 0.0
 
 
 #: :class:`BatchCosts` keeps ``keys`` in thousands (the normal equations' entries stay comparable).
@@ -217,54 +211,51 @@ _KEYS_SCALE = 1e-3
 
 
 class BatchCosts:
-    """The engine's step seconds as ``a + b * tokens + c * keys + d * drafted``
-    (:class:`CostFit`), fitted online by least squares with forgetting from the steps it took.
+    """The engine's step seconds as ``a + b * tokens + c * keys`` (:class:`CostFit`), fitted
+    online by least squares with forgetting from the steps it took.
 
     Every coefficient is at least 0 (the fit is the least-squares one under that constraint),
-    and the fit keeps ``b``, ``c`` and ``d`` only where the steps pay for them in the Bayesian
+    and the fit keeps ``b`` and ``c`` only where the steps pay for them in the Bayesian
     information criterion: where the steps' sizes and contexts do not vary apart (one request
-    at one context), a token's price is one number, ``b``; where every step drafts (or none
-    does), nothing tells ``d`` from ``a``. A fit prices a query token (``b`` or ``c``). A step has a fixed part ``a``
+    at one context), a token's price is one number, ``b``. A step has a fixed part ``a``
     (reading the weights): the fit goes through the origin only where no fit with it has
     every coefficient >= 0 (the step all per token). Until the steps seen vary enough in
     size to tell ``a`` from the rest, ``b`` is taken as ``prior_ratio * a``. A step far slower
     than predicted (the engine sat idle between requests) is not a cost and is left out.
     """
 
-    #: The columns of a fit: the indices of ``(1, tokens, keys, drafted)`` it keeps, the
-    #: fullest first; those through the origin are tried only where none with the fixed part is.
-    _FACES = (((0, 1, 2, 3), (0, 1, 3), (0, 2, 3), (0, 1, 2), (0, 1), (0, 2)),
-              ((1, 2, 3), (1, 3), (2, 3), (1, 2), (1,), (2,)))
+    #: The columns of a fit: the indices of ``(1, tokens, keys)`` it keeps, the fullest first;
+    #: those through the origin are tried only where none with the fixed part is.
+    _FACES = (((0, 1, 2), (0, 1), (0, 2)), ((1, 2), (1,), (2,)))
 
     def __init__(self, prior_ratio: float = 1 / 16, decay: float = 0.99, idle_factor: float = 4.0) -> None:
         self.prior_ratio, self.decay, self.idle_factor = prior_ratio, decay, idle_factor
         # decayed sums (plain floats: a step's update and refit take about 0.1 ms) of x x^T, x =
-        # (1, tokens, keys / 1000, drafted); of x * seconds; of seconds^2
-        self.xx = [[0.0] * 4 for _ in range(4)]
-        self.xy = [0.0] * 4
+        # (1, tokens, keys / 1000); of x * seconds; of seconds^2
+        self.xx = [[0.0] * 3 for _ in range(3)]
+        self.xy = [0.0] * 3
         self.yy = 0.0
         self.samples = 0
         self._fit: Optional[CostFit] = None
         self._stale = False
 
-    def add(self, tokens: int, seconds: float, keys: float = 0.0, drafted: bool = False) -> None:
-        """One step: ``tokens`` query tokens attending ``keys`` keys took ``seconds``;
-        ``drafted``: whether it verified any draft."""
+    def add(self, tokens: int, seconds: float, keys: float = 0.0) -> None:
+        """One step: ``tokens`` query tokens attending ``keys`` keys took ``seconds``."""
         if tokens < 1 or not np.isfinite(seconds) or seconds <= 0 or not np.isfinite(keys) or keys < 0 \
-                or self.idle(tokens, seconds, keys, drafted):
+                or self.idle(tokens, seconds, keys):
             return
-        x = (1.0, float(tokens), keys * _KEYS_SCALE, 1.0 if drafted else 0.0)
+        x = (1.0, float(tokens), keys * _KEYS_SCALE)
         d = self.decay
-        for i in range(4):
+        for i in range(3):
             row = self.xx[i]
-            for j in range(4):
+            for j in range(3):
                 row[j] = d * row[j] + x[i] * x[j]
             self.xy[i] = d * self.xy[i] + x[i] * seconds
         self.yy = d * self.yy + seconds * seconds
         self.samples += 1
         self._stale = True
 
-    def idle(self, tokens: int, seconds: float, keys: float = 0.0, drafted: bool = False) -> bool:
+    def idle(self, tokens: int, seconds: float, keys: float = 0.0) -> bool:
         """Whether a step of ``tokens`` query tokens that took ``seconds`` was far slower than
         predicted, and than the steps' mean: the engine sat idle between requests (not a step's
         cost). The mean keeps a fit that went wrong from calling every step idle and never
@@ -272,7 +263,7 @@ class BatchCosts:
         of a one-request step)."""
         if self.samples < 4:
             return False
-        return seconds > self.idle_factor * max(self.seconds(tokens, keys, drafted), self.xy[0] / self.w)
+        return seconds > self.idle_factor * max(self.seconds(tokens, keys), self.xy[0] / self.w)
 
     @property
     def w(self) -> float:
@@ -280,16 +271,15 @@ class BatchCosts:
         return self.xx[0][0]
 
     def coefficients(self) -> CostFit:
-        """Seconds per step, per query token, per key attended and per step that verifies any
-        draft; (0, 0, 0, 0) before any step."""
+        """Seconds per step, per query token and per key attended; (0, 0, 0) before any step."""
         if self.w == 0:
-            return CostFit(0.0, 0.0, 0.0, 0.0)
+            return CostFit(0.0, 0.0, 0.0)
         fit = self.fit()
         if fit is not None:
             return fit
         mean_n, mean_t = self.xx[0][1] / self.w, self.xy[0] / self.w
         a = mean_t / (1 + self.prior_ratio * mean_n)
-        return CostFit(a, self.prior_ratio * a, 0.0, 0.0)
+        return CostFit(a, self.prior_ratio * a, 0.0)
 
     @property
     def fitted(self) -> bool:
@@ -317,7 +307,7 @@ class BatchCosts:
         for face in (face for tier in self._FACES for face in tier):
             if best is not None and 0 not in face:
                 break  # a fit with the fixed part is
-            if any(i in face and self.xx[i][i] <= 0 for i in (2, 3)):
+            if 2 in face and self.xx[2][2] <= 0:
                 continue
             m = [[self.xx[i][j] for j in face] for i in face]
             r = [self.xy[i] for i in face]
@@ -326,26 +316,26 @@ class BatchCosts:
                 continue
             # each column's share of the mean step (a share within rounding of 0 is 0)
             share = [b * self.xx[0][i] / w for b, i in zip(beta, face)]
-            if min(share) < -tol or sum(x for x, i in zip(share, face) if i in (1, 2)) <= tol:
-                continue  # a coefficient < 0, or query tokens that cost nothing
+            if min(share) < -tol or sum(x for x, i in zip(share, face) if i != 0) <= tol:
+                continue
             beta = [max(b, 0.0) for b in beta]
             fitted = sum(b * y for b, y in zip(beta, r))
             quadratic = sum(beta[k] * m[k][q] * beta[q] for k in range(len(face)) for q in range(len(face)))
             rss = max(self.yy - 2 * fitted + quadratic, floor)
             score = w * math.log(rss / w) + len(face) * math.log(max(w, 2.0))
             if best is None or score < best[0] - 1e-9:
-                full = [0.0] * 4
+                full = [0.0] * 3
                 for b, i in zip(beta, face):
                     full[i] = b
                 best = (score, full)
         if best is None:
             return None
-        a, b, c, d = best[1]
-        return CostFit(a, b, c * _KEYS_SCALE, d)
+        a, b, c = best[1]
+        return CostFit(a, b, c * _KEYS_SCALE)
 
-    def seconds(self, tokens: int, keys: float = 0.0, drafted: bool = False) -> float:
-        a, b, c, d = self.coefficients()
-        return a + b * tokens + c * keys + (d if drafted else 0.0)
+    def seconds(self, tokens: int, keys: float = 0.0) -> float:
+        a, b, c = self.coefficients()
+        return a + b * tokens + c * keys
 
 
 def allocate(probabilities: Sequence[np.ndarray], a: float, b: float, overhead: float = 0.0,

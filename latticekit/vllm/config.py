@@ -54,9 +54,8 @@ class ProposerConfig:
             preempted request waiting to resume) is dropped and rebuilt if it comes back.
         prior_ratio: a draft token's cost as a fraction of a step's fixed cost, until the
             engine's own steps measure it.
-        step_costs: ``(a, b)`` or ``(a, b, d)``: fixed step seconds ``a + b * query tokens``
-            (and ``d`` more for a step that verifies any draft) instead of measuring them (tests,
-            replays); None measures them as the engine runs.
+        step_costs: ``(a, b)``: fixed step seconds ``a + b * query tokens`` instead of
+            measuring them (tests, replays); None measures them as the engine runs.
         context_costs: fit the measured step seconds as ``a + b * query tokens + c * keys
             attended`` (per row, its query tokens times its context), so that a request's draft
             token costs ``b + c * its context`` (:class:`~latticekit.drafting.chains.CostFit`):
@@ -110,7 +109,7 @@ class ProposerConfig:
     max_context: int = 16384
     max_requests: int = 4096
     prior_ratio: float = 1 / 16
-    step_costs: Optional[tuple[float, ...]] = None
+    step_costs: Optional[tuple[float, float]] = None
     context_costs: bool = False
     stats: Optional[str] = None
     heads: Optional[str] = None
@@ -143,12 +142,12 @@ class ProposerConfig:
                                       f"got {self.prior_ratio!r}")
         if self.step_costs is not None:
             costs = self.step_costs
-            if not isinstance(costs, (list, tuple)) or len(costs) not in (2, 3) or any(
+            if not isinstance(costs, (list, tuple)) or len(costs) != 2 or any(
                     isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 0
                     for c in costs) or costs[0] <= 0:
-                raise ProposerConfigError(f"latticekit vLLM proposer: step_costs must be [a > 0, b >= 0] or "
-                                          f"[a > 0, b >= 0, d >= 0] seconds, got {costs!r}")
-            object.__setattr__(self, "step_costs", tuple(float(c) for c in costs))
+                raise ProposerConfigError(f"latticekit vLLM proposer: step_costs must be [a > 0, b >= 0] seconds, "
+                                          f"got {costs!r}")
+            object.__setattr__(self, "step_costs", (float(costs[0]), float(costs[1])))
         if self.lm is not None:
             if not isinstance(self.lm, str) or not self.lm:
                 raise ProposerConfigError(f"latticekit vLLM proposer: lm must be a file path or 'embedded', "

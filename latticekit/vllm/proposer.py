@@ -208,7 +208,6 @@ class NGramProposer:
         self._last_end: Optional[float] = None
         self._verify_tokens: Optional[int] = None  # query tokens the next step holds if no request prefills
         self._verify_keys = 0.0  # ... and the keys they attend (per row, its query tokens times its context)
-        self._verify_drafted = False  # ... and whether any of them is a draft
         self._draft_s = 0.0  # running mean of a drafting call's own seconds
         #: per load bucket, the arms' outcomes (learnt where the step costs are measured, not given)
         self.loads: dict[int, Load] = {}
@@ -256,7 +255,6 @@ class NGramProposer:
                 self._load(load_bucket(rows)).drafted_step(self._saved, spent)
         drafts = sum(len(chain) for chain in out)
         self._verify_tokens = rows + drafts
-        self._verify_drafted = drafts > 0
         self._verify_keys = self._keys(num_tokens_no_spec, out) if self.config.context_costs else 0.0
         self._pending = _Step(load_bucket(rows), arm, spent, expected, chains, contexts, tuple(keys))
         self.counters["calls"] += 1
@@ -298,24 +296,22 @@ class NGramProposer:
             return
         if pending.rows is not None and not set(keys) <= set(pending.rows):
             return  # a request joined: its prefill ran in the step (after the engine sat idle, maybe)
-        attended, verified_drafts = self._verify_keys, self._verify_drafted
-        if self.costs.idle(tokens, engine_s, attended, verified_drafts):
+        attended = self._verify_keys
+        if self.costs.idle(tokens, engine_s, attended):
             return
-        self.costs.add(tokens, engine_s, attended, verified_drafts)
+        self.costs.add(tokens, engine_s, attended)
         if self.config.step_costs is not None:
             return
         load = self._load(pending.bucket)
-        load.costs.add(tokens, engine_s, attended, verified_drafts)
+        load.costs.add(tokens, engine_s, attended)
         if pending.chains:
             accepted = {key: len(s) - 1 for key, s in zip(keys, sampled) if s}
-            _, b, c, d = self._coefficients(pending.bucket)
+            _, b, c = self._coefficients(pending.bucket)
             contexts = pending.contexts or {}
             run = pending.chains[pending.arm]
 
-            def cost(chains: dict[Any, int]) -> float:  # the fitted seconds of these draft tokens, and of drafting at all
-                if not any(chains.values()):
-                    return 0.0
-                return d + sum(n * (b + c * contexts.get(key, 0)) for key, n in chains.items())
+            def cost(chains: dict[Any, int]) -> float:  # the fitted seconds of these draft tokens
+                return sum(n * (b + c * contexts.get(key, 0)) for key, n in chains.items())
 
             drafted = cost(run)
             for arm, chains in pending.chains.items():  # the arms less eager than the one run
@@ -349,7 +345,7 @@ class NGramProposer:
         return load
 
     def _coefficients(self, bucket: int) -> CostFit:
-        """The step costs ``(a, b, c, d)`` at a load bucket: its own fit where its steps tell ``a``
+        """The step costs ``(a, b, c)`` at a load bucket: its own fit where its steps tell ``a``
         from the rest, else the fit over every load. An engine's step need not be one line across
         loads (a pass of a few query tokens may be bound by reading the weights, a busy one by
         its tokens' compute); on vLLM's CPU build with SmolLM2 the fits per load came out within
@@ -411,12 +407,11 @@ class NGramProposer:
             chains.append(chain)
             probabilities.append(np.minimum(prob * correction, 1.0))
         if self.config.step_costs is not None:
-            a, b, d = (*self.config.step_costs, 0.0)[:3]
-            c = 0.0
+            a, b, c = (*self.config.step_costs, 0.0)
         else:
-            a, b, c, d = self._coefficients(load_bucket(rows))
+            a, b, c = self._coefficients(load_bucket(rows))
         if a == 0 and b == 0 and c == 0:  # no step measured yet: a token at the prior's price
-            a, b, d = 1.0, self.config.prior_ratio, 0.0
+            a, b = 1.0, self.config.prior_ratio
         context = [int(lengths[i]) for i in range(rows)]
         # a row's query token costs b + c * its context (the keys it attends): the allocation's
         # weights, in seconds, with each level's price a multiple of them
@@ -426,35 +421,30 @@ class NGramProposer:
         # a heads step is the outcome of the heads' less eager levels too; a text step, of none but plain
         levels = (arm,) if arm == "text" else (arm, *(o for o in LEVELS if o in self.arms and LEVELS[o] > LEVELS[arm]))
         prices = [LEVELS["model"] if level == "text" else LEVELS[level] for level in levels]
-        # what the step pays besides its tokens if it drafts: the drafting's own seconds, and the
-        # engine's seconds for verifying any draft at all (d)
-        overhead = self._draft_s + d
-        for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, overhead,
+        for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s,
                                                                            weights)):
-            chosen, expected = self._repaid(probabilities, allocated, a, price, weights, overhead)
+            chosen, expected = self._repaid(probabilities, allocated, a, price, weights)
             lengths_by_arm[level] = {keys[i]: n for i, n in enumerate(chosen) if n}
             if level == arm:
                 out = [chain[:n].tolist() for chain, n in zip(chains, chosen)]
                 arm_expected = expected
                 # the seconds these chains are expected to save: their accepted tokens at the plain
-                # step's seconds per row, less the seconds their draft tokens add to the pass (and
-                # the pass's for verifying any draft)
+                # step's seconds per row, less the seconds their draft tokens add to the pass
                 self._saved = expected * (a + sum(weights)) / max(rows, 1) - price * sum(
-                    w * n for w, n in zip(weights, chosen)) - (d if any(chosen) else 0.0)
+                    w * n for w, n in zip(weights, chosen))
         drafting = {keys[i]: context[i] for i, chain in enumerate(chains) if len(chain)}
         return out, arm, arm_expected, lengths_by_arm, drafting
 
     def _repaid(self, probabilities: list[np.ndarray], chosen: list[int], a: float, price: float,
-                weights: list[float], overhead: float) -> tuple[list[int], float]:
+                weights: list[float]) -> tuple[list[int], float]:
         """The chain lengths a row's query token priced at ``price * weights[row]`` seconds
-        allocated (``chosen``), or none unless the drafts repay the ``overhead`` too (the
-        drafting's seconds and the pass's for verifying any draft), against a step that drafts
-        nothing at all; and the accepted tokens they expect."""
+        allocated (``chosen``), or none unless the drafts repay the drafting too, against a step
+        that drafts nothing at all; and the accepted tokens they expect."""
         expected = sum(float(p[:n].sum()) for p, n in zip(probabilities, chosen))
         rows = len(probabilities)
         plain = a + price * sum(weights)
         drafts = price * sum(w * n for w, n in zip(weights, chosen))
-        if not any(chosen) or plain > 0 and (rows + expected) / (plain + overhead + drafts) <= rows / plain:
+        if not any(chosen) or plain > 0 and (rows + expected) / (plain + self._draft_s + drafts) <= rows / plain:
             return [0] * rows, 0.0
         return chosen, expected
 
@@ -557,7 +547,7 @@ class NGramProposer:
 
     def stats(self) -> dict[str, Any]:
         """The counters, the fitted step costs and the request states held."""
-        a, b, c, d = self.costs.coefficients()
+        a, b, c = self.costs.coefficients()
         memory = {"memory_tokens": len(self.memory), "memory_answers": self.memory.added} if self.memory is not None \
             else {}
         arms = {str(bucket): {arm: [round(o.rate, 3), o.steps] for arm, o in load.arms.items()}
@@ -569,7 +559,7 @@ class NGramProposer:
         # per load bucket (frugal): the share of steps drafted on, and the means (ms) it comes from
         frugal = {str(bucket): [round(load.share, 3), round(1e3 * load.saved, 3), round(1e3 * load.spent, 3)]
                   for bucket, load in sorted(self.loads.items()) if load.drafted}
-        return {**self.counters, "step_costs": [a, b, c, d], "load_step_costs": load_costs, "frugal": frugal,
+        return {**self.counters, "step_costs": [a, b, c], "load_step_costs": load_costs, "frugal": frugal,
                 "states": len(self.states),
                 "pid": os.getpid(),
                 "correction": self.correction, "arms": arms, **memory}

@@ -108,22 +108,22 @@ def test_drafts_shrink_as_the_batch_grows() -> None:
 
 def test_batch_costs_recover_a_linear_step_and_skip_idle_gaps() -> None:
     costs = BatchCosts()
-    assert costs.coefficients() == (0.0, 0.0, 0.0, 0.0)
+    assert costs.coefficients() == (0.0, 0.0, 0.0)
     rng = np.random.default_rng(0)
     for _ in range(300):
         n = int(rng.integers(1, 40))
         costs.add(n, 0.05 + 0.004 * n + rng.normal(0, 0.0005))
     costs.add(3, 30.0)  # the engine sat idle between requests: not a step's cost
-    a, b, c, d = costs.coefficients()
-    assert a == pytest.approx(0.05, rel=0.05) and b == pytest.approx(0.004, rel=0.05) and c == d == 0
+    a, b, c = costs.coefficients()
+    assert a == pytest.approx(0.05, rel=0.05) and b == pytest.approx(0.004, rel=0.05) and c == 0
     flat = BatchCosts(prior_ratio=0.1)
     for _ in range(20):
         flat.add(1, 0.11)  # one size only: b from the prior ratio
-    assert flat.coefficients() == pytest.approx((0.1, 0.01, 0.0, 0.0)) and not flat.fitted
+    assert flat.coefficients() == pytest.approx((0.1, 0.01, 0.0)) and not flat.fitted
     busy = BatchCosts()
     for n in range(16, 60):  # all per token, a little under the line through the origin at the small end
         busy.add(n, 0.015 * n - (0.01 if n < 20 else 0.0))
-    assert busy.fitted and busy.coefficients() == pytest.approx((0.0, 0.0148, 0.0, 0.0), abs=2e-4)  # refitted through 0
+    assert busy.fitted and busy.coefficients() == pytest.approx((0.0, 0.0148, 0.0), abs=2e-4)  # refitted through 0
 
 
 def test_batch_costs_recover_from_a_fit_that_went_wrong() -> None:
@@ -151,90 +151,31 @@ def test_batch_costs_price_a_token_by_the_keys_it_attends_where_contexts_vary() 
         keys = tokens * context
         costs.add(tokens, 0.07 + 0.002 * tokens + 3e-6 * keys + rng.normal(0, 0.002), keys)
         one.add(tokens, 0.07 + 0.002 * tokens + 3e-6 * tokens * 1000 + rng.normal(0, 0.002), tokens * 1000)
-    a, b, c, _ = costs.coefficients()
+    a, b, c = costs.coefficients()
     assert a == pytest.approx(0.07, rel=0.05) and b == pytest.approx(0.002, rel=0.15) and c == pytest.approx(3e-6,
                                                                                                             rel=0.1)
     assert costs.seconds(4, 4 * 1500) == pytest.approx(0.07 + 0.008 + 0.018, rel=0.02)
-    a, b, c, _ = one.coefficients()  # one context: a token's price there, one number
+    a, b, c = one.coefficients()  # one context: a token's price there, one number
     assert a == pytest.approx(0.07, rel=0.05) and (b + c * 1000) == pytest.approx(0.005, rel=0.05)
 
 
-def test_batch_costs_find_what_a_step_pays_for_drafting_at_all() -> None:
-    """16 requests whose step pays 4 ms for verifying any draft besides 3 ms a draft token (vLLM's
-    CPU build measured 2-5 ms and 1.8 ms, benchmarks/vllm_draft_cost.py --drafting-rows): the fit
-    tells the two apart where some steps draft and some do not; where every step drafts, nothing
-    tells ``d`` from ``a``, and the fit keeps it in ``a``."""
-    rng = np.random.default_rng(2)
-    mixed, always = BatchCosts(), BatchCosts()
-    for _ in range(300):
-        drafts = int(rng.integers(0, 6)) * int(rng.integers(0, 2))
-        seconds = 0.05 + 0.003 * (16 + drafts) + (0.004 if drafts else 0.0) + float(rng.normal(0, 0.0005))
-        mixed.add(16 + drafts, seconds, drafted=drafts > 0)
-        drafts = int(rng.integers(1, 6))
-        always.add(16 + drafts, 0.05 + 0.003 * (16 + drafts) + 0.004 + float(rng.normal(0, 0.0005)), drafted=True)
-    a, b, c, d = mixed.coefficients()
-    assert a == pytest.approx(0.05, rel=0.1) and b == pytest.approx(0.003, rel=0.1) and c == 0
-    assert d == pytest.approx(0.004, rel=0.15)
-    assert mixed.seconds(17, drafted=True) - mixed.seconds(16) == pytest.approx(0.007, rel=0.1)
-    a, b, c, d = always.coefficients()
-    assert d == 0 and a == pytest.approx(0.054, rel=0.1) and b == pytest.approx(0.003, rel=0.1)
-
-
-def test_the_proposer_drafts_nothing_where_a_step_that_drafts_costs_more_than_its_tokens_save() -> None:
-    """At 16 requests (a step of 0.1 s: 6 ms a row), one row's chain of one token at 0.6 pays
-    its 2 ms as a token (0.6 * 6 ms saved), not with 4 ms more for drafting at all; its chains
-    learnt from steps that did and did not draft (``_learn``) set that price."""
-    proposer = NGramProposer(engine_config(), ProposerConfig())
-    rows = 16
-    probabilities = [np.array([0.6])] + [np.zeros(0)] * (rows - 1)
-    weights = [0.002] * rows
-    assert proposer._repaid(probabilities, [1] + [0] * (rows - 1), 0.068, 1.0, weights, 0.0)[0][0] == 1
-    assert proposer._repaid(probabilities, [1] + [0] * (rows - 1), 0.068, 1.0, weights, 0.004) == ([0] * rows, 0.0)
-    rng = np.random.default_rng(3)
-    for _ in range(200):
-        drafts = int(rng.integers(0, 4)) * int(rng.integers(0, 2))
-        tokens = rows + drafts
-        proposer._last_end, proposer._verify_tokens, proposer._verify_drafted = 0.0, tokens, drafts > 0
-        seconds = 0.068 + 0.002 * tokens + (0.004 if drafts else 0.0) + float(rng.normal(0, 0.0003))
-        proposer._learn(_Step(load_bucket(rows), "plain", 0.0, 0.0, {}), seconds, [[1]] * rows, list(range(rows)),
-                        tokens=tokens)
-    fit = proposer._coefficients(load_bucket(rows))
-    assert fit.d == pytest.approx(0.004, rel=0.2) and fit.b == pytest.approx(0.002, rel=0.2)
-    assert proposer.stats()["load_step_costs"]["5"][3] == pytest.approx(0.004, rel=0.2)
-    # a drafted step is the plain arm's outcome less its draft tokens' cost and drafting's own
-    armed = NGramProposer(engine_config(), ProposerConfig(arms=LEVEL_ARMS))
-    for tokens, drafted in ((1, False), (5, True), (10, True), (20, True), (3, False), (8, True)):
-        armed.costs.add(tokens, 0.1 + 0.01 * tokens + (0.004 if drafted else 0.0), drafted=drafted)
-    _, b, _, d = armed.costs.coefficients()
-    assert (b, d) == pytest.approx((0.01, 0.004))
-    armed._last_end, armed._verify_tokens, armed._verify_drafted = 0.0, 2 + 3, True
-    step = 0.1 + 0.01 * 5 + 0.004
-    armed._learn(_Step(1, "model", 0.0, 1.0, {"model": {"r0": 3}, "lean": {}}), step, [[1, 2], [3]], ["r0", "r1"],
-                 tokens=5)
-    arms = armed.loads[1].arms
-    assert arms["plain"].seconds == pytest.approx(step - 3 * b - d) and arms["plain"].tokens == 2
-    assert arms["lean"].seconds == pytest.approx(step - 3 * b - d)  # lean drafted nothing there
-
-
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 3000), st.floats(0.001, 1.0), st.booleans()),
-                min_size=3, max_size=30),
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 3000), st.floats(0.001, 1.0)), min_size=3, max_size=30),
        st.floats(0.9, 1.0))
-def test_batch_costs_are_the_least_squares_the_brute_force_finds(steps: list[tuple[int, int, float, bool]],
+def test_batch_costs_are_the_least_squares_the_brute_force_finds(steps: list[tuple[int, int, float]],
                                                                  decay: float) -> None:
     """Against every subset of the columns fitted afresh from the raw steps (weighted least
     squares, numpy's lstsq): the fit is the one of lowest information criterion among those
     whose coefficients are all >= 0 (within rounding) and price a token or a key, those with
     the fixed part first (through the origin only where none of them is), or None where the steps do not
-    vary in size or no such fit exists. The columns: the fixed part, query tokens, keys and
-    whether the step drafted."""
+    vary in size or no such fit exists."""
     costs = BatchCosts(decay=decay, idle_factor=float("inf"))
-    for tokens, context, seconds, drafted in steps:
-        costs.add(tokens, seconds, tokens * context, drafted)
+    for tokens, context, seconds in steps:
+        costs.add(tokens, seconds, tokens * context)
     n = len(steps)
     weight = decay ** np.arange(n - 1, -1, -1)
-    x = np.array([[1.0, t, t * ctx * 1e-3, float(drafted)] for t, ctx, _, drafted in steps])
-    y = np.array([s for _, _, s, _ in steps])
+    x = np.array([[1.0, t, t * ctx * 1e-3] for t, ctx, _ in steps])
+    y = np.array([s for _, _, s in steps])
     w = weight.sum()
     if (weight @ x[:, 1] ** 2) / w - ((weight @ x[:, 1]) / w) ** 2 <= 0.25:
         assert costs.fit() is None
@@ -242,12 +183,9 @@ def test_batch_costs_are_the_least_squares_the_brute_force_finds(steps: list[tup
     root = np.sqrt(weight)
     floor = 1e-12 * max(float(weight @ y ** 2), 1e-30)
     found: list[tuple[float, np.ndarray]] = []
-    for face in ((0, 1, 2, 3), (0, 1, 3), (0, 2, 3), (0, 1, 2), (0, 1), (0, 2),
-                 (1, 2, 3), (1, 3), (2, 3), (1, 2), (1,), (2,)):
+    for face in ((0, 1, 2), (0, 1), (0, 2), (1, 2), (1,), (2,)):
         if found and 0 not in face:
             break  # through the origin only where no fit with the fixed part is feasible
-        if any(col in face and not weight @ x[:, col] ** 2 > 0 for col in (2, 3)):
-            continue  # no key attended, or no step drafted: nothing to fit that column on
         cols = x[:, list(face)]
         gram = (cols * weight[:, None]).T @ cols
         if abs(np.linalg.det(gram)) < 1e-10 * np.prod(np.diag(gram)):
@@ -255,11 +193,11 @@ def test_batch_costs_are_the_least_squares_the_brute_force_finds(steps: list[tup
         beta = np.linalg.lstsq(cols * root[:, None], y * root, rcond=None)[0]
         share = beta * (weight @ cols) / w  # each column's share of the mean step
         tol = 1e-9 * float(weight @ y) / w
-        if np.any(share < -tol) or sum(x for x, col in zip(share, face) if col in (1, 2)) <= tol:
-            continue  # a coefficient < 0, or query tokens that cost nothing
+        if np.any(share < -tol) or sum(x for x, col in zip(share, face) if col) <= tol:
+            continue
         beta = np.maximum(beta, 0.0)
         rss = max(float(weight @ (y - cols @ beta) ** 2), floor)
-        full = np.zeros(4)
+        full = np.zeros(3)
         full[list(face)] = beta
         found.append((w * np.log(rss / w) + len(face) * np.log(max(w, 2.0)), full))
     got = costs.fit()
@@ -271,7 +209,7 @@ def test_batch_costs_are_the_least_squares_the_brute_force_finds(steps: list[tup
         return  # two fits as good: either may be taken
     best = min(found, key=lambda item: item[0])[1]
     assert got is not None
-    assert np.array(got) == pytest.approx(best * np.array([1, 1, 1e-3, 1]), rel=1e-5, abs=1e-9)
+    assert np.array(got) == pytest.approx(best * np.array([1, 1, 1e-3]), rel=1e-5, abs=1e-9)
 
 
 def test_step_costs_are_fitted_per_load_where_the_engine_is_no_one_line() -> None:
@@ -288,16 +226,16 @@ def test_step_costs_are_fitted_per_load_where_the_engine_is_no_one_line() -> Non
         step(1, one, 0.12 + 0.001 * one)  # one request: reading the weights dominates
         busy = int(rng.integers(16, 60))
         step(16, busy, 0.05 + 0.012 * busy)  # 16 requests: every token adds its compute
-    assert proposer._coefficients(load_bucket(16)) == pytest.approx((0.05, 0.012, 0.0, 0.0))  # the busy steps' own line
-    assert proposer._coefficients(1) == pytest.approx((0.12, 0.001, 0.0, 0.0))  # and one request's own
-    a, b = proposer.costs.coefficients()[:2]  # the fit over every load: neither
+    assert proposer._coefficients(load_bucket(16)) == pytest.approx((0.05, 0.012, 0.0))  # the busy steps' own line
+    assert proposer._coefficients(1) == pytest.approx((0.12, 0.001, 0.0))  # and one request's own
+    a, b, _ = proposer.costs.coefficients()  # the fit over every load: neither
     assert b > 2 * 0.001 and a < 0.12 - 0.02
     for _ in range(20):  # two requests, always the same size of step: no line of their own, the fit over all
         step(2, 2, 0.13)
     assert not proposer.loads[load_bucket(2)].costs.fitted
     assert proposer._coefficients(load_bucket(2)) == proposer.costs.coefficients()
-    assert proposer.stats()["load_step_costs"] == {"1": pytest.approx([0.12, 0.001, 0.0, 0.0]),
-                                                   "5": pytest.approx([0.05, 0.012, 0.0, 0.0])}
+    assert proposer.stats()["load_step_costs"] == {"1": pytest.approx([0.12, 0.001, 0.0]),
+                                                   "5": pytest.approx([0.05, 0.012, 0.0])}
     # three requests whose steps' seconds hide their tokens' slope in noise: the bucket's own fit
     # goes through the origin (a step all per token: ~43 ms a token) and is not taken
     for _ in range(60):
@@ -329,10 +267,8 @@ def test_config_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.Monk
         ProposerConfig(candidates=0)
     with pytest.raises(ProposerConfigError, match="does not exist"):
         speculative_config(8, lm=str(tmp_path / "missing.arpa"))
-    for costs in ([0, 1], [0.1, 0.01, 0.0, 1.0], [0.1, -1.0, 0.0]):
-        with pytest.raises(ProposerConfigError, match="step_costs"):
-            ProposerConfig.from_dict({"step_costs": costs})
-    assert ProposerConfig.from_dict({"step_costs": [0.1, 0.01, 0.002]}).step_costs == (0.1, 0.01, 0.002)
+    with pytest.raises(ProposerConfigError, match="step_costs"):
+        ProposerConfig.from_dict({"step_costs": [0, 1]})
     with pytest.raises(ProposerConfigError, match="context_costs must be true or false"):
         ProposerConfig.from_dict({"context_costs": "yes"})
     with pytest.raises(ProposerConfigError, match="frugal must be true or false"):
@@ -418,18 +354,6 @@ def test_drafts_nothing_where_drafts_do_not_repay_themselves() -> None:
     calls = [proposer.propose([[2]], batch.lengths[:1], batch.ids[:1]) for _ in range(12)]
     assert calls == [[[]]] * 12
     assert proposer.counters["proposed_tokens"] > 0  # it looked
-
-
-def test_drafts_nothing_where_drafting_at_all_costs_more_than_the_drafts_save() -> None:
-    """The same text drafts a chain where a step's draft tokens cost little, and nothing where a
-    step that verifies any draft costs 10 s more (``step_costs`` ``(a, b, d)``)."""
-    drafted = []
-    for costs in ((0.1, 0.001), (0.1, 0.001, 10.0)):
-        proposer = NGramProposer(engine_config(), ProposerConfig(step_costs=costs))
-        batch = Batch()
-        batch.put(0, [1, 2, 3, 4] * 4)
-        drafted.append(proposer.propose([[4]], batch.lengths[:1], batch.ids[:1])[0])
-    assert drafted[0] and drafted[1] == []
 
 
 def test_a_model_over_other_token_ids_is_refused_at_start() -> None:
@@ -691,7 +615,7 @@ def test_a_drafted_step_is_the_outcome_of_every_less_eager_arm_on_the_same_rows(
     proposer = NGramProposer(engine_config(), ProposerConfig(arms=LEVEL_ARMS))
     for n in (1, 5, 10, 20):  # the engine's steps: 0.1 s + 10 ms a query token
         proposer.costs.add(n, 0.1 + 0.01 * n)
-    a, b, c = proposer.costs.coefficients()[:3]
+    a, b, c = proposer.costs.coefficients()
     assert (a, b, c) == pytest.approx((0.1, 0.01, 0.0))
     proposer._last_end, proposer._verify_tokens = 0.0, 3 + 9
     # eager drafted 5 tokens for r0 and 4 for r1; the step accepted 4 of r0's and none of r1's, and
@@ -724,7 +648,7 @@ def test_the_draft_tokens_an_arm_leaves_out_are_priced_by_their_rows_context() -
     proposer = NGramProposer(engine_config(), ProposerConfig(arms=LEVEL_ARMS))
     for tokens, context in itertools.product((1, 3, 6, 9), (100, 800, 2000)):
         proposer.costs.add(tokens, 0.1 + 0.002 * tokens + 4e-6 * tokens * context, tokens * context)
-    _, b, c = proposer.costs.coefficients()[:3]
+    _, b, c = proposer.costs.coefficients()
     assert (b, c) == pytest.approx((0.002, 4e-6))
     proposer._last_end, proposer._verify_tokens, proposer._verify_keys = 0.0, 2 + 6, 4 * 2000 + 4 * 100
     chains = {"eager": {"long": 3, "short": 3}, "model": {"long": 1, "short": 3}}
@@ -771,9 +695,9 @@ def test_a_long_rows_drafts_cost_more_and_are_cut_first() -> None:
     assert flat[0] == flat[1] > 0
     priced = allocate(probabilities, a, LEVELS["model"], weights=[0.002 + 2e-6 * 64, 0.002 + 2e-6 * 3000])
     assert priced[0] > priced[1]
-    assert CostFit(0.1, 0.002) == (0.1, 0.002, 0.0, 0.0)
+    assert CostFit(0.1, 0.002) == (0.1, 0.002, 0.0)
     proposer = NGramProposer(engine_config(), ProposerConfig())  # a step that costs nothing: no division by 0
-    assert proposer._repaid([np.array([0.5])], [1], 0.0, 1.0, [0.0], 0.0) == ([1], 0.5)
+    assert proposer._repaid([np.array([0.5])], [1], 0.0, 1.0, [0.0]) == ([1], 0.5)
 
 
 def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattice(tmp_path: Path) -> None:
