@@ -28,6 +28,8 @@ is checked identical to vLLM without speculation. The engines:
   beside ``--settings``, to compare settings in the same run;
 * ``latticekit-one-model``: latticekit's n-gram proposer with one acceptance model for every
   candidate source (:class:`OneModelProposer`: as before its estimates were learnt per source).
+* ``latticekit-steps``: latticekit's n-gram proposer with its defaults that also logs every step
+  it learns from (:class:`StepLogProposer`: ``proposer_stats-latticekit-steps.steps.json``).
 
 Prompts: the held-out instruction requests of the heads recipe
 (``benchmarks/results/heads/instruction_prompts.json``, built from offline material by
@@ -97,7 +99,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from latticekit.drafting.calibration import AcceptanceModel
 from latticekit.vllm import NGramProposer
@@ -105,8 +107,8 @@ from latticekit.vllm import NGramProposer
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine: 16 requests of 1.4k tokens fit
 
 ROOT = Path(__file__).resolve().parent
-ENGINES = ("none", "empty", "vllm-ngram", "suffix", "latticekit", "latticekit-one-model", "medusa", "lattice-medusa",
-           "lattice")
+ENGINES = ("none", "empty", "vllm-ngram", "suffix", "latticekit", "latticekit-one-model", "latticekit-steps", "medusa",
+           "lattice-medusa", "lattice")
 DOMAINS = {
     "code": {("code", "rewrite"), ("code", "docstring"), ("code", "test")},
     "summary": {(s, t) for s in ("python-docs", "postgresql-docs") for t in ("summarise", "rewrite", "key-points",
@@ -141,6 +143,31 @@ class OneModelProposer(NGramProposer):
     def __init__(self, vllm_config: Any, config: Any = None) -> None:
         super().__init__(vllm_config, config)
         self.acceptance = AcceptanceModel.prior(trust=self.trust)  # type: ignore[assignment]
+
+
+class StepLogProposer(NGramProposer):
+    """latticekit's n-gram proposer that logs every step it learns from, beside its stats file
+    (``.steps.json``), whenever it rewrites them: per step, the batch's rows, the query tokens
+    it scheduled and those the last call left it (more: a request prefilled), its engine seconds
+    (between the last call's end and this call's start), the last call's drafting seconds and
+    arm, and the tokens the rows emitted. The ``latticekit-steps`` engine: where a group's
+    seconds go, step by step."""
+
+    def __init__(self, vllm_config: Any, config: Any = None) -> None:
+        super().__init__(vllm_config, config)
+        self.steps: list[list[Any]] = []
+
+    def _learn(self, pending: Any, start: float, sampled: list[list[int]], keys: list[Any],
+               tokens: Optional[int]) -> None:
+        if pending is not None and self._last_end is not None:
+            self.steps.append([len(sampled), tokens, self._verify_tokens, round(start - self._last_end, 6),
+                               round(pending.draft_s, 6), pending.arm, sum(len(s) for s in sampled)])
+        super()._learn(pending, start, sampled, keys, tokens)
+
+    def _write_stats(self, now: float) -> None:
+        super()._write_stats(now)
+        if self.config.stats is not None:
+            Path(str(self.config.stats)).with_suffix(".steps.json").write_text(json.dumps(self.steps))
 
 
 def requests(per_domain: int, domains: list[str]) -> dict[str, list[str]]:
@@ -333,7 +360,7 @@ def main() -> None:
     lm = {} if args.lm == "none" else {"lm": args.lm}
     lm |= json.loads(args.settings)
     # latticekit's settings reach an engine's worker through the environment when it starts
-    settings = {"latticekit": lm, "latticekit-one-model": lm, "lattice-medusa": {**lm, "heads": args.medusa},
+    settings = {"latticekit": lm, "latticekit-one-model": lm, "latticekit-steps": lm, "lattice-medusa": {**lm, "heads": args.medusa},
                 "lattice": {**lm, "heads": str(DEFAULT_HEADS_PATH)}}
     for variant in args.variant:
         name, _, given = variant.partition("=")
@@ -383,6 +410,8 @@ def main() -> None:
             spec = specs[name] = speculative_config(args.k, **settings[name], stats=str(stats_paths[name]))
             if name == "latticekit-one-model":
                 spec["model"] = "benchmarks.vllm_speed.OneModelProposer"
+            if name == "latticekit-steps":
+                spec["model"] = "benchmarks.vllm_speed.StepLogProposer"
         engines[name] = vllm.LLM(**common, **({"speculative_config": spec} if spec else {}))
         if args.lockstep:
             if type(engines[name].llm_engine.engine_core).__name__ != "InprocClient":
