@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from latticekit.drafting.arms import PROBE_BUDGET
 from latticekit.drafting.memory import DEFAULT_MAX_TOKENS
 from latticekit.errors import ProposerConfigError
 
@@ -96,6 +97,12 @@ class ProposerConfig:
             tokens add to the pass) and the seconds the drafting took. Where the first is the
             smaller, only that share of steps (at least 1 in 8) runs the drafting; the others
             draft nothing and do no drafting work (as ``plain``). False: every step drafts.
+        probe_budget: with more than one arm, the share of the time the probes of the arms that
+            are not the best may lose against it, all of them together (each of the ``n - 1``
+            others, ``probe_budget / (n - 1)``): an arm worth ``r`` tokens a second against the
+            best's ``R`` waits at least ``(R / r - 1) * (n - 1) / probe_budget`` steps between
+            probes (:func:`~latticekit.drafting.arms.probe_wait`). Until stop 45 each arm had
+            the whole budget, so the lattice proposer's four other arms could lose four times it.
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -118,6 +125,7 @@ class ProposerConfig:
     alpha: float = 1.0
     check_hidden: bool = False
     frugal: bool = True
+    probe_budget: float = PROBE_BUDGET
     memory_tokens: int = DEFAULT_MAX_TOKENS
     arms: Optional[tuple[str, ...]] = None
 
@@ -162,6 +170,10 @@ class ProposerConfig:
                                       f"got {self.context_costs!r}")
         if not isinstance(self.frugal, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: frugal must be true or false, got {self.frugal!r}")
+        if isinstance(self.probe_budget, bool) or not isinstance(self.probe_budget, (int, float)) \
+                or not math.isfinite(self.probe_budget) or not 0 < self.probe_budget <= 1:
+            raise ProposerConfigError(f"latticekit vLLM proposer: probe_budget must be a number in (0, 1], "
+                                      f"got {self.probe_budget!r}")
         if not isinstance(self.check_hidden, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: check_hidden must be true or false, "
                                       f"got {self.check_hidden!r}")

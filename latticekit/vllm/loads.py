@@ -27,10 +27,13 @@ class Load:
     """The arms' outcomes at one load bucket, its steps, its own fit of the step costs, and
     (``frugal``) what its drafting saved and took."""
 
-    __slots__ = ("arms", "steps", "costs", "saved", "spent", "drafted", "credit")
+    __slots__ = ("arms", "steps", "costs", "saved", "spent", "drafted", "credit", "budget")
 
-    def __init__(self, prior_ratio: float, arms: Sequence[str] = ARMS) -> None:
+    def __init__(self, prior_ratio: float, arms: Sequence[str] = ARMS, budget: float = PROBE_BUDGET) -> None:
         self.arms = {arm: ArmStats() for arm in arms}
+        # the probes of the arms that are not the best lose at most ``budget`` of the time, all
+        # of them together: each arm's probes, its share
+        self.budget = budget / max(1, len(self.arms) - 1)
         self.steps = 0
         self.costs = BatchCosts(prior_ratio=prior_ratio)
         self.saved = self.spent = 0.0  # decayed means over drafted steps: seconds expected saved, seconds drafting
@@ -73,7 +76,7 @@ class Load:
         """The arm of the next step (:func:`~latticekit.drafting.arms.choose_arm`)."""
         self.steps += 1
         names = tuple(self.arms)
-        arm = choose_arm(names, self.arms, self.worth, self.steps, budget=PROBE_BUDGET)
+        arm = choose_arm(names, self.arms, self.worth, self.steps, budget=self.budget)
         return arm or ("plain" if "plain" in self.arms else names[0])
 
     def record(self, arm: str, tokens: int, seconds: float) -> None:

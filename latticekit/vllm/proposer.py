@@ -21,7 +21,8 @@ batch's rows, by powers of two) the arms ``plain`` (no drafting work at all), ``
 lattice proposer's ``text`` (its n-grams alone, its heads not run) keep the tokens the engine
 really emitted per second it really took (the wall time between calls, and the drafting), and
 :func:`~latticekit.drafting.arms.choose_arm` keeps the best and probes the others ever more
-rarely, an arm far worse than the best so rarely that its probes lose at most 2% of the time.
+rarely, an arm far worse than the best so rarely that the probes of all the others together
+lose at most ``probe_budget`` (2%) of the time.
 A drafted step is also the outcome of every less eager arm on the same rows (each would have
 verified a prefix of the same chains: its accepted tokens are exact, its seconds the step's
 less the fitted cost of the drafts it leaves out), so the arms are compared on the same
@@ -341,7 +342,7 @@ class NGramProposer:
     def _load(self, bucket: int) -> Load:
         load = self.loads.get(bucket)
         if load is None:
-            load = self.loads[bucket] = Load(self.config.prior_ratio, self.arms)
+            load = self.loads[bucket] = Load(self.config.prior_ratio, self.arms, self.config.probe_budget)
         return load
 
     def _coefficients(self, bucket: int) -> CostFit:

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from latticekit.drafting.arms import PROBE_BUDGET
 from latticekit.drafting.calibration import AcceptanceModel
 from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate, allocate_prices
 from latticekit.drafting.drafters.ngram import uniform_lm
@@ -530,6 +531,29 @@ def test_outcomes_keep_plain_steps_under_load_probe_cheaply_and_draft_again_when
     assert quiet[30:].count("plain") <= 6
     assert max(proposer.stats()["arms"]["1"][arm][0] for arm in ("model", "eager", "lean")) > \
         2 * proposer.stats()["arms"]["1"]["plain"][0]
+
+
+@pytest.mark.parametrize("worse", [1, 4])
+def test_the_probes_of_every_arm_that_is_not_the_best_lose_the_budget_together(worse: int) -> None:
+    """One arm worth 3 tokens a step-second and ``worse`` others worth 1 (the lattice proposer's
+    heads at 16 requests on a CPU: a step three times as long): after the warm-up the time their
+    probes lose against the best's steps is at most the budget, all of them together (until stop
+    45 each had it: four arms lost about four times it). The budget is a setting."""
+    arms = ARMS if worse == 4 else ("model", "eager")
+    rates = {arm: 1.0 for arm in arms}
+    rates["plain" if worse == 4 else "model"] = 3.0
+    for budget in (PROBE_BUDGET, 0.08):
+        load = Load(1 / 16, arms, budget)
+        lost = spent = 0.0
+        for step in range(1, 6001):
+            arm = load.choose()
+            seconds = 1.0 / rates[arm]
+            load.record(arm, 1, seconds)
+            if step > 200:
+                spent += seconds
+                lost += seconds - 1.0 / max(rates.values())
+        assert lost / spent <= 1.2 * budget
+        assert lost / spent >= 0.5 * budget or worse == 1  # the probes do go on
 
 
 def test_a_load_drafts_on_the_share_of_steps_its_drafting_repays() -> None:
