@@ -360,8 +360,8 @@ def main() -> None:
     lm = {} if args.lm == "none" else {"lm": args.lm}
     lm |= json.loads(args.settings)
     # latticekit's settings reach an engine's worker through the environment when it starts
-    settings = {"latticekit": lm, "latticekit-one-model": lm, "latticekit-steps": lm, "lattice-medusa": {**lm, "heads": args.medusa},
-                "lattice": {**lm, "heads": str(DEFAULT_HEADS_PATH)}}
+    settings = {"latticekit": lm, "latticekit-one-model": lm, "latticekit-steps": lm,
+                "lattice-medusa": {**lm, "heads": args.medusa}, "lattice": {**lm, "heads": str(DEFAULT_HEADS_PATH)}}
     for variant in args.variant:
         name, _, given = variant.partition("=")
         if not name or not given:

@@ -270,6 +270,10 @@ def test_config_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.Monk
         speculative_config(8, lm=str(tmp_path / "missing.arpa"))
     with pytest.raises(ProposerConfigError, match="step_costs"):
         ProposerConfig.from_dict({"step_costs": [0, 1]})
+    for budget in (0, -0.1, 1.5, True, float("nan"), "0.02"):
+        with pytest.raises(ProposerConfigError, match="probe_budget must be a number in"):
+            ProposerConfig.from_dict({"probe_budget": budget})
+    assert ProposerConfig.from_env({ENV: ProposerConfig(probe_budget=0.08).to_json()}).probe_budget == 0.08
     with pytest.raises(ProposerConfigError, match="context_costs must be true or false"):
         ProposerConfig.from_dict({"context_costs": "yes"})
     with pytest.raises(ProposerConfigError, match="frugal must be true or false"):
@@ -535,10 +539,11 @@ def test_outcomes_keep_plain_steps_under_load_probe_cheaply_and_draft_again_when
 
 @pytest.mark.parametrize("worse", [1, 4])
 def test_the_probes_of_every_arm_that_is_not_the_best_lose_the_budget_together(worse: int) -> None:
-    """One arm worth 3 tokens a step-second and ``worse`` others worth 1 (the lattice proposer's
-    heads at 16 requests on a CPU: a step three times as long): after the warm-up the time their
-    probes lose against the best's steps is at most the budget, all of them together (until stop
-    45 each had it: four arms lost about four times it). The budget is a setting."""
+    """One arm at three times the tokens per second of ``worse`` others (the lattice proposer's
+    heads at 16 requests on a CPU: a step three times as long): after the warm-up the time the
+    others' probes lose against the best's steps is at most the budget, all of them together
+    (until stop 45 each arm had it: four arms lost about four times it), at the default budget
+    and at another."""
     arms = ARMS if worse == 4 else ("model", "eager")
     rates = {arm: 1.0 for arm in arms}
     rates["plain" if worse == 4 else "model"] = 3.0
