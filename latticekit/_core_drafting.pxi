@@ -228,14 +228,6 @@ def source_sgd(const double[:, ::1] x, const double[::1] y, const int64_t[::1] s
     return counts
 
 
-cdef _int64v(const vector[int64_t]& values):
-    out = np.empty(values.size(), dtype=np.int64)
-    cdef int64_t[::1] o = out
-    if values.size() > 0:
-        memcpy(&o[0], values.data(), values.size() * sizeof(int64_t))
-    return out
-
-
 cdef ContinuationNodes _nodes(const int64_t[::1] tokens, const int64_t[::1] parents, const int64_t[::1] depths,
                               const double[::1] logprob, const double[::1] static_logprob, str which) except *:
     cdef size_t n = tokens.shape[0]
@@ -264,8 +256,8 @@ def unite_continuations(found, recalled, int64_t text_bit, int64_t memory_bit):
     with nogil:
         UniteContinuations(a, b, text_bit, memory_bit, &tokens, &parents, &depths, &logprob, &static_logprob,
                            &score, &sources)
-    return (_int64v(tokens), _int64v(parents), _int64v(depths), _doubles(logprob), _doubles(static_logprob),
-            _doubles(score), _int64v(sources))
+    return (_int64_array(&tokens), _int64_array(&parents), _int64_array(&depths), _doubles(logprob),
+            _doubles(static_logprob), _doubles(score), _int64_array(&sources))
 
 
 def tree_chain(const int64_t[::1] parents, const int64_t[::1] depths, const double[::1] head,
@@ -292,4 +284,4 @@ def tree_chain(const int64_t[::1] parents, const int64_t[::1] depths, const doub
     with nogil:
         TreeChain(n, &parents[0], &depths[0], &head[0], &ngram[0], &cache[0], &sources[0], weights.shape[0],
                   &weights[0, 0], &bits[0], max_depth, &f[0, 0], &pr[0], &chain)
-    return features, probability, _int64v(chain)
+    return features, probability, _int64_array(&chain)
