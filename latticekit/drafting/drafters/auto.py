@@ -71,8 +71,8 @@ from latticekit.drafting.calibration import (
     CandidateTree,
     PendingLabels,
     SourceAcceptance,
-    node_features,
     shipped_acceptance,
+    tree_chain,
 )
 from latticekit.drafting.continuations import Continuations, best_continuations
 from latticekit.drafting.costs import StepCosts
@@ -350,11 +350,10 @@ class AutoDrafter(Drafter):
             return Draft.none()
         tree = self.candidates(step, arm)
         estimates = self.acceptance
-        features = node_features(tree, estimates.max_depth)
-        assert tree.sources is not None  # set by CandidateTree.__post_init__
-        probability = tree.path_probability(estimates.conditional(features, tree.sources))
+        # the features (their last column the node's sources) and each node's probability, in the core
+        features, probability, _ = tree_chain(tree, estimates)
         chosen, _, target_s = choose_nodes(probability, tree.depths, self.costs, cached, self.max_nodes)
-        self.pending.add(step.root_index, tree, np.column_stack([features, tree.sources]))
+        self.pending.add(step.root_index, tree, features)
         if self._text_alone is not None:
             self._weigh_text_alone(step, estimates)
         heads_s = step.lattice_s if self.costs.heads_s is None or not step.has_lattice else self.costs.heads_s
@@ -370,7 +369,8 @@ class AutoDrafter(Drafter):
         found, sources, search_s = self._text_alone
         self._text_alone = None
         tree = found.tree()
-        probability = tree.path_probability(estimates.conditional(node_features(tree, estimates.max_depth), sources))
+        tree.sources = sources
+        _, probability, _ = tree_chain(tree, estimates)
         chosen, _, target_s = choose_nodes(probability, tree.depths, self.costs, step.root_index, self.max_nodes)
         drafting_s = self.costs.draft_s if self.costs.draft_s is not None else search_s
         self.unread.append(_Unread(step.root_index, _draft_of(tree, chosen), target_s + drafting_s))
