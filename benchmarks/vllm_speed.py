@@ -167,7 +167,10 @@ class StepLogProposer(NGramProposer):
     def _write_stats(self, now: float) -> None:
         super()._write_stats(now)
         if self.config.stats is not None:
-            Path(str(self.config.stats)).with_suffix(".steps.json").write_text(json.dumps(self.steps))
+            from latticekit._files import atomic_write
+
+            with atomic_write(Path(str(self.config.stats)).with_suffix(".steps.json")) as f:
+                f.write(json.dumps(self.steps).encode())
 
 
 def requests(per_domain: int, domains: list[str]) -> dict[str, list[str]]:

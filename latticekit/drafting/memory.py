@@ -172,15 +172,11 @@ def united_with_memory(found: Continuations, recalled: Continuations) -> tuple[C
 
 
 def _arrays(nodes: Continuations) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The nodes' tokens, parents, depths, conditionals and static log-probabilities as the core reads them."""
-    def ints(a: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(a, dtype=np.int64)
-
-    def floats(a: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(a, dtype=np.float64)
-
-    return (ints(nodes.tokens), ints(nodes.parents), ints(nodes.depths), floats(nodes.logprob),
-            floats(nodes.static_logprob))
+    """The nodes' tokens, parents, depths (int64), conditionals and static log-probabilities
+    (float64), as the core reads them."""
+    return (np.ascontiguousarray(nodes.tokens, dtype=np.int64), np.ascontiguousarray(nodes.parents, dtype=np.int64),
+            np.ascontiguousarray(nodes.depths, dtype=np.int64), np.ascontiguousarray(nodes.logprob, dtype=np.float64),
+            np.ascontiguousarray(nodes.static_logprob, dtype=np.float64))
 
 
 _default: Optional[AnswerMemory] = None

@@ -356,9 +356,15 @@ class NGramProposer:
         steps vary by a few tokens, and where noise hides their slope the fit puts the whole
         step on its tokens (at 2-3 requests: 14 ms a token, about nine times the fit over every
         load), drafts nothing at that load, and so never sees the larger steps that would correct it."""
+        fit = self._own_fit(bucket)
+        return fit if fit is not None else self.costs.coefficients()
+
+    def _own_fit(self, bucket: int) -> Optional[CostFit]:
+        """The load bucket's own fit of the step costs where :meth:`_coefficients` takes it (one
+        with a fixed part), else None."""
         load = self.loads.get(bucket)
         fit = load.costs.fit() if load is not None else None
-        return fit if fit is not None and fit.a > 0 else self.costs.coefficients()
+        return fit if fit is not None and fit.a > 0 else None
 
     @staticmethod
     def _keys(lengths: Any, out: list[list[int]]) -> float:
@@ -554,9 +560,8 @@ class NGramProposer:
         arms = {str(bucket): {arm: [round(o.rate, 3), o.steps] for arm, o in load.arms.items()}
                 for bucket, load in sorted(self.loads.items())}
         # the load buckets' own fits where taken (:meth:`_coefficients`; elsewhere ``step_costs``)
-        load_costs = {str(bucket): list(fit) for bucket, fit in
-                      ((bucket, load.costs.fit()) for bucket, load in sorted(self.loads.items()))
-                      if fit is not None and fit.a > 0}
+        load_costs = {str(bucket): list(fit) for bucket, fit in ((b, self._own_fit(b)) for b in sorted(self.loads))
+                      if fit is not None}
         # per load bucket (frugal): the share of steps drafted on, and the means (ms) it comes from
         frugal = {str(bucket): [round(load.share, 3), round(1e3 * load.saved, 3), round(1e3 * load.spent, 3)]
                   for bucket, load in sorted(self.loads.items()) if load.drafted}
