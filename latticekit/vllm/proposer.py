@@ -91,9 +91,6 @@ class _Step(NamedTuple):
     #: the batch's rows (request keys) when it decided: a row the next call holds and this did
     #: not is a request that joined, its prefill in that step (no verifying step's cost)
     rows: Optional[tuple[Any, ...]] = None
-    #: the fitted seconds a step that verifies any draft costs beyond its draft tokens
-    #: (``verify_overhead``), which a step of no drafts does not pay
-    overhead: float = 0.0
 
 
 #: Decay per drafted step of the accepted and expected sums that correct the estimates.
@@ -190,12 +187,11 @@ class NGramProposer:
             accepted = emitted - sum(1 for s in sampled_token_ids if s)  # a row emits its accepted drafts and one
             keys = self._row_keys(rows)
             self._learn(pending, start, sampled_token_ids, keys, scheduled_tokens(slot_mappings))
-            out, arm, expected, chains, contexts, overhead = self._propose(sampled_token_ids, num_tokens_no_spec,
-                                                                           token_ids_cpu, keys)
+            out, arm, expected, chains, contexts = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                                                                 keys)
         except Exception as exc:  # never the engine's problem
             self._failed("propose", exc)
-            out, arm, expected, accepted, chains, contexts, overhead = [[] for _ in range(rows)], "plain", 0.0, 0, {}, \
-                None, 0.0
+            out, arm, expected, accepted, chains, contexts = [[] for _ in range(rows)], "plain", 0.0, 0, {}, None
         end = self.clock()
         spent = end - start
         if arm != "plain":
@@ -205,8 +201,7 @@ class NGramProposer:
         drafts = sum(len(chain) for chain in out)
         self._verify_tokens = rows + drafts
         self._verify_keys = self._keys(num_tokens_no_spec, out) if self.config.context_costs else 0.0
-        self._pending = _Step(load_bucket(rows), arm, spent, expected, chains, contexts, tuple(keys),
-                              overhead if drafts else 0.0)
+        self._pending = _Step(load_bucket(rows), arm, spent, expected, chains, contexts, tuple(keys))
         self.counters["calls"] += 1
         self.counters["rows"] += rows
         self.counters[f"steps_{arm}"] += 1
@@ -231,8 +226,7 @@ class NGramProposer:
         A drafted step is the outcome of its arm and, on the same rows, of every arm less eager
         (``plain`` included): each would have verified a prefix of the same chains, and a
         chain's accepted prefix does not depend on how far it goes on, so its tokens are exact,
-        and its seconds are the step's less the fitted cost of the draft tokens it leaves out
-        (and, where it leaves out every draft, of verifying drafts at all: ``verify_overhead``).
+        and its seconds are the step's less the fitted cost of the draft tokens it leaves out.
         Arms compared on the same requests' steps are not swayed by which requests those were."""
         if pending is None or self._last_end is None:
             return
@@ -268,10 +262,10 @@ class NGramProposer:
             for arm, chains in pending.chains.items():  # the arms less eager than the one run
                 if arm != pending.arm and all(n <= run.get(key, 0) for key, n in chains.items()):
                     got = rows_emitting + sum(min(n, accepted.get(key, 0)) for key, n in chains.items())
-                    saved = drafted - cost(chains) + (0.0 if chains else pending.overhead)
+                    saved = drafted - cost(chains)
                     load.record(arm, got, max(engine_s - saved, 0.5 * engine_s) + pending.draft_s)
             if pending.arm != "plain":
-                load.record("plain", rows_emitting, max(engine_s - drafted - pending.overhead, 0.5 * engine_s))
+                load.record("plain", rows_emitting, max(engine_s - drafted, 0.5 * engine_s))
         load.record(pending.arm, emitted, engine_s + pending.draft_s)
 
     @property
@@ -328,10 +322,10 @@ class NGramProposer:
 
     def _propose(self, sampled: list[list[int]], lengths: np.ndarray, buffer: np.ndarray,
                  keys: list[Any]) -> tuple[list[list[int]], str, float, dict[str, dict[Any, int]],
-                                           Optional[dict[Any, int]], float]:
+                                           Optional[dict[Any, int]]]:
         """The chains, the arm that chose them, the accepted tokens the estimates expect, per
-        arm no more eager the chain lengths it would have chosen, the drafting rows'
-        contexts, and the fitted seconds of verifying any draft at all (:class:`_Step`)."""
+        arm no more eager the chain lengths it would have chosen, and the drafting rows'
+        contexts (:class:`_Step`)."""
         rows = len(sampled)
         arm = self._arm(rows)
         self._saved = 0.0
@@ -339,7 +333,7 @@ class NGramProposer:
             arm = "plain"  # drafting would not repay its own seconds at this load (frugal)
             self.counters["steps_frugal"] += 1
         if arm == "plain":  # no drafting work at all (the states catch up when drafting resumes)
-            return [[] for _ in range(rows)], arm, 0.0, {}, None, 0.0
+            return [[] for _ in range(rows)], arm, 0.0, {}, None
         cap = self._schedule[min(rows, len(self._schedule) - 1)] if self._schedule is not None else None
         prepared: list[Optional[tuple[ChainDrafter, int]]] = [None] * rows
         for i in range(rows):
@@ -373,9 +367,6 @@ class NGramProposer:
         # a row's query token costs b + c * its context (the keys it attends): the allocation's
         # weights, in seconds, with each level's price a multiple of them
         weights = [b + c * n for n in context]
-        # a step that verifies any draft costs more than its draft tokens (vLLM's speculative
-        # path for the whole batch): ``verify_overhead`` draft tokens per row, at model's price
-        overhead = self.config.verify_overhead * sum(weights)
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
         lengths_by_arm: dict[str, dict[Any, int]] = {}
         # a heads step is the outcome of the heads' less eager levels too; a text step, of none but plain
@@ -383,30 +374,28 @@ class NGramProposer:
         prices = [LEVELS["model"] if level == "text" else LEVELS[level] for level in levels]
         for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s,
                                                                            weights)):
-            chosen, expected = self._repaid(probabilities, allocated, a, price, weights, price * overhead)
+            chosen, expected = self._repaid(probabilities, allocated, a, price, weights)
             lengths_by_arm[level] = {keys[i]: n for i, n in enumerate(chosen) if n}
             if level == arm:
                 out = [chain[:n].tolist() for chain, n in zip(chains, chosen)]
                 arm_expected = expected
                 # the seconds these chains are expected to save: their accepted tokens at the plain
-                # step's seconds per row, less the seconds their draft tokens (and drafting at all) add
-                self._saved = expected * (a + sum(weights)) / max(rows, 1) - price * (sum(
-                    w * n for w, n in zip(weights, chosen)) + (overhead if any(chosen) else 0.0))
+                # step's seconds per row, less the seconds their draft tokens add to the pass
+                self._saved = expected * (a + sum(weights)) / max(rows, 1) - price * sum(
+                    w * n for w, n in zip(weights, chosen))
         drafting = {keys[i]: context[i] for i, chain in enumerate(chains) if len(chain)}
-        return out, arm, arm_expected, lengths_by_arm, drafting, overhead
+        return out, arm, arm_expected, lengths_by_arm, drafting
 
     def _repaid(self, probabilities: list[np.ndarray], chosen: list[int], a: float, price: float,
-                weights: list[float], overhead: float = 0.0) -> tuple[list[int], float]:
+                weights: list[float]) -> tuple[list[int], float]:
         """The chain lengths a row's query token priced at ``price * weights[row]`` seconds
-        allocated (``chosen``), or none unless the drafts repay the drafting too (its own
-        seconds, and ``overhead``, the seconds a step pays for verifying any draft at all),
-        against a step that drafts nothing at all; and the accepted tokens they expect."""
+        allocated (``chosen``), or none unless the drafts repay the drafting too, against a step
+        that drafts nothing at all; and the accepted tokens they expect."""
         expected = sum(float(p[:n].sum()) for p, n in zip(probabilities, chosen))
         rows = len(probabilities)
         plain = a + price * sum(weights)
         drafts = price * sum(w * n for w, n in zip(weights, chosen))
-        if not any(chosen) or plain > 0 and (rows + expected) / (plain + self._draft_s + drafts + overhead) \
-                <= rows / plain:
+        if not any(chosen) or plain > 0 and (rows + expected) / (plain + self._draft_s + drafts) <= rows / plain:
             return [0] * rows, 0.0
         return chosen, expected
 
