@@ -309,7 +309,7 @@ class BatchCosts:
         tol = 1e-9 * self.xy[0] / w
         floor = 1e-12 * max(self.yy, 1e-30)  # an exact fit's residual (the criterion's logarithm stays finite)
         best: Optional[tuple[float, list[float]]] = None
-        free = False  # a fit with the fixed part found a token and a key free (or cheaper than free)
+        free = False  # a fit with the fixed part and the tokens found a token (and a key) free or cheaper
         for face in (face for tier in self._FACES for face in tier):
             if 0 not in face and (best is not None or free):
                 break  # a fit with the fixed part is, or says the steps' sizes cost nothing measurable
@@ -322,7 +322,7 @@ class BatchCosts:
                 continue
             # each column's share of the mean step (a share within rounding of 0 is 0)
             share = [b * self.xx[0][i] / w for b, i in zip(beta, face)]
-            if 0 in face and share[0] >= -tol and all(x <= tol for x, i in zip(share, face) if i != 0):
+            if 0 in face and 1 in face and share[0] >= -tol and all(x <= tol for x, i in zip(share, face) if i != 0):
                 free = True
             if min(share) < -tol or sum(x for x, i in zip(share, face) if i != 0) <= tol:
                 continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from pathlib import Path
 from typing import Any, Optional, cast
 
 from latticekit.errors import ProposerConfigError
@@ -28,6 +29,7 @@ def find_runner() -> Any:
 
 
 def load_lm(name: Optional[str]) -> Optional[NGramLM]:
+    """The n-gram model the ``lm`` setting names (a file, or ``"embedded"``); None for none."""
     if name is None:
         return None
     if name == "embedded":
@@ -78,4 +80,4 @@ def engine_stats(llm: Any, path: Any) -> dict[str, Any]:
     import vllm
 
     llm.generate([{"prompt_token_ids": [1, 2]}], vllm.SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-    return cast(dict[str, Any], json.loads(open(path, encoding="utf-8").read()))
+    return cast(dict[str, Any], json.loads(Path(path).read_text(encoding="utf-8")))

@@ -217,7 +217,7 @@ def test_batch_costs_are_the_least_squares_the_brute_force_finds(steps: list[tup
         beta = np.linalg.lstsq(cols * root[:, None], y * root, rcond=None)[0]
         share = beta * (weight @ cols) / w  # each column's share of the mean step
         tol = 1e-9 * float(weight @ y) / w
-        if 0 in face and share[0] >= -tol and all(x <= tol for x, col in zip(share, face) if col):
+        if 0 in face and 1 in face and share[0] >= -tol and all(x <= tol for x, col in zip(share, face) if col):
             free = True  # a token and a key free, or cheaper than free: no fit through the origin
         if np.any(share < -tol) or sum(x for x, col in zip(share, face) if col) <= tol:
             continue
