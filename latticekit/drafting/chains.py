@@ -110,9 +110,7 @@ class ChainDrafter:
         found, sources = self._candidates(max_length)
         if not found.size:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        tree = found.tree()
-        tree.sources = sources
-        return self._chain(tree, len(text) - 1)
+        return self._chain(found.tree(sources=sources), len(text) - 1)
 
     def candidate_tree(self, max_length: int) -> Continuations:
         """The candidates :meth:`propose` chooses its chain from: the text's continuations of

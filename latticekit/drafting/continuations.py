@@ -74,12 +74,13 @@ class Continuations:
             out.append((out[parent] if parent >= 0 else ()) + (int(self.tokens[i]),))
         return out
 
-    def tree(self, head_logprob: Optional[np.ndarray] = None) -> CandidateTree:
+    def tree(self, head_logprob: Optional[np.ndarray] = None, sources: Optional[np.ndarray] = None) -> CandidateTree:
         """The nodes as a :class:`CandidateTree`: the cache model's conditionals as the cache
         feature, the static model's as the n-gram feature, heads' scores where given (NaN: none);
-        its sources unnamed (the caller knows them: a text's, or a text's united with a memory's)."""
+        its sources as the caller gives them (a text's, or a text's united with a memory's;
+        None: unnamed)."""
         head = head_logprob if head_logprob is not None else np.full(self.size, np.nan)
-        return CandidateTree(self.tokens, self.parents, self.depths, head, self.static_logprob, self.logprob)
+        return CandidateTree(self.tokens, self.parents, self.depths, head, self.static_logprob, self.logprob, sources)
 
 
 def best_continuations(model: CacheModel, ids: Sequence[int], p: int, max_depth: int) -> Continuations:

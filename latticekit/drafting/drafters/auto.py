@@ -290,9 +290,7 @@ class AutoDrafter(Drafter):
         (:func:`~latticekit.drafting.continuations.best_continuations`), with each node's n-gram and
         cache log-probabilities."""
         found, sources = self.text_continuations(step)
-        tree = found.tree()
-        tree.sources = sources
-        return tree
+        return found.tree(sources=sources)
 
     def text_continuations(self, step: DraftInput) -> tuple[Continuations, np.ndarray]:
         """The text's most probable continuations under the cache model, with the memory's of
@@ -368,8 +366,7 @@ class AutoDrafter(Drafter):
         assert self._text_alone is not None
         found, sources, search_s = self._text_alone
         self._text_alone = None
-        tree = found.tree()
-        tree.sources = sources
+        tree = found.tree(sources=sources)
         _, probability, _ = tree_chain(tree, estimates)
         chosen, _, target_s = choose_nodes(probability, tree.depths, self.costs, step.root_index, self.max_nodes)
         drafting_s = self.costs.draft_s if self.costs.draft_s is not None else search_s
