@@ -297,9 +297,11 @@ class NGramProposer:
         4.8-6.2 ms a token, the fixed part growing from 129 ms at one request to 177 ms at 16.
 
         A bucket's fit through the origin (no fixed part) is not taken: within one bucket the
-        steps vary by a few tokens, and where noise hides their slope the fit puts the whole
-        step on its tokens (at 2-3 requests: 14 ms a token, about nine times the fit over every
-        load), drafts nothing at that load, and so never sees the larger steps that would correct it."""
+        steps vary by a few tokens, and where noise steepens their slope until the fixed part
+        comes out below 0 the fit puts the whole step on its tokens (at 2-3 requests: 14 ms a
+        token, about nine times the fit over every load), drafts nothing at that load, and so
+        never sees the larger steps that would correct it. (Where noise flattens the slope to 0
+        or below, :class:`~latticekit.drafting.chains.BatchCosts` itself takes no fit.)"""
         fit = self._own_fit(bucket)
         return fit if fit is not None else self.costs.coefficients()
 
@@ -504,8 +506,8 @@ class NGramProposer:
         arms = {str(bucket): {arm: [round(o.rate, 3), o.steps] for arm, o in load.arms.items()}
                 for bucket, load in sorted(self.loads.items())}
         # the load buckets' own fits where taken (:meth:`_coefficients`; elsewhere ``step_costs``)
-        load_costs = {str(bucket): list(fit) for bucket, fit in ((b, self._own_fit(b)) for b in sorted(self.loads))
-                      if fit is not None}
+        fits = {bucket: self._own_fit(bucket) for bucket in sorted(self.loads)}
+        load_costs = {str(bucket): list(fit) for bucket, fit in fits.items() if fit is not None}
         # per load bucket (frugal): the share of steps drafted on, and the means (ms) it comes from
         frugal = {str(bucket): [round(load.share, 3), round(1e3 * load.saved, 3), round(1e3 * load.spent, 3)]
                   for bucket, load in sorted(self.loads.items()) if load.drafted}
