@@ -128,7 +128,6 @@ class ProposerConfig:
     probe_budget: float = PROBE_BUDGET
     memory_tokens: int = DEFAULT_MAX_TOKENS
     arms: Optional[tuple[str, ...]] = None
-    closed_batch: int = 0
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -141,9 +140,6 @@ class ProposerConfig:
         if isinstance(self.memory_tokens, bool) or not isinstance(self.memory_tokens, int) or self.memory_tokens < 0:
             raise ProposerConfigError(f"latticekit vLLM proposer: memory_tokens must be an integer >= 0, "
                                       f"got {self.memory_tokens!r}")
-        if isinstance(self.closed_batch, bool) or not isinstance(self.closed_batch, int) or self.closed_batch < 0:
-            raise ProposerConfigError(f"latticekit vLLM proposer: closed_batch must be an integer >= 0, "
-                                      f"got {self.closed_batch!r}")
         for key in ("candidates", "max_depth", "max_context", "max_requests", "k", "p"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -163,7 +163,6 @@ class NGramProposer:
         self._stats_written = 0.0
         self._finished_now = False  # this call learnt that requests finished (the stats are rewritten then)
         self._last_ids: list[Any] = []  # the last call's request ids
-        self._quiet = 0  # calls since a request last joined the batch (row-index keys: never quiet)
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0,
                          "draft_seconds": 0.0, "errors": 0, "requests_started": 0, "requests_finished": 0,
@@ -360,13 +359,6 @@ class NGramProposer:
                     self.states.pop(keys[i], None)
             chains.append(chain)
             probabilities.append(np.minimum(prob * correction, 1.0))
-        if self.config.closed_batch and rows > 1 and self._quiet >= 8:
-            left = [self._tokens_left(keys[i], int(lengths[i])) for i in range(rows)]
-            if all(x is not None for x in left):
-                most = max(cast(list[int], left))
-                for i in range(rows):
-                    if cast(int, left[i]) < most - self.config.closed_batch:
-                        probabilities[i] = probabilities[i][:0]
         if self.config.step_costs is not None:
             a, b, c = (*self.config.step_costs, 0.0)
         else:
@@ -471,8 +463,6 @@ class NGramProposer:
                 self.counters["requests_finished"] += 1
             # requests of the last call that finished (drafted for or not)
             self._finished_now = any(key not in live for key in self._last_ids)
-        last = set(self._last_ids)
-        self._quiet = 0 if any(key not in last for key in req_ids) else self._quiet + 1
         self._last_ids = req_ids
         return req_ids
 
