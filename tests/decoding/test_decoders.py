@@ -171,6 +171,7 @@ def _exact_marginals(model: Any, temperature: float) -> tuple[np.ndarray, np.nda
     return joint12.sum(0).numpy(), (joint12[:, :, None] * p3).sum((0, 1)).numpy()
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("spec", ["ngram:k=4,p=4,alpha=1,temperature=1", "vanilla:temperature=0.7"])
 def test_sampling_is_lossless(spec: str, lm: lk.NGramLM) -> None:
     """Tokens 2 and 3 come out of tree-sampling verification; their marginals must match the

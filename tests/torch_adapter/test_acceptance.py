@@ -163,6 +163,7 @@ def test_greedy_accept_walks_the_argmax_path() -> None:
     assert greedy_accept(tree, [4, 6, 8, 0, 0, 0]) == ([], 4)
 
 
+@pytest.mark.statistical
 def test_samplers_follow_their_plans() -> None:
     """(tau, y) frequencies of token_verify / block_verify match the plan's exact law."""
     rng = np.random.default_rng(3)

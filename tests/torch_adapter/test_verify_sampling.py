@@ -75,6 +75,7 @@ def _run(setup: dict[str, Any], rule: str, seed: int) -> tuple[np.ndarray, list[
     return counts, accepted, law
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("rule", ["sampling", "token", "block"])
 def test_first_token_follows_target(setup: dict[str, Any], rule: str) -> None:
     counts, accepted, law = run(setup, rule, seed=1)
@@ -114,6 +115,7 @@ def test_block_accepts_at_least_as_many_as_token(setup: dict[str, Any]) -> None:
     assert block > 0.2
 
 
+@pytest.mark.statistical
 def test_block_vs_token_empirical(setup: dict[str, Any]) -> None:
     """The sampled runs agree: block verification's mean accepted count is not below token's."""
     _, token, _ = run(setup, "token", seed=1)
