@@ -12,7 +12,11 @@ rejected, so every step emits one token and the steps are as many as the tokens)
 rounds. Per (L, K): the median milliseconds per step and the spread over rounds. With
 ``--drafting-rows``, only the batch's first M rows draft, for each M given: whether a step in
 which a few rows draft pays more than those rows' tokens (a batch of decodes and
-multi-token queries may take another path through the engine than decodes alone).
+multi-token queries may take another path through the engine than decodes alone). With
+``--profile``, every round after the first runs under ``cProfile``, and the report adds, per
+drafting case, the functions and kernels whose own time per step grew most over the case that
+drafts nothing (where a draft token's milliseconds go; ``cProfile`` slows the Python around the
+kernels, not the kernels).
 
 Usage::
 
@@ -22,8 +26,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -46,6 +52,18 @@ class FixedProposer(EmptyProposer):
         return [[17] * k if rows is None or i < rows else [] for i in range(len(sampled_token_ids))]
 
 
+def own_time_growth(profile: cProfile.Profile, base: cProfile.Profile, steps: int,
+                    top: int = 12) -> list[tuple[str, float]]:
+    """The ``top`` functions and kernels whose own time (``tottime``) per step grew most from
+    ``base`` to ``profile``, both over ``steps`` engine steps: ``(name, ms per step)``."""
+    def own(p: cProfile.Profile) -> dict[str, float]:
+        return {f"{f.split('site-packages/')[-1]}:{line}:{name}": row[2]
+                for (f, line, name), row in pstats.Stats(p).stats.items()}  # type: ignore[attr-defined]
+    ours, theirs = own(profile), own(base)
+    grown = sorted(((ours.get(k, 0.0) - theirs.get(k, 0.0)) / steps * 1e3, k) for k in set(ours) | set(theirs))
+    return [(name, round(ms, 3)) for ms, name in grown[::-1][:top]]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--contexts", type=int, nargs="+", default=[64, 512, 1536])
@@ -55,6 +73,8 @@ def main() -> int:
                    help="only the batch's first M rows draft, for each M (default: every row)")
     p.add_argument("--new", type=int, default=48)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--profile", action="store_true",
+                   help="profile the rounds after the first: where each case's extra milliseconds go")
     p.add_argument("--out", default=str(ROOT / "results" / "vllm_speed" / "draft-token-cost"))
     args = p.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: DRAFT reaches its proposer
@@ -74,19 +94,33 @@ def main() -> int:
     if len(ids) < max(args.contexts) + 7 * args.concurrency:
         raise SystemExit(f"docs/speed.md holds {len(ids)} tokens: too few for these contexts")
     params = vllm.SamplingParams(max_tokens=args.new, ignore_eos=True, temperature=0)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    profiled: list[dict[str, Any]] = []
     drafting = args.drafting_rows or [args.concurrency]
     cases = [(0, 0)] + [(k, m) for m in drafting for k in args.drafts if k]
     for context in args.contexts:
         prompts = [{"prompt_token_ids": ids[7 * i: 7 * i + context]} for i in range(args.concurrency)]
         llm.generate(prompts, params, use_tqdm=False)  # warm-up: the prompts' prefix cache and shapes
         ms: dict[tuple[int, int], list[float]] = {case: [] for case in cases}
-        for _ in range(args.rounds):
+        profiles = {case: cProfile.Profile() for case in cases} if args.profile else {}
+        for r in range(args.rounds):
             for k, m in cases:
                 engine_side.DRAFT[:] = [k, m]
+                profile = profiles.get((k, m)) if r else None
                 t0 = time.perf_counter()
+                if profile is not None:
+                    profile.enable()
                 llm.generate(prompts, params, use_tqdm=False)
+                if profile is not None:
+                    profile.disable()
                 ms[k, m].append((time.perf_counter() - t0) / args.new * 1e3)
+        if profiles and args.rounds > 1:
+            steps = (args.rounds - 1) * args.new
+            for k, m in cases[1:]:
+                grown = own_time_growth(profiles[k, m], profiles[0, 0], steps)
+                profiled.append({"context": context, "draft": k, "drafting_rows": min(m, args.concurrency),
+                                 "ms_per_step_grown": grown})
+                print(json.dumps(profiled[-1]), flush=True)
         base = statistics.median(ms[0, 0])
         for k, m in cases:
             median = statistics.median(ms[k, m])
@@ -97,7 +131,8 @@ def main() -> int:
             print(json.dumps(row), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"args": vars(args), "vllm": vllm.__version__, "machine": machine(), "rows": rows}
+    report = {"args": vars(args), "vllm": vllm.__version__, "machine": machine(), "rows": rows,
+              "profiled": profiled}
     (out / "draft_cost.json").write_text(json.dumps(report, indent=1) + "\n")
     title = f"# What a draft token costs a vLLM step, by context (vLLM {vllm.__version__}, {report['machine']['cpu']})"
     lines = [title,
@@ -109,6 +144,11 @@ def main() -> int:
     lines += [f"| {r['context']} | {r['draft']} | {r['drafting_rows']} | {r['ms_per_step']} | "
               f"{r['spread'][0]}-{r['spread'][1]} | "
               f"{'-' if r['ms_per_draft_token'] is None else r['ms_per_draft_token']} |" for r in rows]
+    for case in profiled:
+        lines += ["", f"Context {case['context']}, {case['draft']} draft token(s) on {case['drafting_rows']} row(s): "
+                  "own time per step grown over no draft (ms, under cProfile)", "",
+                  "| ms per step | function or kernel |", "|---|---|"]
+        lines += [f"| {ms_grown} | `{name}` |" for name, ms_grown in case["ms_per_step_grown"]]
     (out / "draft_cost.md").write_text("\n".join(lines) + "\n")
     llm.llm_engine.engine_core.shutdown()
     return 0
