@@ -61,7 +61,7 @@ run() {  # run oldest|newest
     version=$("$venv/bin/python" -c "import torch, transformers; print(transformers.__version__)")
     echo "== transformers $version ($which): venv built in $((SECONDS - t0)) s"
     t0=$SECONDS
-    # not the statistical tests (hundreds of seeded samples of a sampling law, a third of the
+    # not the statistical tests (hundreds of seeded samples of a sampling law, half the
     # time): the main suite runs them; what differs here is transformers, which their models'
     # forward passes share with the greedy tests run here
     "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider -m "not statistical" "${TESTS[@]}"
