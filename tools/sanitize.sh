@@ -18,9 +18,18 @@ OUT=${LK_SANITIZE_DIR:-/tmp/latticekit-sanitize}
 FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
 
 mkdir -p "$OUT/build"
-CC=gcc CXX=g++ CFLAGS="$FLAGS" LDFLAGS="-fsanitize=address,undefined" \
+# CXXFLAGS as well as CFLAGS: setuptools' distutils (72 and later) compiles C++ sources with
+# CXXFLAGS alone, and with CFLAGS only the extension was built without instrumentation (until
+# stop 47; the C++ unit tests below were instrumented all along).
+CC=gcc CXX=g++ CFLAGS="$FLAGS" CXXFLAGS="$FLAGS" LDFLAGS="-fsanitize=address,undefined" \
     python setup.py build_ext --build-lib "$OUT/lib" --build-temp "$OUT/build" -j 2 >"$OUT/build.log" 2>&1 \
     || { tail -30 "$OUT/build.log"; exit 1; }
+# an extension the sanitizers never instrumented would report nothing: check that it calls them
+symbols=$(nm -D "$OUT"/lib/latticekit/_core*.so)
+for runtime in __asan_report __ubsan_handle; do
+    grep -q "$runtime" <<<"$symbols" \
+        || { echo "$OUT/lib: the extension was built without the sanitizers (no $runtime* symbols)"; exit 1; }
+done
 # The package as in the work tree, with the instrumented extension in place of the in-place one.
 rm -rf "$OUT/pkg" && mkdir -p "$OUT/pkg"
 cp -r latticekit "$OUT/pkg/"
