@@ -51,7 +51,8 @@ tail -1 "$LOG"
 if [ $# -eq 0 ]; then
     set -- tests/test_search.py tests/test_ngram.py tests/test_binary.py tests/test_errors.py \
         tests/test_hostile_models.py tests/test_hostile_search.py tests/test_hostile_files.py \
-        tests/lm/test_bad_input.py tests/lm/test_properties.py tests/drafting
+        tests/lm/test_bad_input.py tests/lm/test_properties.py tests/drafting \
+        tests/vllm_engine/test_proposer_units.py
 fi
 # Python itself is not instrumented: the ASan runtime is preloaded, leaks are not reported
 # (the interpreter keeps objects alive at exit on purpose). PYTHONSAFEPATH (Python 3.11+)
