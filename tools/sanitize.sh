@@ -18,7 +18,7 @@ OUT=${LK_SANITIZE_DIR:-/tmp/latticekit-sanitize}
 FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
 
 mkdir -p "$OUT/build"
-# CXXFLAGS as well as CFLAGS: setuptools' distutils (72 and later) compiles C++ sources with
+# CXXFLAGS as well as CFLAGS: setuptools' distutils (74 and later) compiles C++ sources with
 # CXXFLAGS alone, and with CFLAGS only the extension was built without instrumentation (until
 # stop 47; the C++ unit tests below were instrumented all along).
 CC=gcc CXX=g++ CFLAGS="$FLAGS" CXXFLAGS="$FLAGS" LDFLAGS="-fsanitize=address,undefined" \
