@@ -13,10 +13,10 @@ rounds. Per (L, K): the median milliseconds per step and the spread over rounds.
 ``--drafting-rows``, only the batch's first M rows draft, for each M given: whether a step in
 which a few rows draft pays more than those rows' tokens (a batch of decodes and
 multi-token queries may take another path through the engine than decodes alone). With
-``--profile``, every round after the first runs under ``cProfile``, and the report adds, per
-drafting case, the functions and kernels whose own time per step grew most over the case that
-drafts nothing (where a draft token's milliseconds go; ``cProfile`` slows the Python around the
-kernels, not the kernels).
+``--profile``, every case then runs ``--profile`` more times under ``cProfile`` (after the timed
+rounds, which it never slows), and the report adds, per drafting case, the functions and kernels
+whose own time per step grew most over the case that drafts nothing (where a draft token's
+milliseconds go; ``cProfile`` slows the Python around the kernels, not the kernels).
 
 Usage::
 
@@ -73,8 +73,9 @@ def main() -> int:
                    help="only the batch's first M rows draft, for each M (default: every row)")
     p.add_argument("--new", type=int, default=48)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--profile", action="store_true",
-                   help="profile the rounds after the first: where each case's extra milliseconds go")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed rounds, N more per case under cProfile: where each case's extra "
+                        "milliseconds go")
     p.add_argument("--out", default=str(ROOT / "results" / "vllm_speed" / "draft-token-cost"))
     args = p.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: DRAFT reaches its proposer
@@ -102,20 +103,21 @@ def main() -> int:
         prompts = [{"prompt_token_ids": ids[7 * i: 7 * i + context]} for i in range(args.concurrency)]
         llm.generate(prompts, params, use_tqdm=False)  # warm-up: the prompts' prefix cache and shapes
         ms: dict[tuple[int, int], list[float]] = {case: [] for case in cases}
-        profiles = {case: cProfile.Profile() for case in cases} if args.profile else {}
-        for r in range(args.rounds):
+        for _ in range(args.rounds):
             for k, m in cases:
                 engine_side.DRAFT[:] = [k, m]
-                profile = profiles.get((k, m)) if r else None
                 t0 = time.perf_counter()
-                if profile is not None:
-                    profile.enable()
                 llm.generate(prompts, params, use_tqdm=False)
-                if profile is not None:
-                    profile.disable()
                 ms[k, m].append((time.perf_counter() - t0) / args.new * 1e3)
-        if profiles and args.rounds > 1:
-            steps = (args.rounds - 1) * args.new
+        if args.profile:
+            profiles = {case: cProfile.Profile() for case in cases}
+            for _ in range(args.profile):
+                for k, m in cases:
+                    engine_side.DRAFT[:] = [k, m]
+                    profiles[k, m].enable()
+                    llm.generate(prompts, params, use_tqdm=False)
+                    profiles[k, m].disable()
+            steps = args.profile * args.new
             for k, m in cases[1:]:
                 grown = own_time_growth(profiles[k, m], profiles[0, 0], steps)
                 profiled.append({"context": context, "draft": k, "drafting_rows": min(m, args.concurrency),
