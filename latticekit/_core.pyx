@@ -20,7 +20,7 @@ from libcpp.vector cimport vector
 
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.buffer cimport PyBUF_READ
-from libc.math cimport isfinite
+from libc.math cimport NAN, isfinite
 from libc.string cimport memcpy
 from libcpp.algorithm cimport sort
 

@@ -151,7 +151,7 @@ class CacheModel:
         have = len(self.ids)
         size = max(0, len(ids) - start)
         tail = min(have, _SYNC_CHECK)  # the cached text's last tokens must be where they were
-        if size < have or (tail and [int(t) for t in ids[start + have - tail:start + have]] != self.ids[-tail:]):
+        if size < have or (tail and _ints(ids[start + have - tail:start + have]) != self.ids[-tail:]):
             self._reset()
             have = 0
         if size == have:
@@ -203,6 +203,14 @@ class CacheModel:
                                                 self.vocab_size, _token_array(parents), _token_array(tokens))
         except ValueError as exc:
             raise DecoderConfigError(str(exc)) from exc
+
+
+def _ints(tokens: Any) -> list[int]:
+    """Token ids as a list of ints, as ``int()`` reads each (an integer array's in one call)."""
+    if isinstance(tokens, np.ndarray) and tokens.dtype.kind in "iu":
+        out: list[int] = tokens.tolist()
+        return out
+    return [int(t) for t in tokens]
 
 
 def _token_array(tokens: Any) -> np.ndarray:

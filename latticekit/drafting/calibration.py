@@ -42,7 +42,7 @@ from latticekit.drafting.tree import trie
 from latticekit.errors import DecoderConfigError
 
 __all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "SourceAcceptance", "FEATURES", "SOURCES",
-           "node_features", "logit", "shipped_acceptance", "tree_chain"]
+           "node_features", "logit", "shipped_acceptance", "tree_chain", "estimate_weights"]
 
 #: One path's per-token values: a sequence of floats or a float array.
 _Floats = Union[Sequence[float], np.ndarray]
@@ -370,14 +370,19 @@ def tree_chain(tree: CandidateTree, acceptance: Union[AcceptanceModel, SourceAcc
         being accepted; and the best chain's nodes, top down.
     """
     assert tree.cache_logprob is not None and tree.sources is not None  # set by CandidateTree.__post_init__
-    if isinstance(acceptance, SourceAcceptance):
-        weights, bits = np.array([m.weights for m in acceptance._models]), acceptance._bits
-    else:  # one model, every node's
-        weights, bits = acceptance.weights[None, :], _EVERY_SOURCE
+    weights, bits = estimate_weights(acceptance)
     features, probability, chain = _core.tree_chain(
         tree.parents, tree.depths, tree.head_logprob, tree.ngram_logprob, tree.cache_logprob, tree.sources,
         weights, bits, acceptance.max_depth)
     return features, probability, chain
+
+
+def estimate_weights(acceptance: Union[AcceptanceModel, SourceAcceptance]) -> tuple[np.ndarray, np.ndarray]:
+    """The estimates as the core reads them: each model's weights, one row per model, and the
+    source bits each answers for (one model: every source's)."""
+    if isinstance(acceptance, SourceAcceptance):
+        return np.array([m.weights for m in acceptance._models]), acceptance._bits
+    return acceptance.weights[None, :], _EVERY_SOURCE
 
 
 _EVERY_SOURCE = np.array([-1], dtype=np.int64)
@@ -419,8 +424,12 @@ class PendingLabels:
         self._pending: list[_Pending] = []
 
     def add(self, root_index: int, tree: CandidateTree, features: np.ndarray) -> None:
-        if tree.size:
-            self._pending.append(_Pending(root_index, tree, features))
+        self.add_nodes(root_index, tree.tokens, tree.parents, features)
+
+    def add_nodes(self, root_index: int, tokens: np.ndarray, parents: np.ndarray, features: np.ndarray) -> None:
+        """:meth:`add` for a tree given by its nodes' tokens and parents alone."""
+        if tokens.shape[0]:
+            self._pending.append(_Pending(root_index, tokens, parents, features))
 
     def resolve(self, ids: Sequence[int], more: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
         """Labels every node the text ``ids`` (prompt included), followed by ``more``, now
@@ -448,10 +457,10 @@ class _Pending:
 
     __slots__ = ("root_index", "features", "tokens", "parents", "children", "done", "open")
 
-    def __init__(self, root_index: int, tree: CandidateTree, features: np.ndarray) -> None:
+    def __init__(self, root_index: int, tokens: np.ndarray, parents: np.ndarray, features: np.ndarray) -> None:
         self.root_index, self.features = root_index, features
-        self.tokens: list[int] = tree.tokens.tolist()
-        self.parents: list[int] = tree.parents.tolist()
+        self.tokens: list[int] = tokens.tolist()
+        self.parents: list[int] = parents.tolist()
         self.children: list[list[int]] = [[] for _ in range(len(self.tokens) + 1)]  # by parent + 1
         for i, parent in enumerate(self.parents):
             self.children[parent + 1].append(i)

@@ -37,9 +37,10 @@ from typing import NamedTuple, Optional, Union, cast
 
 import numpy as np
 
+from latticekit import _core
 from latticekit.drafting.cache_model import CacheModel
 from latticekit.drafting.calibration import (SOURCES, AcceptanceModel, CandidateTree, PendingLabels, SourceAcceptance,
-                                             tree_chain)
+                                             estimate_weights, tree_chain)
 from latticekit.drafting.continuations import Continuations, best_continuations
 from latticekit.drafting.memory import AnswerMemory, memory_continuations, united_with_memory
 from latticekit.drafting.union import united_candidates
@@ -107,10 +108,32 @@ class ChainDrafter:
         text = self.model.ids
         if max_length < 1 or not text:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        found, sources = self._candidates(max_length)
-        if not found.size:
+        depth = min(self.max_depth, max_length)
+        model, memory = self.model, self.memory
+        keep = model.context_size if memory is None else max(model.context_size, memory.model.context_size)
+        tail = np.asarray(text[-keep:], dtype=np.int32)
+        weights, bits = estimate_weights(self.acceptance)
+        successors = model.successors.core if model.successors is not None else None
+        # what _candidates and _chain do one after the other, in one call of the core
+        if memory is None:
+            tokens, parents, features, probability, chain = _core.chain_candidates(
+                model.cache, tail[len(tail) - min(len(tail), model.context_size):], successors, model.vocab_size,
+                None, tail[:0], 1, self.candidates, depth, weights, bits, self.acceptance.max_depth,
+                SOURCES["text"], SOURCES["memory"])
+        else:
+            recall = memory.model
+            with memory.lock:
+                tokens, parents, features, probability, chain = _core.chain_candidates(
+                    model.cache, tail[len(tail) - min(len(tail), model.context_size):], successors, model.vocab_size,
+                    recall.cache, tail[len(tail) - min(len(tail), recall.context_size):], recall.vocab_size,
+                    self.candidates, depth, weights, bits, self.acceptance.max_depth, SOURCES["text"],
+                    SOURCES["memory"])
+        if not tokens.size:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        return self._chain(found.tree(sources=sources), len(text) - 1)
+        # a source model learns from its nodes: the features' last column is their sources
+        self.pending.add_nodes(len(text) - 1, tokens, parents,
+                               features if isinstance(self.acceptance, SourceAcceptance) else features[:, :-1])
+        return tokens[chain], probability[chain]
 
     def candidate_tree(self, max_length: int) -> Continuations:
         """The candidates :meth:`propose` chooses its chain from: the text's continuations of

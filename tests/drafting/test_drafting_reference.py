@@ -318,3 +318,78 @@ def test_acceptance_update_equals_the_reference(data: Any, depth: int, rate: flo
     reference_update(slow, features, labels)
     np.testing.assert_allclose(fast.weights, slow.weights, rtol=1e-12, atol=1e-12)
     assert fast.updates == slow.updates
+
+
+class ComposedChainDrafter(ChainDrafter):
+    """The chain drafter's step as it was composed in Python: the text's search and the
+    memory's, their union (``_candidates``), the tree, then its estimates and chain (``_chain``),
+    where :meth:`ChainDrafter.propose` makes them one call of the core."""
+
+    def propose(self, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+        text = self.model.ids
+        if max_length < 1 or not text:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        found, sources = self._candidates(max_length)
+        if not found.size:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        return self._chain(found.tree(sources=sources), len(text) - 1)
+
+
+@settings(max_examples=80, deadline=None)
+@given(model=st.one_of(st.none(), arpa_models(max_order=3, max_vocab=6)), stream=streams(max_size=80),
+       answers=st.lists(st.lists(st.integers(0, VOCAB + 1), min_size=1, max_size=20), max_size=4),
+       with_memory=st.booleans(), per_source=st.booleans(), k=st.integers(1, 8), candidates=st.integers(1, 40),
+       prompt=st.integers(1, 30), seed=st.integers(0, 2**16))
+def test_a_chain_in_one_call_of_the_core_is_the_composed_one(
+        tmp_path_factory: Any, model: Any, stream: tuple[list[int], list[int]], answers: list[list[int]],
+        with_memory: bool, per_source: bool, k: int, candidates: int, prompt: int, seed: int) -> None:
+    """:meth:`ChainDrafter.propose` (the searches, their union and the tree's chain in one call
+    of the core) drafts the chains, probabilities and pending labels of the same steps composed
+    in Python, with a static model or none, a memory or none, one estimate or one per source
+    (random weights, learning as the text goes), step after step."""
+    from latticekit.drafting.calibration import SourceAcceptance
+    from latticekit.drafting.memory import AnswerMemory
+
+    lm = model_of(tmp_path_factory, model[0]) if model is not None else None
+    rng = np.random.default_rng(seed)
+
+    def estimates() -> AcceptanceModel | SourceAcceptance:
+        fresh = SourceAcceptance.prior(("text", "memory")) if per_source else AcceptanceModel.prior(trust="cache")
+        r = np.random.default_rng(seed)
+        for one in (fresh._models if isinstance(fresh, SourceAcceptance) else [fresh]):
+            one.weights[:] = one.weights + r.normal(0.0, 1.0, one.weights.shape)
+        return fresh
+
+    drafters = []
+    for cls in (ChainDrafter, ComposedChainDrafter):
+        memory = None
+        if with_memory:
+            memory = AnswerMemory(1000, vocab_size=VOCAB + 2)
+            for answer in answers:
+                memory.add(answer)
+        drafters.append(cls(lm, VOCAB + 2, estimates(), candidates=candidates, memory=memory))
+    fast, slow = drafters
+    text = stream[0]
+    got = drive(fast, text, prompt, 30, k, None, bool(rng.integers(0, 2)))
+    want = drive(slow, text, prompt, 30, k, None, False)
+    assert [chain for chain, _ in got] == [chain for chain, _ in want]
+    for (_, p), (_, q) in zip(got, want):
+        np.testing.assert_array_equal(p, q)
+    assert len(fast.pending._pending) == len(slow.pending._pending)
+    for a, b in zip(fast.pending._pending, slow.pending._pending):
+        assert (a.root_index, a.tokens, a.parents, a.done) == (b.root_index, b.tokens, b.parents, b.done)
+        np.testing.assert_array_equal(a.features, b.features)
+    for a, b in zip(*(d.acceptance._models if isinstance(d.acceptance, SourceAcceptance) else [d.acceptance]
+                      for d in drafters)):
+        np.testing.assert_array_equal(a.weights, b.weights)
+
+
+def test_the_one_call_refuses_estimates_of_another_width() -> None:
+    from latticekit import _core
+
+    cache = CacheModel(None, 8)
+    cache.sync([1, 2, 3, 1, 2])
+    tail = np.asarray([1, 2], dtype=np.int32)
+    with pytest.raises(ValueError, match="weights of shape"):
+        _core.chain_candidates(cache.cache, tail, None, 8, None, tail[:0], 1, 4, 3, np.zeros((1, 5)),
+                               np.array([-1], dtype=np.int64), 3, 2, 4)
