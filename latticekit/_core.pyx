@@ -31,7 +31,7 @@ from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountT
                               LookupChildren, ParseIdLines, PBestBatch, PBestOne, LatticeView,
                               LatticeBatchView, BatchPathsOut, PathsOut, StateId, Checksum64,
                               BestContinuations, TrieConditionals, Continuations, KatzState, KatzStateMemo, KatzSuccessors, NGramCache,
-                              NGramCacheFollower, LogisticSgd, SourceSgd, TreeChain,
+                              NGramCacheFollower, LogisticSgd, SourceSgd, TreeChain, PendingLabels,
                               ContinuationNodes, UniteContinuations)
 
 

@@ -362,3 +362,39 @@ def chain_candidates(CoreNGramCache text, const int32_t[::1] text_tail, CoreKatz
         TreeChain(n, parents.data(), depths.data(), head.data(), static_lp, cache_lp, sources.data(),
                   weights.shape[0], &weights[0, 0], &bits[0], acceptance_depth, &f[0, 0], &pr[0], &chain)
     return _int64_array(&tokens), _int64_array(&parents), features, probability, _int64_array(&chain)
+
+
+cdef class CorePendingLabels:
+    """Candidate trees waiting for the decoded text to reach their nodes (acceptance.h's
+    PendingLabels; calibration.py's PendingLabels reads it)."""
+
+    cdef PendingLabels labels
+
+    def add(self, int64_t root, const int64_t[::1] tokens, const int64_t[::1] parents, const double[:, ::1] features):
+        """A tree of len(tokens) nodes below text position root, each node's features a row."""
+        cdef size_t n = tokens.shape[0]
+        if <size_t> parents.shape[0] != n or <size_t> features.shape[0] != n:
+            raise ValueError(f"PendingLabels: {n} tokens, {parents.shape[0]} parents and {features.shape[0]} rows of "
+                             "features")
+        if n == 0:
+            return
+        self.labels.Add(root, &tokens[0], &parents[0], n, &features[0, 0], features.shape[1])
+
+    def resolve(self, const int64_t[::1] text, int64_t first):
+        """(features, labels) of every node the text (its first token at position first) now
+        decides: features `(labelled, width)`."""
+        cdef vector[double] features, labels
+        cdef size_t size = text.shape[0]
+        cdef size_t width = self.labels.width()
+        self.labels.Resolve(&text[0] if size > 0 else NULL, first, size, &features, &labels)
+        if labels.size() == 0:
+            return np.zeros((0, 0)), np.zeros(0)
+        return _doubles(features).reshape(labels.size(), width), _doubles(labels)
+
+    @property
+    def earliest(self):
+        """The earliest text position a tree's labels read (its root + 1), or -1 with none held."""
+        return self.labels.Earliest()
+
+    def __len__(self):
+        return self.labels.size()

@@ -264,3 +264,11 @@ cdef extern from "latticekit/acceptance.h" namespace "latticekit" nogil:
                    const double* cache, const int64_t* sources, size_t models, const double* weights,
                    const int64_t* bits, size_t max_depth, double* features, double* probability,
                    vector[int64_t]* chain) except +raise_core_error
+    cdef cppclass PendingLabels:
+        void Add(int64_t root, const int64_t* tokens, const int64_t* parents, size_t n, const double* features,
+                 size_t width) except +raise_core_error
+        void Resolve(const int64_t* text, int64_t first, size_t size, vector[double]* features,
+                     vector[double]* labels) except +raise_core_error
+        size_t size()
+        size_t width()
+        int64_t Earliest()

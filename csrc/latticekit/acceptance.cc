@@ -92,4 +92,107 @@ void TreeChain(size_t n, const int64_t *parents, const int64_t *depths, const do
   for (int64_t node = best[0]; node >= 0; node = best[node + 1]) chain->push_back(node);
 }
 
+void PendingLabels::Add(int64_t root, const int64_t *tokens, const int64_t *parents, size_t n,
+                        const double *features, size_t width) {
+  if (n == 0) return;
+  if (root < 0) throw InvalidArgument("PendingLabels: a tree's root must be a text position >= 0");
+  if (!trees_.empty() && width != width_)
+    throw InvalidArgument("PendingLabels: features of width " + std::to_string(width) + " beside trees of width " +
+                          std::to_string(width_));
+  Tree tree;
+  tree.root = root;
+  tree.tokens.assign(tokens, tokens + n);
+  tree.parents.assign(parents, parents + n);
+  // children by parent (parent + 1: 0 for the root's), each in node order
+  tree.child_start.assign(n + 2, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t parent = parents[i];
+    if (parent < -1 || parent >= static_cast<int64_t>(i))
+      throw InvalidArgument("PendingLabels: node " + std::to_string(i) + " has parent " + std::to_string(parent) +
+                            ", not an earlier node or -1");
+    ++tree.child_start[static_cast<size_t>(parent + 2)];
+  }
+  for (size_t i = 1; i < n + 2; ++i) tree.child_start[i] += tree.child_start[i - 1];
+  tree.children.resize(n);
+  std::vector<uint32_t> next(tree.child_start.begin(), tree.child_start.end() - 1);
+  for (size_t i = 0; i < n; ++i) tree.children[next[static_cast<size_t>(parents[i] + 1)]++] = static_cast<uint32_t>(i);
+  tree.features.assign(features, features + n * width);
+  tree.done.assign(n, 0);
+  width_ = width;
+  trees_.push_back(std::move(tree));
+}
+
+int64_t PendingLabels::Earliest() const {
+  int64_t earliest = -1;
+  for (const Tree &tree : trees_)
+    if (earliest < 0 || tree.root + 1 < earliest) earliest = tree.root + 1;
+  return earliest;
+}
+
+bool PendingLabels::Label(Tree *tree, const int64_t *text, int64_t first, size_t size, std::vector<double> *features,
+                          std::vector<double> *labels, std::vector<std::pair<uint32_t, double>> *scratch) const {
+  // walk the text's path down the tree, labelling the children of every node on it
+  const int64_t known = first + static_cast<int64_t>(size) - 1 - tree->root;  // text positions after the root
+  const size_t n = tree->tokens.size();
+  scratch->clear();
+  int64_t node = -1;
+  bool open = true;
+  for (int64_t depth = 1; depth <= known; ++depth) {
+    const int64_t token = text[tree->root + depth - first];
+    int64_t on_path = -1;
+    const size_t slot = static_cast<size_t>(node + 1);
+    for (uint32_t c = tree->child_start[slot]; c < tree->child_start[slot + 1]; ++c) {
+      const uint32_t child = tree->children[c];
+      const bool hit = tree->tokens[child] == token;
+      if (!tree->done[child]) {
+        tree->done[child] = 1;
+        scratch->emplace_back(child, hit ? 1.0 : 0.0);
+      }
+      if (hit) on_path = child;
+    }
+    if (on_path < 0) {  // the text left the tree (or reached a leaf): nothing left to learn
+      open = false;
+      break;
+    }
+    node = on_path;
+  }
+  if (open) {  // the text ends inside the tree: open while a node below its path's end waits
+    open = false;
+    std::vector<char> below(n + 1, 0);  // by node + 1
+    below[static_cast<size_t>(node + 1)] = 1;
+    for (size_t i = static_cast<size_t>(node + 1); i < n; ++i) {
+      if (!below[static_cast<size_t>(tree->parents[i] + 1)]) continue;
+      if (!tree->done[i]) {
+        open = true;
+        break;
+      }
+      below[i + 1] = 1;
+    }
+  }
+  std::sort(scratch->begin(), scratch->end());
+  for (const auto &[child, label] : *scratch) {
+    const double *row = tree->features.data() + static_cast<size_t>(child) * width_;
+    features->insert(features->end(), row, row + width_);
+    labels->push_back(label);
+  }
+  return open;
+}
+
+void PendingLabels::Resolve(const int64_t *text, int64_t first, size_t size, std::vector<double> *features,
+                            std::vector<double> *labels) {
+  const int64_t earliest = Earliest();
+  if (earliest >= 0 && first > earliest)
+    throw InvalidArgument("PendingLabels: the text handed over starts at position " + std::to_string(first) +
+                          ", after a tree's first position " + std::to_string(earliest));
+  std::vector<std::pair<uint32_t, double>> scratch;
+  size_t kept = 0;
+  for (size_t t = 0; t < trees_.size(); ++t) {
+    if (Label(&trees_[t], text, first, size, features, labels, &scratch)) {
+      if (kept != t) trees_[kept] = std::move(trees_[t]);
+      ++kept;
+    }
+  }
+  trees_.resize(kept);
+}
+
 }  // namespace latticekit

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace latticekit {
@@ -41,6 +42,47 @@ void TreeChain(size_t n, const int64_t *parents, const int64_t *depths, const do
                const double *cache, const int64_t *sources, size_t models, const double *weights,
                const int64_t *bits, size_t max_depth, double *features, double *probability,
                std::vector<int64_t> *chain);
+
+// Candidate trees waiting for the decoded text to reach their nodes, labelled as it does
+// (calibration.py's PendingLabels documents the rule; tests check it against a reference that
+// labels every node afresh): a node at depth j below a root at text position r is labelled
+// once the text holds position r + j and its ancestors match the text, 1 if its token is the
+// token there, else 0; nodes below a mismatch are never labelled. A tree is forgotten once no
+// node of it can still be labelled.
+class PendingLabels {
+ public:
+  // A tree of n > 0 nodes below text position root: tokens, parents (parents before children,
+  // -1 under the root), and each node's features (n rows of width values, row-major), kept
+  // for its label. Throws InvalidArgument for a parent out of order or a width unlike the
+  // trees' already held.
+  void Add(int64_t root, const int64_t *tokens, const int64_t *parents, size_t n, const double *features,
+           size_t width);
+  // Labels every node the text now decides. The text: size tokens, its first at position
+  // first, no later than any tree's root + 1 (positions before it are never read), and it ends
+  // at position first + size - 1. Appends the labelled nodes' features (rows) and labels, tree
+  // by tree in the order they were added, nodes in order; forgets trees with nothing left to
+  // learn. Throws InvalidArgument for a text that starts after a tree's root + 1.
+  void Resolve(const int64_t *text, int64_t first, size_t size, std::vector<double> *features,
+               std::vector<double> *labels);
+  size_t size() const { return trees_.size(); }
+  size_t width() const { return width_; }
+  // The earliest position any tree's labels read (its root + 1), or -1 with no tree held.
+  int64_t Earliest() const;
+
+ private:
+  struct Tree {
+    int64_t root;
+    std::vector<int64_t> tokens, parents;
+    std::vector<uint32_t> child_start, children;  // node i's children: children[child_start[i + 1] ..]
+    std::vector<double> features;
+    std::vector<char> done;
+  };
+  // Labels tree's nodes the text decides (as Resolve); whether any may still be labelled.
+  bool Label(Tree *tree, const int64_t *text, int64_t first, size_t size, std::vector<double> *features,
+             std::vector<double> *labels, std::vector<std::pair<uint32_t, double>> *scratch) const;
+  std::vector<Tree> trees_;
+  size_t width_ = 0;
+};
 
 }  // namespace latticekit
 

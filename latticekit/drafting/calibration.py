@@ -417,85 +417,47 @@ class PendingLabels:
     Nodes below a mismatch carry no information about their own conditional and are dropped.
     So the labelled nodes of a tree are the children of the path the text takes through it,
     which :meth:`resolve` walks from the root (at most as deep as the tree): a step costs the
-    trees still open, never the text's length.
+    trees still open, never the text's length. In the C++ core (``PendingLabels``,
+    ``csrc/latticekit/acceptance.h``); ``tests/drafting/test_drafting_reference.py`` checks it
+    against a reference that labels every node afresh.
     """
 
     def __init__(self) -> None:
-        self._pending: list[_Pending] = []
+        self._core = _core.CorePendingLabels()
+
+    def __len__(self) -> int:
+        """The trees still waiting."""
+        return len(self._core)
 
     def add(self, root_index: int, tree: CandidateTree, features: np.ndarray) -> None:
         self.add_nodes(root_index, tree.tokens, tree.parents, features)
 
     def add_nodes(self, root_index: int, tokens: np.ndarray, parents: np.ndarray, features: np.ndarray) -> None:
-        """:meth:`add` for a tree given by its nodes' tokens and parents alone."""
-        if tokens.shape[0]:
-            self._pending.append(_Pending(root_index, tokens, parents, features))
+        """:meth:`add` for a tree given by its nodes' tokens and parents alone.
+
+        Raises:
+            DecoderConfigError: a root before the text's start, a parent that is not an earlier
+                node, or features not one row per node of the width of the trees waiting.
+        """
+        if not len(tokens):
+            return
+        try:
+            self._core.add(int(root_index), np.ascontiguousarray(tokens, dtype=np.int64),
+                           np.ascontiguousarray(parents, dtype=np.int64), np.ascontiguousarray(features, dtype=np.float64))
+        except ValueError as exc:
+            raise DecoderConfigError(str(exc)) from exc
 
     def resolve(self, ids: Sequence[int], more: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
         """Labels every node the text ``ids`` (prompt included), followed by ``more``, now
         decides; returns their features and labels (tree by tree, nodes in order), and forgets
-        trees with nothing left to learn."""
-        size = len(ids)
-        text_size = size + len(more)
-        feats, labels, keep = [], [], []
-        for pending in self._pending:
-            labelled = pending.resolve(ids, more, size, text_size - 1 - pending.root_index)
-            if labelled:
-                nodes = sorted(labelled)
-                feats.append(pending.features[nodes])
-                labels += [labelled[i] for i in nodes]
-            if pending.open:
-                keep.append(pending)
-        self._pending = keep
-        if not labels:
+        trees with nothing left to learn. Only the text's tokens from the earliest tree's root
+        on are read."""
+        earliest = self._core.earliest
+        if earliest < 0:
             return np.zeros((0, 0)), np.zeros(0)
-        return np.concatenate(feats), np.asarray(labels)
-
-
-class _Pending:
-    """One candidate tree waiting for its labels: its trie as lists, and what is labelled."""
-
-    __slots__ = ("root_index", "features", "tokens", "parents", "children", "done", "open")
-
-    def __init__(self, root_index: int, tokens: np.ndarray, parents: np.ndarray, features: np.ndarray) -> None:
-        self.root_index, self.features = root_index, features
-        self.tokens: list[int] = tokens.tolist()
-        self.parents: list[int] = parents.tolist()
-        self.children: list[list[int]] = [[] for _ in range(len(self.tokens) + 1)]  # by parent + 1
-        for i, parent in enumerate(self.parents):
-            self.children[parent + 1].append(i)
-        self.done = [False] * len(self.tokens)
-        self.open = True
-
-    def resolve(self, ids: Sequence[int], more: Sequence[int], size: int, known: int) -> dict[int, float]:
-        """Labels the children of the text's path through the tree down to depth ``known`` (the
-        text positions after the root): node -> label; ``open`` says whether any node below
-        the path's end may still be labelled."""
-        labelled: dict[int, float] = {}
-        node, depth = -1, 0
-        while depth < known:
-            depth += 1
-            at = self.root_index + depth
-            token = int(ids[at] if at < size else more[at - size])
-            on_path = -1
-            for child in self.children[node + 1]:
-                hit = self.tokens[child] == token
-                if not self.done[child]:
-                    self.done[child] = True
-                    labelled[child] = float(hit)
-                if hit:
-                    on_path = child
-            if on_path < 0:  # the text left the tree (or reached a leaf): nothing left to learn
-                self.open = False
-                return labelled
-            node = on_path
-        # the text ends inside the tree: open while a node below its path's end waits
-        below = {node}
-        self.open = False
-        for i in range(node + 1, len(self.tokens)):
-            if self.parents[i] in below:
-                if not self.done[i]:
-                    self.open = True
-                    break
-                below.add(i)
-        return labelled
+        first = min(earliest, len(ids))
+        text = np.asarray(ids[first:], dtype=np.int64)
+        if len(more):
+            text = np.concatenate([text, np.asarray(more, dtype=np.int64)])
+        features, labels = self._core.resolve(text, first)
+        return features, labels
