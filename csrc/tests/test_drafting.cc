@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "latticekit/acceptance.h"
 #include "latticekit/arpa.h"
 #include "latticekit/continuations.h"
 #include "latticekit/errors.h"
@@ -185,12 +186,95 @@ void TestSuccessors() {
                [](const InvalidArgument &) {});
 }
 
+// Pending labels against labelling every node afresh: a node at depth d below root r is
+// labelled once the text holds position r + d and each of its ancestors matches the text there,
+// 1 if its own token does, and only once; a tree is kept while a node of it may still be labelled.
+void TestPendingLabels() {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 200; ++round) {
+    const int alphabet = 2 + static_cast<int>(rng() % 3);
+    std::vector<int64_t> text(1 + rng() % 4);
+    for (auto &t : text) t = static_cast<int64_t>(rng() % alphabet);
+    PendingLabels pending;
+    struct Reference {
+      int64_t root;
+      double step;  // its nodes' features: step * 100 + the node, twice
+      std::vector<int64_t> tokens, parents, depths;
+      std::vector<char> done;
+    };
+    std::vector<Reference> trees;
+    for (int step = 0; step < 12; ++step) {
+      Reference tree{static_cast<int64_t>(text.size()) - 1, static_cast<double>(step), {}, {}, {}, {}};
+      // a trie, as the searches give: siblings' tokens differ
+      for (size_t i = 0, wanted = 1 + rng() % 8; i < wanted; ++i) {
+        const int64_t parent = static_cast<int64_t>(rng() % (tree.tokens.size() + 1)) - 1;
+        const int64_t token = static_cast<int64_t>(rng() % alphabet);
+        bool taken = false;
+        for (size_t j = 0; j < tree.tokens.size(); ++j)
+          taken = taken || (tree.parents[j] == parent && tree.tokens[j] == token);
+        if (taken) continue;
+        tree.parents.push_back(parent);
+        tree.depths.push_back(parent < 0 ? 1 : tree.depths[static_cast<size_t>(parent)] + 1);
+        tree.tokens.push_back(token);
+      }
+      const size_t n = tree.tokens.size();
+      tree.done.assign(n, 0);
+      std::vector<double> features(n * 2);
+      for (size_t i = 0; i < n; ++i) features[2 * i] = features[2 * i + 1] = static_cast<double>(100 * step + i);
+      pending.Add(tree.root, tree.tokens.data(), tree.parents.data(), n, features.data(), 2);
+      trees.push_back(tree);
+      for (size_t grow = rng() % 4; grow > 0; --grow) text.push_back(static_cast<int64_t>(rng() % alphabet));
+      std::vector<double> got_features, got_labels, want_features, want_labels;
+      const int64_t first = pending.Earliest();
+      pending.Resolve(text.data() + first, first, text.size() - static_cast<size_t>(first), &got_features,
+                      &got_labels);
+      std::vector<Reference> kept;
+      for (Reference &r : trees) {
+        const int64_t known = static_cast<int64_t>(text.size()) - 1 - r.root;
+        std::vector<char> possible(r.tokens.size()), matched(r.tokens.size());
+        bool waiting = false;
+        for (size_t i = 0; i < r.tokens.size(); ++i) {
+          const int64_t parent = r.parents[i];
+          const size_t up = static_cast<size_t>(std::max<int64_t>(parent, 0));
+          possible[i] = parent < 0 || (possible[up] && (r.depths[up] > known || matched[up]));
+          if (!possible[i] || r.depths[i] > known) {
+            waiting = waiting || (possible[i] && !r.done[i]);
+            continue;
+          }
+          matched[i] = r.tokens[i] == text[static_cast<size_t>(r.root + r.depths[i])];
+          if (!r.done[i]) {
+            r.done[i] = 1;
+            want_features.insert(want_features.end(), 2, 100.0 * r.step + static_cast<double>(i));
+            want_labels.push_back(matched[i] ? 1.0 : 0.0);
+          }
+        }
+        if (waiting) kept.push_back(r);
+      }
+      trees = kept;
+      CHECK(got_labels == want_labels);
+      CHECK(got_features == want_features);
+      CHECK(pending.size() == trees.size());
+    }
+  }
+  PendingLabels pending;
+  const int64_t tokens[] = {1, 2}, bad_parents[] = {-1, 1};
+  const double features[] = {0, 0};
+  bool thrown = false;
+  try {
+    pending.Add(0, tokens, bad_parents, 2, features, 1);
+  } catch (const InvalidArgument &) {
+    thrown = true;
+  }
+  CHECK(thrown);
+}
+
 }  // namespace
 
 void TestDrafting() {
   TestNGramCache();
   TestNGramCacheSegments();
   TestSuccessors();
+  TestPendingLabels();
 }
 
 }  // namespace testing

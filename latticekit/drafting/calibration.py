@@ -443,7 +443,8 @@ class PendingLabels:
             return
         try:
             self._core.add(int(root_index), np.ascontiguousarray(tokens, dtype=np.int64),
-                           np.ascontiguousarray(parents, dtype=np.int64), np.ascontiguousarray(features, dtype=np.float64))
+                           np.ascontiguousarray(parents, dtype=np.int64),
+                           np.ascontiguousarray(features, dtype=np.float64))
         except ValueError as exc:
             raise DecoderConfigError(str(exc)) from exc
 

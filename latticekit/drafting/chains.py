@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import NamedTuple, Optional, Union, cast
 
 import numpy as np
@@ -114,20 +115,15 @@ class ChainDrafter:
         tail = np.asarray(text[-keep:], dtype=np.int32)
         weights, bits = estimate_weights(self.acceptance)
         successors = model.successors.core if model.successors is not None else None
+        recall = memory.model if memory is not None else None
+        recall_tail = tail[len(tail) - min(len(tail), recall.context_size):] if recall is not None else tail[:0]
         # what _candidates and _chain do one after the other, in one call of the core
-        if memory is None:
+        with memory.lock if memory is not None else nullcontext():
             tokens, parents, features, probability, chain = _core.chain_candidates(
                 model.cache, tail[len(tail) - min(len(tail), model.context_size):], successors, model.vocab_size,
-                None, tail[:0], 1, self.candidates, depth, weights, bits, self.acceptance.max_depth,
-                SOURCES["text"], SOURCES["memory"])
-        else:
-            recall = memory.model
-            with memory.lock:
-                tokens, parents, features, probability, chain = _core.chain_candidates(
-                    model.cache, tail[len(tail) - min(len(tail), model.context_size):], successors, model.vocab_size,
-                    recall.cache, tail[len(tail) - min(len(tail), recall.context_size):], recall.vocab_size,
-                    self.candidates, depth, weights, bits, self.acceptance.max_depth, SOURCES["text"],
-                    SOURCES["memory"])
+                recall.cache if recall is not None else None, recall_tail,
+                recall.vocab_size if recall is not None else 1, self.candidates, depth, weights, bits,
+                self.acceptance.max_depth, SOURCES["text"], SOURCES["memory"])
         if not tokens.size:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         # a source model learns from its nodes: the features' last column is their sources
