@@ -378,7 +378,8 @@ cdef class CorePendingLabels:
                              "features")
         if n == 0:
             return
-        self.labels.Add(root, &tokens[0], &parents[0], n, &features[0, 0], features.shape[1])
+        self.labels.Add(root, &tokens[0], &parents[0], n, &features[0, 0] if features.shape[1] > 0 else NULL,
+                        features.shape[1])
 
     def resolve(self, const int64_t[::1] text, int64_t first):
         """(features, labels) of every node the text (its first token at position first) now

@@ -409,3 +409,6 @@ def test_pending_labels_refuse_what_they_cannot_label() -> None:
     assert len(pending) == 1
     features, labels = pending.resolve([1, 2, 3, 5, 7])  # 5 at position 3 matches, 7 at 4 does not
     assert labels.tolist() == [1.0, 0.0] and features.shape == (2, 3) and len(pending) == 0
+    pending.add_nodes(0, tokens, np.array([-1, 0]), np.zeros((2, 0)))  # nodes without features
+    features, labels = pending.resolve([1, 5, 6])
+    assert labels.tolist() == [1.0, 1.0] and features.shape == (2, 0) and len(pending) == 0
