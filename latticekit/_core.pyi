@@ -116,7 +116,8 @@ def tree_chain(parents: Buffer, depths: Buffer, head: Buffer, ngram: Buffer, cac
 def chain_candidates(text: CoreNGramCache, text_tail: Buffer, successors: Optional[CoreKatzSuccessors], vocab_size: int,
                      memory: Optional[CoreNGramCache], memory_tail: Buffer, memory_vocab_size: int, p: int,
                      max_depth: int, weights: Buffer, bits: Buffer, acceptance_depth: int, text_bit: int,
-                     memory_bit: int) -> tuple[_Int64, _Int64, _Float64, _Float64, _Int64]: ...
+                     memory_bit: int, pending: CorePendingLabels, root: int, with_sources: bool
+                     ) -> tuple[_Int64, _Float64]: ...
 
 class CorePendingLabels:
     def add(self, root: int, tokens: Buffer, parents: Buffer, features: Buffer) -> None: ...

@@ -294,76 +294,6 @@ cdef void _widened(const vector[int32_t]& values, vector[int64_t]* out) noexcept
         out[0][i] = values[i]
 
 
-def chain_candidates(CoreNGramCache text, const int32_t[::1] text_tail, CoreKatzSuccessors successors,
-                     int64_t vocab_size, CoreNGramCache memory, const int32_t[::1] memory_tail,
-                     int64_t memory_vocab_size, int p, int max_depth, const double[:, ::1] weights,
-                     const int64_t[::1] bits, size_t acceptance_depth, int64_t text_bit, int64_t memory_bit):
-    """One request's candidate tree and its best chain in one call: the text's p best
-    continuations (BestContinuations), united with the memory's where ``memory`` is given and
-    holds any (UniteContinuations), then the tree's estimates and chain (TreeChain), no head
-    scores: what best_continuations, unite_continuations and tree_chain give one after the
-    other, without their arrays in between. (tokens, parents, features, probability, chain):
-    features `(n, acceptance_depth + 4)`, the last column the node's sources. The caller holds
-    the memory's lock."""
-    if acceptance_depth < 1 or <size_t> weights.shape[1] != acceptance_depth + 3 \
-            or weights.shape[0] != bits.shape[0] or weights.shape[0] < 1:
-        raise ValueError(f"chain_candidates: weights of shape ({weights.shape[0]}, {weights.shape[1]}) for "
-                         f"{bits.shape[0]} models and max_depth {acceptance_depth}")
-    cdef Continuations found, recalled
-    cdef ContinuationNodes a, b
-    cdef vector[int64_t] found_tokens, found_parents, found_depths, recalled_tokens, recalled_parents, recalled_depths
-    cdef vector[int64_t] tokens, parents, depths, sources, chain
-    cdef vector[double] logprob, static_logprob, score, head
-    cdef const KatzSuccessors* index = text._index(successors)
-    cdef size_t size = text_tail.shape[0], memory_size = memory_tail.shape[0], n
-    cdef const int32_t* ptr = &text_tail[0] if size > 0 else NULL
-    cdef const int32_t* memory_ptr = &memory_tail[0] if memory_size > 0 else NULL
-    cdef const double* cache_lp
-    cdef const double* static_lp
-    with nogil:
-        BestContinuations(text.cache.get()[0], index, text.states.get(), vocab_size, ptr, size, p, max_depth, &found)
-        _widened(found.tokens, &found_tokens)
-        _widened(found.parents, &found_parents)
-        _widened(found.depths, &found_depths)
-    if memory is not None:
-        with nogil:
-            BestContinuations(memory.cache.get()[0], NULL, memory.states.get(), memory_vocab_size, memory_ptr,
-                              memory_size, p, max_depth, &recalled)
-    with nogil:
-        if recalled.tokens.size() > 0:
-            _widened(recalled.tokens, &recalled_tokens)
-            _widened(recalled.parents, &recalled_parents)
-            _widened(recalled.depths, &recalled_depths)
-            a.size, a.tokens, a.parents, a.depths = found_tokens.size(), found_tokens.data(), \
-                found_parents.data(), found_depths.data()
-            a.logprob, a.static_logprob = found.logprob.data(), found.static_logprob.data()
-            b.size, b.tokens, b.parents, b.depths = recalled_tokens.size(), recalled_tokens.data(), \
-                recalled_parents.data(), recalled_depths.data()
-            b.logprob, b.static_logprob = recalled.logprob.data(), recalled.static_logprob.data()
-            UniteContinuations(a, b, text_bit, memory_bit, &tokens, &parents, &depths, &logprob, &static_logprob,
-                               &score, &sources)
-            cache_lp, static_lp = logprob.data(), static_logprob.data()
-        else:  # the text's nodes alone
-            tokens.swap(found_tokens)
-            parents.swap(found_parents)
-            depths.swap(found_depths)
-            sources.assign(tokens.size(), text_bit)
-            cache_lp, static_lp = found.logprob.data(), found.static_logprob.data()
-        n = tokens.size()
-        head.assign(n, NAN)
-    features = np.empty((n, acceptance_depth + 4), dtype=np.float64)
-    probability = np.empty(n, dtype=np.float64)
-    if n == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, features, probability, empty
-    cdef double[:, ::1] f = features
-    cdef double[::1] pr = probability
-    with nogil:
-        TreeChain(n, parents.data(), depths.data(), head.data(), static_lp, cache_lp, sources.data(),
-                  weights.shape[0], &weights[0, 0], &bits[0], acceptance_depth, &f[0, 0], &pr[0], &chain)
-    return _int64_array(&tokens), _int64_array(&parents), features, probability, _int64_array(&chain)
-
-
 cdef class CorePendingLabels:
     """Candidate trees waiting for the decoded text to reach their nodes (acceptance.h's
     PendingLabels; calibration.py's PendingLabels reads it)."""
@@ -399,3 +329,85 @@ cdef class CorePendingLabels:
 
     def __len__(self):
         return self.labels.size()
+
+
+def chain_candidates(CoreNGramCache text, const int32_t[::1] text_tail, CoreKatzSuccessors successors,
+                     int64_t vocab_size, CoreNGramCache memory, const int32_t[::1] memory_tail,
+                     int64_t memory_vocab_size, int p, int max_depth, const double[:, ::1] weights,
+                     const int64_t[::1] bits, size_t acceptance_depth, int64_t text_bit, int64_t memory_bit,
+                     CorePendingLabels pending, int64_t root, bint with_sources):
+    """One request's step in one call: the text's p best continuations (BestContinuations),
+    united with the memory's where ``memory`` is given and holds any (UniteContinuations), the
+    tree's estimates and best chain (TreeChain, no head scores), and the tree added to
+    ``pending`` below text position ``root`` with its nodes' features (their sources as a last
+    column where ``with_sources``): what best_continuations, unite_continuations, tree_chain and
+    PendingLabels.add give one after the other, with nothing in between crossing to Python.
+    (the chain's tokens, each position's probability). The caller holds the memory's lock."""
+    if acceptance_depth < 1 or <size_t> weights.shape[1] != acceptance_depth + 3 \
+            or weights.shape[0] != bits.shape[0] or weights.shape[0] < 1:
+        raise ValueError(f"chain_candidates: weights of shape ({weights.shape[0]}, {weights.shape[1]}) for "
+                         f"{bits.shape[0]} models and max_depth {acceptance_depth}")
+    cdef Continuations found, recalled
+    cdef ContinuationNodes a, b
+    cdef vector[int64_t] found_tokens, found_parents, found_depths, recalled_tokens, recalled_parents, recalled_depths
+    cdef vector[int64_t] tokens, parents, depths, sources, chain
+    cdef vector[double] logprob, static_logprob, score, head, features, probability
+    cdef const KatzSuccessors* index = text._index(successors)
+    cdef size_t size = text_tail.shape[0], memory_size = memory_tail.shape[0], n, i, j
+    cdef size_t stride = acceptance_depth + 4, width = stride if with_sources else stride - 1
+    cdef const int32_t* ptr = &text_tail[0] if size > 0 else NULL
+    cdef const int32_t* memory_ptr = &memory_tail[0] if memory_size > 0 else NULL
+    cdef const double* cache_lp
+    cdef const double* static_lp
+    with nogil:
+        BestContinuations(text.cache.get()[0], index, text.states.get(), vocab_size, ptr, size, p, max_depth, &found)
+        _widened(found.tokens, &found_tokens)
+        _widened(found.parents, &found_parents)
+        _widened(found.depths, &found_depths)
+    if memory is not None:
+        with nogil:
+            BestContinuations(memory.cache.get()[0], NULL, memory.states.get(), memory_vocab_size, memory_ptr,
+                              memory_size, p, max_depth, &recalled)
+    with nogil:
+        if recalled.tokens.size() > 0:
+            _widened(recalled.tokens, &recalled_tokens)
+            _widened(recalled.parents, &recalled_parents)
+            _widened(recalled.depths, &recalled_depths)
+            a.size, a.tokens, a.parents, a.depths = found_tokens.size(), found_tokens.data(), \
+                found_parents.data(), found_depths.data()
+            a.logprob, a.static_logprob = found.logprob.data(), found.static_logprob.data()
+            b.size, b.tokens, b.parents, b.depths = recalled_tokens.size(), recalled_tokens.data(), \
+                recalled_parents.data(), recalled_depths.data()
+            b.logprob, b.static_logprob = recalled.logprob.data(), recalled.static_logprob.data()
+            UniteContinuations(a, b, text_bit, memory_bit, &tokens, &parents, &depths, &logprob, &static_logprob,
+                               &score, &sources)
+            cache_lp, static_lp = logprob.data(), static_logprob.data()
+        else:  # the text's nodes alone
+            tokens.swap(found_tokens)
+            parents.swap(found_parents)
+            depths.swap(found_depths)
+            sources.assign(tokens.size(), text_bit)
+            cache_lp, static_lp = found.logprob.data(), found.static_logprob.data()
+        n = tokens.size()
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    with nogil:
+        head.assign(n, NAN)
+        features.resize(n * stride)
+        probability.resize(n)
+        TreeChain(n, parents.data(), depths.data(), head.data(), static_lp, cache_lp, sources.data(),
+                  weights.shape[0], &weights[0, 0], &bits[0], acceptance_depth, features.data(), probability.data(),
+                  &chain)
+        if not with_sources:  # rows without their last column, packed in place
+            for i in range(1, n):
+                for j in range(width):
+                    features[i * width + j] = features[i * stride + j]
+    pending.labels.Add(root, tokens.data(), parents.data(), n, features.data(), width)
+    out_tokens = np.empty(chain.size(), dtype=np.int64)
+    out_probability = np.empty(chain.size(), dtype=np.float64)
+    cdef int64_t[::1] ot = out_tokens
+    cdef double[::1] op = out_probability
+    for i in range(chain.size()):
+        ot[i] = tokens[<size_t> chain[i]]
+        op[i] = probability[<size_t> chain[i]]
+    return out_tokens, out_probability

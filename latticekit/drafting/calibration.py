@@ -423,11 +423,13 @@ class PendingLabels:
     """
 
     def __init__(self) -> None:
-        self._core = _core.CorePendingLabels()
+        #: the trees in the core, which a chain drafter's step adds to in the same call that
+        #: builds them (:meth:`~latticekit.drafting.chains.ChainDrafter.propose`)
+        self.core = _core.CorePendingLabels()
 
     def __len__(self) -> int:
         """The trees still waiting."""
-        return len(self._core)
+        return len(self.core)
 
     def add(self, root_index: int, tree: CandidateTree, features: np.ndarray) -> None:
         self.add_nodes(root_index, tree.tokens, tree.parents, features)
@@ -442,7 +444,7 @@ class PendingLabels:
         if not len(tokens):
             return
         try:
-            self._core.add(int(root_index), np.ascontiguousarray(tokens, dtype=np.int64),
+            self.core.add(int(root_index), np.ascontiguousarray(tokens, dtype=np.int64),
                            np.ascontiguousarray(parents, dtype=np.int64),
                            np.ascontiguousarray(features, dtype=np.float64))
         except ValueError as exc:
@@ -453,12 +455,12 @@ class PendingLabels:
         decides; returns their features and labels (tree by tree, nodes in order), and forgets
         trees with nothing left to learn. Only the text's tokens from the earliest tree's root
         on are read."""
-        earliest = self._core.earliest
+        earliest = self.core.earliest
         if earliest < 0:
             return np.zeros((0, 0)), np.zeros(0)
         first = min(earliest, len(ids))
         text = np.asarray(ids[first:], dtype=np.int64)
         if len(more):
             text = np.concatenate([text, np.asarray(more, dtype=np.int64)])
-        features, labels = self._core.resolve(text, first)
+        features, labels = self.core.resolve(text, first)
         return features, labels

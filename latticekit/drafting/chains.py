@@ -117,19 +117,16 @@ class ChainDrafter:
         successors = model.successors.core if model.successors is not None else None
         recall = memory.model if memory is not None else None
         recall_tail = tail[len(tail) - min(len(tail), recall.context_size):] if recall is not None else tail[:0]
-        # what _candidates and _chain do one after the other, in one call of the core
+        # what _candidates and _chain do one after the other, in one call of the core, which adds
+        # the tree to the pending labels too (a source model learns from its nodes: their sources
+        # are the features' last column)
         with memory.lock if memory is not None else nullcontext():
-            tokens, parents, features, probability, chain = _core.chain_candidates(
+            return _core.chain_candidates(
                 model.cache, tail[len(tail) - min(len(tail), model.context_size):], successors, model.vocab_size,
                 recall.cache if recall is not None else None, recall_tail,
                 recall.vocab_size if recall is not None else 1, self.candidates, depth, weights, bits,
-                self.acceptance.max_depth, SOURCES["text"], SOURCES["memory"])
-        if not tokens.size:
-            return np.zeros(0, dtype=np.int64), np.zeros(0)
-        # a source model learns from its nodes: the features' last column is their sources
-        self.pending.add_nodes(len(text) - 1, tokens, parents,
-                               features if isinstance(self.acceptance, SourceAcceptance) else features[:, :-1])
-        return tokens[chain], probability[chain]
+                self.acceptance.max_depth, SOURCES["text"], SOURCES["memory"], self.pending.core, len(text) - 1,
+                isinstance(self.acceptance, SourceAcceptance))
 
     def candidate_tree(self, max_length: int) -> Continuations:
         """The candidates :meth:`propose` chooses its chain from: the text's continuations of

@@ -391,7 +391,7 @@ def test_the_one_call_refuses_estimates_of_another_width() -> None:
     tail = np.asarray([1, 2], dtype=np.int32)
     with pytest.raises(ValueError, match="weights of shape"):
         _core.chain_candidates(cache.cache, tail, None, 8, None, tail[:0], 1, 4, 3, np.zeros((1, 5)),
-                               np.array([-1], dtype=np.int64), 3, 2, 4)
+                               np.array([-1], dtype=np.int64), 3, 2, 4, PendingLabels().core, 4, True)
 
 
 def test_pending_labels_refuse_what_they_cannot_label() -> None:
