@@ -432,21 +432,18 @@ class PendingLabels:
         return len(self.core)
 
     def add(self, root_index: int, tree: CandidateTree, features: np.ndarray) -> None:
-        self.add_nodes(root_index, tree.tokens, tree.parents, features)
-
-    def add_nodes(self, root_index: int, tokens: np.ndarray, parents: np.ndarray, features: np.ndarray) -> None:
-        """:meth:`add` for a tree given by its nodes' tokens and parents alone.
+        """The tree below text position ``root_index``, each node's features a row of ``features``.
 
         Raises:
             DecoderConfigError: a root before the text's start, a parent that is not an earlier
                 node, or features not one row per node of the width of the trees waiting.
         """
-        if not len(tokens):
+        if not tree.size:
             return
         try:
-            self.core.add(int(root_index), np.ascontiguousarray(tokens, dtype=np.int64),
-                           np.ascontiguousarray(parents, dtype=np.int64),
-                           np.ascontiguousarray(features, dtype=np.float64))
+            self.core.add(int(root_index), np.ascontiguousarray(tree.tokens, dtype=np.int64),
+                          np.ascontiguousarray(tree.parents, dtype=np.int64),
+                          np.ascontiguousarray(features, dtype=np.float64))
         except ValueError as exc:
             raise DecoderConfigError(str(exc)) from exc
 

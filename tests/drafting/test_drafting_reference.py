@@ -396,19 +396,26 @@ def test_the_one_call_refuses_estimates_of_another_width() -> None:
 
 def test_pending_labels_refuse_what_they_cannot_label() -> None:
     pending = PendingLabels()
-    tokens, rows = np.array([5, 6]), np.zeros((2, 3))
+    rows = np.zeros((2, 3))
+
+    def tree(*parents: int) -> CandidateTree:
+        n = len(parents)
+        return CandidateTree(np.arange(5, 5 + n), np.array(parents), np.ones(n, dtype=np.int64), np.zeros(n),
+                             np.zeros(n))
+
     with pytest.raises(DecoderConfigError, match="not an earlier node"):
-        pending.add_nodes(2, tokens, np.array([-1, 1]), rows)
+        pending.add(2, tree(-1, 1), rows)
     with pytest.raises(DecoderConfigError, match="root must be"):
-        pending.add_nodes(-1, tokens, np.array([-1, 0]), rows)
-    with pytest.raises(DecoderConfigError, match="3 parents"):
-        pending.add_nodes(2, tokens, np.array([-1, 0, 0]), rows)
-    pending.add_nodes(2, tokens, np.array([-1, 0]), rows)
+        pending.add(-1, tree(-1, 0), rows)
+    with pytest.raises(DecoderConfigError, match="3 parents"):  # two tokens
+        pending.add(2, CandidateTree(np.array([5, 6]), np.array([-1, 0, 0]), np.ones(3, dtype=np.int64),
+                                     np.zeros(3), np.zeros(3)), rows)
+    pending.add(2, tree(-1, 0), rows)
     with pytest.raises(DecoderConfigError, match="width 4 beside trees of width 3"):
-        pending.add_nodes(3, tokens, np.array([-1, 0]), np.zeros((2, 4)))
+        pending.add(3, tree(-1, 0), np.zeros((2, 4)))
     assert len(pending) == 1
     features, labels = pending.resolve([1, 2, 3, 5, 7])  # 5 at position 3 matches, 7 at 4 does not
     assert labels.tolist() == [1.0, 0.0] and features.shape == (2, 3) and len(pending) == 0
-    pending.add_nodes(0, tokens, np.array([-1, 0]), np.zeros((2, 0)))  # nodes without features
+    pending.add(0, tree(-1, 0), np.zeros((2, 0)))  # nodes without features
     features, labels = pending.resolve([1, 5, 6])
     assert labels.tolist() == [1.0, 1.0] and features.shape == (2, 0) and len(pending) == 0
