@@ -130,11 +130,12 @@ int64_t PendingLabels::Earliest() const {
 }
 
 bool PendingLabels::Label(Tree *tree, const int64_t *text, int64_t first, size_t size, std::vector<double> *features,
-                          std::vector<double> *labels, std::vector<std::pair<uint32_t, double>> *scratch) const {
+                          std::vector<double> *labels, std::vector<std::pair<uint32_t, double>> *labelled,
+                          std::vector<char> *below) const {
   // walk the text's path down the tree, labelling the children of every node on it
   const int64_t known = first + static_cast<int64_t>(size) - 1 - tree->root;  // text positions after the root
   const size_t n = tree->tokens.size();
-  scratch->clear();
+  labelled->clear();
   int64_t node = -1;
   bool open = true;
   for (int64_t depth = 1; depth <= known; ++depth) {
@@ -146,7 +147,7 @@ bool PendingLabels::Label(Tree *tree, const int64_t *text, int64_t first, size_t
       const bool hit = tree->tokens[child] == token;
       if (!tree->done[child]) {
         tree->done[child] = 1;
-        scratch->emplace_back(child, hit ? 1.0 : 0.0);
+        labelled->emplace_back(child, hit ? 1.0 : 0.0);
       }
       if (hit) on_path = child;
     }
@@ -158,19 +159,19 @@ bool PendingLabels::Label(Tree *tree, const int64_t *text, int64_t first, size_t
   }
   if (open) {  // the text ends inside the tree: open while a node below its path's end waits
     open = false;
-    std::vector<char> below(n + 1, 0);  // by node + 1
-    below[static_cast<size_t>(node + 1)] = 1;
+    below->assign(n + 1, 0);  // by node + 1
+    (*below)[static_cast<size_t>(node + 1)] = 1;
     for (size_t i = static_cast<size_t>(node + 1); i < n; ++i) {
-      if (!below[static_cast<size_t>(tree->parents[i] + 1)]) continue;
+      if (!(*below)[static_cast<size_t>(tree->parents[i] + 1)]) continue;
       if (!tree->done[i]) {
         open = true;
         break;
       }
-      below[i + 1] = 1;
+      (*below)[i + 1] = 1;
     }
   }
-  std::sort(scratch->begin(), scratch->end());
-  for (const auto &[child, label] : *scratch) {
+  std::sort(labelled->begin(), labelled->end());
+  for (const auto &[child, label] : *labelled) {
     const double *row = tree->features.data() + static_cast<size_t>(child) * width_;
     features->insert(features->end(), row, row + width_);
     labels->push_back(label);
@@ -184,10 +185,11 @@ void PendingLabels::Resolve(const int64_t *text, int64_t first, size_t size, std
   if (earliest >= 0 && first > earliest)
     throw InvalidArgument("PendingLabels: the text handed over starts at position " + std::to_string(first) +
                           ", after a tree's first position " + std::to_string(earliest));
-  std::vector<std::pair<uint32_t, double>> scratch;
+  std::vector<std::pair<uint32_t, double>> labelled;
+  std::vector<char> below;
   size_t kept = 0;
   for (size_t t = 0; t < trees_.size(); ++t) {
-    if (Label(&trees_[t], text, first, size, features, labels, &scratch)) {
+    if (Label(&trees_[t], text, first, size, features, labels, &labelled, &below)) {
       if (kept != t) trees_[kept] = std::move(trees_[t]);
       ++kept;
     }

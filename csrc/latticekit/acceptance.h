@@ -78,8 +78,10 @@ class PendingLabels {
     std::vector<char> done;
   };
   // Labels tree's nodes the text decides (as Resolve); whether any may still be labelled.
+  // labelled and below: scratch space, reused from tree to tree.
   bool Label(Tree *tree, const int64_t *text, int64_t first, size_t size, std::vector<double> *features,
-             std::vector<double> *labels, std::vector<std::pair<uint32_t, double>> *scratch) const;
+             std::vector<double> *labels, std::vector<std::pair<uint32_t, double>> *labelled,
+             std::vector<char> *below) const;
   std::vector<Tree> trees_;
   size_t width_ = 0;
 };
