@@ -111,8 +111,7 @@ class ChainDrafter:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         depth = min(self.max_depth, max_length)
         model, memory = self.model, self.memory
-        keep = model.context_size if memory is None else max(model.context_size, memory.model.context_size)
-        tail = np.asarray(text[-keep:], dtype=np.int32)
+        tail = self._tail()
         weights, bits = estimate_weights(self.acceptance)
         successors = model.successors.core if model.successors is not None else None
         recall = memory.model if memory is not None else None
@@ -137,14 +136,18 @@ class ChainDrafter:
         """:meth:`candidate_tree`, and each node's sources (bits of
         :data:`~latticekit.drafting.calibration.SOURCES`)."""
         depth = min(self.max_depth, max_length)
-        keep = self.model.context_size if self.memory is None else max(self.model.context_size,
-                                                                      self.memory.model.context_size)
-        # the text's last tokens as both searches read them, made once (the cache model's ids are int32 already)
-        text = cast(Sequence[int], np.asarray(self.model.ids[-keep:], dtype=np.int32))
+        text = cast(Sequence[int], self._tail())
         found = best_continuations(self.model, text, self.candidates, depth)
         if self.memory is None:
             return found, np.full(found.size, SOURCES["text"], dtype=np.int64)
         return united_with_memory(found, memory_continuations(self.memory, text, self.candidates, depth))
+
+    def _tail(self) -> np.ndarray:
+        """The text's last tokens as both searches read them (the text's and the memory's), made
+        once a step (the cache model's ids are int32 already)."""
+        keep = self.model.context_size if self.memory is None else max(self.model.context_size,
+                                                                      self.memory.model.context_size)
+        return np.asarray(self.model.ids[-keep:], dtype=np.int32)
 
     def remember(self) -> None:
         """Adds the request's answer (its text after the prompt, as far as :meth:`observe` saw
