@@ -100,6 +100,12 @@ cdef class CoreNGramCache:
         """Ends a segment: later tokens' contexts never reach back past it (ngram_cache.h)."""
         self.cache.get().Break()
 
+    def prime(self, const int32_t[::1] tokens):
+        """Starts a segment whose first tokens are context only: not counted, but the next
+        tokens' contexts reach back into them (ngram_cache.h)."""
+        cdef size_t n = tokens.shape[0]
+        self.cache.get().Prime(&tokens[0] if n > 0 else NULL, n)
+
     def weight(self, int n):
         return self.cache.get().Weight(n)
 

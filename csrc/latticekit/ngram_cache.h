@@ -48,6 +48,14 @@ class NGramCache {
   // reaches back past this point (several texts in one cache, such as the answers of an
   // AnswerMemory, never run into each other). Clear starts one segment.
   void Break() { segment_ = text_.size(); }
+  // Starts a segment, as Break, whose first n tokens are context only: neither counted nor
+  // fitted on, but the tokens Extend appends next are counted (and fitted) after contexts that
+  // reach back into them. An AnswerMemory primes each answer with its prompt's last tokens, so
+  // that the answer's first tokens are counted after the turn that led to them.
+  void Prime(const int32_t *tokens, size_t n) {
+    Break();
+    text_.insert(text_.end(), tokens, tokens + n);
+  }
 
   // lam(n): the cache's share for a match of n tokens (0 for n <= 0).
   double Weight(int n) const;

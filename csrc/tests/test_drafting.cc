@@ -115,6 +115,50 @@ void TestNGramCacheSegments() {
   CHECK(sum <= fitted_most);  // a segment's first token is fitted on nothing before it
 }
 
+// Segments primed with a context (Prime): a segment's tokens are counted after contexts that
+// reach back into its context but never past it, and the context's own tokens are neither
+// counted nor fitted on (a recount per segment, the context's positions skipped).
+void TestNGramCachePrime() {
+  const int max_order = 3;
+  const std::vector<double> prior = {0.2, 0.4, 0.6};
+  NGramCache cache(max_order, prior.data(), 2.0);
+  std::mt19937 rng(11);
+  std::map<std::vector<int32_t>, std::map<int32_t, uint32_t>> recount;
+  size_t fitted_most = 0, held = 0;
+  for (int s = 0; s < 40; ++s) {
+    std::vector<int32_t> context(rng() % 5), seg(rng() % 20);
+    for (auto &t : context) t = static_cast<int32_t>(rng() % 6);
+    for (auto &t : seg) t = static_cast<int32_t>(rng() % 6);
+    const std::vector<double> uniform(seg.size(), 1.0 / 6);
+    cache.Prime(context.data(), context.size());
+    if (!seg.empty()) cache.Extend(seg.data(), uniform.data(), seg.size());
+    std::vector<int32_t> all(context);
+    all.insert(all.end(), seg.begin(), seg.end());
+    for (size_t end = context.size(); end < all.size(); ++end)  // the segment's tokens only
+      for (size_t n = 1; n <= std::min<size_t>(max_order, end); ++n)
+        ++recount[std::vector<int32_t>(all.begin() + (end - n), all.begin() + end)][all[end]];
+    fitted_most += context.empty() && !seg.empty() ? seg.size() - 1 : seg.size();
+    held += all.size();
+  }
+  bool counts = true;
+  for (const auto &kv : recount) {
+    const std::vector<int32_t> &context = kv.first;
+    const uint32_t node = cache.Context(context.data(), context.size(), static_cast<int>(context.size()));
+    std::map<int32_t, uint32_t> got;
+    for (size_t i = 0; i < cache.NumFollowers(node); ++i) got[cache.FollowerAt(node, i).token] = cache.FollowerAt(node, i).count;
+    counts = counts && cache.Match(context.data(), context.size(), max_order) == static_cast<int>(context.size()) &&
+             got == kv.second;
+  }
+  CHECK(counts);
+  CHECK(cache.num_contexts() == recount.size());  // no context is counted but these
+  CHECK(cache.text().size() == held);
+  double sum = 0;
+  for (double p : cache.positions()) sum += p;
+  CHECK(sum <= fitted_most);  // a context's tokens are fitted on never
+  cache.Prime(nullptr, 0);  // an empty context: a break
+  CHECK(cache.text().size() == held);
+}
+
 // A model over the token ids 0..4 (words spelled as decimals).
 const char kIdArpa[] =
     "\\data\\\nngram 1=8\nngram 2=4\nngram 3=1\n\n"
@@ -273,6 +317,7 @@ void TestPendingLabels() {
 void TestDrafting() {
   TestNGramCache();
   TestNGramCacheSegments();
+  TestNGramCachePrime();
   TestSuccessors();
   TestPendingLabels();
 }

@@ -254,7 +254,7 @@ def decode(
     if key is not None and isinstance(drafter, AutoDrafter):
         arms.put(key, drafter.arm_outcomes())
     if memory is not None:
-        memory.add(out.tokens)
+        memory.add(out.tokens, context=prompt)
     return out
 
 

@@ -151,11 +151,13 @@ class ChainDrafter:
 
     def remember(self) -> None:
         """Adds the request's answer (its text after the prompt, as far as :meth:`observe` saw
-        it) to the memory, if any: call it once, when the request ends."""
+        it) to the memory, if any, after the prompt's last tokens: call it once, when the
+        request ends."""
         if self.memory is not None:
-            answer = self.model.ids[max(0, self.prompt_length - self.start):]
-            if answer:
-                self.memory.add(answer)
+            ids, answer_start = self.model.ids, max(0, self.prompt_length - self.start)
+            if len(ids) > answer_start:
+                before = ids[max(0, answer_start - self.memory.context):answer_start]
+                self.memory.add(ids[answer_start:], context=before)
 
     def propose_lattice(self, max_length: int, lattice: SausageLattice, search_lm: NGramLM, p: int,
                         alpha: float) -> tuple[np.ndarray, np.ndarray]:

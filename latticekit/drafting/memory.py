@@ -7,7 +7,11 @@ suffix tree of past answers for that reason. :class:`AnswerMemory` is latticekit
 n-gram cache of the heads-free model (:class:`~latticekit.drafting.cache_model.CacheModel`,
 the C++ ``csrc/latticekit/ngram_cache.h``) over earlier answers (or any texts: a corpus is
 added the same way), each its own segment, so that no context reaches from one answer into the
-next; and :func:`memory_continuations` searches it for the most probable continuations of a
+next, and each counted after the last tokens of the turn that led to it (its ``context``: the
+prompt's end, say a chat template's ``<|im_start|>assistant\n``), which are not counted
+themselves: an answer's first tokens, drafted where the request's own text is only its prompt,
+are then matched on the turn, not on a token or two of it (code answers open with
+``` ``python``, which an earlier answer's closing ``` ``` `` follows with prose); and :func:`memory_continuations` searches it for the most probable continuations of a
 request's text, matched on the request's own last tokens, as the same
 :class:`~latticekit.drafting.continuations.Continuations` that
 :func:`~latticekit.drafting.continuations.best_continuations` gives for the request's text: one
@@ -15,7 +19,8 @@ more candidate source for a drafter.
 
 * **Scope is the caller's**: a memory is an object; one passed to several drafters (a session,
   an engine's requests) is shared by them; :func:`default_memory` is the process's own.
-* **Bounded**: it never holds more than ``max_tokens`` tokens. An answer that would pass the
+* **Bounded**: it never holds more than ``max_tokens`` answer tokens (and before each answer
+  at most ``context`` tokens of its context, ``max_order`` by default). An answer that would pass the
   limit first evicts the oldest answers, down to half the limit, and the cache is rebuilt from
   the answers kept: O(``max_order``) per token, amortised (a rebuild re-reads at most
   ``max_tokens / 2`` tokens, and follows at least as many new ones). A longer answer than the
@@ -59,53 +64,67 @@ class AnswerMemory:
         max_tokens: the most tokens it holds at any time (>= 1).
         max_order: the longest context matched (tokens).
         vocab_size: the target's vocabulary (the uniform fallback's; see :data:`DEFAULT_VOCAB_SIZE`).
+        context: the most tokens before an answer (its ``context`` in :meth:`add`) it counts the
+            answer after, 0 to ``max_order`` (None: ``max_order``; 0: an answer stands alone).
 
     Raises:
         DecoderConfigError: a bad argument.
     """
 
-    def __init__(self, max_tokens: int, max_order: int = MAX_ORDER, vocab_size: int = DEFAULT_VOCAB_SIZE) -> None:
+    def __init__(self, max_tokens: int, max_order: int = MAX_ORDER, vocab_size: int = DEFAULT_VOCAB_SIZE,
+                 context: Optional[int] = None) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
             raise DecoderConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        if context is not None and (isinstance(context, bool) or not isinstance(context, (int, np.integer))
+                                    or not 0 <= context <= max_order):
+            raise DecoderConfigError(f"context must be an integer in [0, max_order = {max_order}], got {context!r}")
         self.max_tokens = int(max_tokens)
+        self.context = int(max_order if context is None else context)
         # the cache model's search reads its cache; its own text (``ids``) stays empty: the
         # memory's text is its answers, each a segment of the cache
         self.model = CacheModel(None, vocab_size, max_order=max_order)
-        self._answers: deque[np.ndarray] = deque()
+        self._answers: deque[tuple[np.ndarray, np.ndarray]] = deque()  # (context, answer)
         self._tokens = 0
         self.lock = threading.Lock()
         self.added = self.evicted = 0  # answers, ever
 
     def __len__(self) -> int:
-        """Tokens held (at most ``max_tokens``)."""
+        """Answer tokens held (at most ``max_tokens``; their contexts not counted)."""
         return self._tokens
 
     @property
     def answers(self) -> list[tuple[int, ...]]:
         """The answers held, oldest first."""
         with self.lock:
-            return [tuple(a.tolist()) for a in self._answers]
+            return [tuple(a.tolist()) for _, a in self._answers]
 
-    def add(self, tokens: Sequence[int]) -> None:
+    def add(self, tokens: Sequence[int], context: Sequence[int] = ()) -> None:
         """Remembers one answer (or a document of a corpus): its n-grams, none reaching into
-        another's. Evicts the oldest answers first where it would pass ``max_tokens``.
+        another's, each counted after the tokens before it, ``context``'s last ones first (at
+        most :attr:`context` of them: the prompt that led to the answer; they are not counted
+        themselves). Evicts the
+        oldest answers first where it would pass ``max_tokens``.
 
         Raises:
             DecoderConfigError: a token id outside int32, or a negative one.
         """
-        answer = _token_array(tokens)
-        if answer.size and int(answer.min()) < 0:
-            raise DecoderConfigError(f"token ids must be >= 0, got {int(answer.min())}")
+        answer, before = _token_array(tokens), _token_array(context)
+        for ids in (answer, before):
+            if ids.size and int(ids.min()) < 0:
+                raise DecoderConfigError(f"token ids must be >= 0, got {int(ids.min())}")
         if not answer.size:
             return
+        # the context's last tokens; none before the kept tail of a longer answer
+        keep = self.context if answer.size <= self.max_tokens else 0
+        before = before[before.size - min(keep, before.size):].copy()
         answer = answer[-self.max_tokens:].copy()
         with self.lock:
             self.added += 1
             if self._tokens + answer.size > self.max_tokens:
-                self._evict(answer)
+                self._evict(before, answer)
             else:
-                self._count(answer)
-            self._answers.append(answer)
+                self._count(before, answer)
+            self._answers.append((before, answer))
             self._tokens += answer.size
 
     def clear(self) -> None:
@@ -115,27 +134,27 @@ class AnswerMemory:
             self._answers.clear()
             self._tokens = 0
 
-    def _evict(self, newcomer: np.ndarray) -> None:
+    def _evict(self, before: np.ndarray, newcomer: np.ndarray) -> None:
         """Keeps the newest answers that fit half the limit with ``newcomer`` (or none), and
         rebuilds the cache from them."""
         budget = max(self.max_tokens // 2, newcomer.size) - newcomer.size
-        kept: list[np.ndarray] = []
-        for answer in reversed(self._answers):
+        kept: list[tuple[np.ndarray, np.ndarray]] = []
+        for context, answer in reversed(self._answers):
             if answer.size > budget:
                 break
-            kept.append(answer)
+            kept.append((context, answer))
             budget -= answer.size
         self.evicted += len(self._answers) - len(kept)
         self._answers = deque(reversed(kept))
-        self._tokens = sum(a.size for a in kept)
+        self._tokens = sum(a.size for _, a in kept)
         self.model.cache.clear()
-        for answer in self._answers:
-            self._count(answer)
-        self._count(newcomer)
+        for context, answer in self._answers:
+            self._count(context, answer)
+        self._count(before, newcomer)
 
-    def _count(self, answer: np.ndarray) -> None:
+    def _count(self, context: np.ndarray, answer: np.ndarray) -> None:
         cache = self.model.cache
-        cache.break_segment()
+        cache.prime(context)
         cache.extend(answer, np.full(answer.size, 1.0 / self.model.vocab_size))
 
 

@@ -337,7 +337,7 @@ def replay(trace: Trace, config: DecoderConfig, max_new_tokens: int, lms: Any = 
         raise DecoderConfigError(f"decoder k={drafter.k} exceeds the traced k={trace.k}")
     out = run_steps(TraceTarget(trace, drafter.k), drafter, config, prompt, max_new_tokens, eos_set(eos_token_id))
     if memory is not None:
-        memory.add(out.tokens)
+        memory.add(out.tokens, context=prompt)
     return out
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from latticekit.drafting.arms import PROBE_BUDGET
+from latticekit.drafting.cache_model import MAX_ORDER
 from latticekit.drafting.memory import DEFAULT_MAX_TOKENS
 from latticekit.errors import ProposerConfigError
 
@@ -79,6 +80,10 @@ class ProposerConfig:
             output goes into it, and every request drafts from it beside its own text. One memory
             per engine process (its proposer), shared by all its requests. Default 2**17 tokens
             (:data:`~latticekit.drafting.memory.DEFAULT_MAX_TOKENS`, about 45 MB when full).
+        memory_context: the most tokens of a request's prompt, from its end, that its answer is
+            counted after in the memory (0 to 8; 0: an answer stands alone). With them, a new
+            answer's first tokens are matched on the turn that opens it (a chat template's
+            ``<|im_start|>assistant\n``), not on a token or two of it.
         arms: the ways of drafting the proposer chooses among by the tokens per second each
             really got, per load (of :data:`ARMS`); one alone is always taken. None: the
             proposer's own. ``NGramProposer``'s is ``["model"]``, the cost model's allocation at
@@ -127,6 +132,7 @@ class ProposerConfig:
     frugal: bool = True
     probe_budget: float = PROBE_BUDGET
     memory_tokens: int = DEFAULT_MAX_TOKENS
+    memory_context: int = MAX_ORDER
     arms: Optional[tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
@@ -140,6 +146,10 @@ class ProposerConfig:
         if isinstance(self.memory_tokens, bool) or not isinstance(self.memory_tokens, int) or self.memory_tokens < 0:
             raise ProposerConfigError(f"latticekit vLLM proposer: memory_tokens must be an integer >= 0, "
                                       f"got {self.memory_tokens!r}")
+        if isinstance(self.memory_context, bool) or not isinstance(self.memory_context, int) \
+                or not 0 <= self.memory_context <= MAX_ORDER:
+            raise ProposerConfigError(f"latticekit vLLM proposer: memory_context must be an integer in "
+                                      f"[0, {MAX_ORDER}], got {self.memory_context!r}")
         for key in ("candidates", "max_depth", "max_context", "max_requests", "k", "p"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -141,8 +141,8 @@ class NGramProposer:
         self.arms = self.config.arms if self.config.arms is not None else self.default_arms
         if "text" in self.arms and not self.reads_heads:  # n-grams without heads: what this proposer does anyway
             raise ProposerConfigError("latticekit vLLM proposer: arm 'text' is latticekit.vllm.LatticeProposer's")
-        self.memory = AnswerMemory(self.config.memory_tokens, vocab_size=self.vocab_size) \
-            if self.config.memory_tokens else None
+        self.memory = AnswerMemory(self.config.memory_tokens, vocab_size=self.vocab_size,
+                                   context=self.config.memory_context) if self.config.memory_tokens else None
         # one model per candidate source: an earlier answer is trusted as far as answers proved right
         self.acceptance = SourceAcceptance.prior(("heads",) * self.reads_heads + ("text",)
                                                  + ("memory",) * (self.memory is not None), trust=self.trust)

@@ -306,6 +306,7 @@ def test_auto_drafts_from_earlier_answers_and_remembers_its_own(setup: Any, lm: 
     config = DecoderConfig.parse("auto:alpha=0")  # the text's cache alone: what it cannot know, memory must
     first = decode(model, None, PROMPT, config, max_new_tokens=NEW, costs=flat_costs(), memory=memory)
     assert memory.answers == [tuple(first.tokens)]
+    assert memory.model.match(list(PROMPT[-2:]) + list(first.tokens[:1])) == 3  # counted after the prompt's end
     again = decode(model, None, PROMPT, config, max_new_tokens=NEW, costs=flat_costs(), memory=memory)
     assert again.tokens == first.tokens == reference[len(PROMPT): len(PROMPT) + NEW]
     assert again.block_efficiency > first.block_efficiency + 1  # the second copies the first answer

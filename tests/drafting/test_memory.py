@@ -1,6 +1,7 @@
 """AnswerMemory against a brute-force reference: which answers it keeps (the size limit at every
 moment, the oldest evicted first), the followers and match it counts over the kept answers
-(no context reaching from one answer into the next), and the search over it."""
+(no context reaching from one answer into the next, but into the tokens given before it, which
+are not counted themselves), and the search over it."""
 
 from __future__ import annotations
 
@@ -19,39 +20,48 @@ from latticekit.errors import DecoderConfigError, LatticeError
 
 ORDER = 3
 answers_st = st.lists(st.lists(st.integers(0, 4), min_size=0, max_size=12), min_size=1, max_size=14)
+#: (context, answer): the tokens before an answer (a prompt's end), often none
+contexts_st = st.lists(st.tuples(st.lists(st.integers(0, 5), max_size=5) | st.just([]),
+                                 st.lists(st.integers(0, 4), min_size=0, max_size=12)), min_size=1, max_size=14)
+
+Kept = list[tuple[tuple[int, ...], tuple[int, ...]]]
 
 
-def reference_kept(added: list[list[int]], max_tokens: int) -> list[tuple[int, ...]]:
-    """The answers kept after each add, as the module docstring says: an answer that would pass
-    the limit evicts the oldest, down to half the limit with it (a longer one keeps its tail)."""
-    kept: list[tuple[int, ...]] = []
-    for answer in added:
+def reference_kept(added: list[tuple[list[int], list[int]]], max_tokens: int, order: int = ORDER) -> Kept:
+    """The (context, answer) pairs kept after each add, as the module docstring says: an answer
+    that would pass the limit evicts the oldest, down to half the limit with it (a longer one
+    keeps its tail, and no context); an answer keeps its context's last ``order`` tokens."""
+    kept: Kept = []
+    for context, answer in added:
         if not answer:
             continue
         new = tuple(answer[-max_tokens:])
-        if sum(map(len, kept)) + len(new) > max_tokens:
+        before = tuple(context[max(0, len(context) - order):]) if len(answer) <= max_tokens else ()
+        if sum(len(a) for _, a in kept) + len(new) > max_tokens:
             budget, keep = max(max_tokens // 2, len(new)) - len(new), []
             for old in reversed(kept):
-                if len(old) > budget:
+                if len(old[1]) > budget:
                     break
                 keep.append(old)
-                budget -= len(old)
+                budget -= len(old[1])
             kept = list(reversed(keep))
-        kept.append(new)
+        kept.append((before, new))
     return kept
 
 
-def reference_followers(kept: list[tuple[int, ...]], context: tuple[int, ...]) -> Counter[int]:
-    """Tokens that followed ``context`` inside one answer, counted over every kept answer."""
+def reference_followers(kept: Kept, context: tuple[int, ...]) -> Counter[int]:
+    """Tokens of an answer that followed ``context`` (within the answer and the tokens before
+    it), counted over every kept answer."""
     n, out = len(context), Counter[int]()
-    for answer in kept:
-        for i in range(n, len(answer)):
-            if answer[i - n:i] == context:
-                out[answer[i]] += 1
+    for before, answer in kept:
+        text = before + answer
+        for i in range(max(n, len(before)), len(text)):
+            if text[i - n:i] == context:
+                out[text[i]] += 1
     return out
 
 
-def reference_match(kept: list[tuple[int, ...]], tail: list[int], order: int) -> int:
+def reference_match(kept: Kept, tail: list[int], order: int) -> int:
     n = 0
     while n < min(order, len(tail)) and reference_followers(kept, tuple(tail[len(tail) - n - 1:])):
         n += 1
@@ -59,16 +69,18 @@ def reference_match(kept: list[tuple[int, ...]], tail: list[int], order: int) ->
 
 
 @settings(max_examples=150)
-@given(added=answers_st, max_tokens=st.integers(1, 40), tails=st.lists(st.lists(st.integers(0, 4), max_size=5),
-                                                                         min_size=1, max_size=6))
-def test_memory_equals_brute_force(added: list[list[int]], max_tokens: int, tails: list[list[int]]) -> None:
+@given(added=contexts_st, max_tokens=st.integers(1, 40), tails=st.lists(st.lists(st.integers(0, 5), max_size=5),
+                                                                          min_size=1, max_size=6))
+def test_memory_equals_brute_force(added: list[tuple[list[int], list[int]]], max_tokens: int,
+                                   tails: list[list[int]]) -> None:
     memory = AnswerMemory(max_tokens, max_order=ORDER)
-    for i, answer in enumerate(added):
-        memory.add(answer)
+    for i, (context, answer) in enumerate(added):
+        memory.add(answer, context=context)
         assert len(memory) <= max_tokens  # the limit holds at every moment
-        assert memory.answers == reference_kept(added[:i + 1], max_tokens)
-    kept = memory.answers
-    assert len(memory) == sum(map(len, kept)) == len(memory.model.cache)
+        assert memory.answers == [a for _, a in reference_kept(added[:i + 1], max_tokens)]
+    kept = reference_kept(added, max_tokens)
+    assert len(memory) == sum(len(a) for _, a in kept)
+    assert len(memory.model.cache) == sum(len(b) + len(a) for b, a in kept)  # the contexts held, uncounted
     for tail in tails:
         n = memory.model.match(tail)
         assert n == reference_match(kept, tail, ORDER)
@@ -85,7 +97,7 @@ def test_search_drafts_only_what_an_answer_continues(added: list[list[int]], tai
     for answer in added:
         memory.add(answer)
     found = memory_continuations(memory, tail, 16, 4)
-    kept = memory.answers
+    kept = [((), a) for a in memory.answers]
     for path in found.paths():  # every node continues the matched tail inside one answer
         text = tail + list(path)
         n = reference_match(kept, text[:-1], ORDER)
@@ -104,6 +116,28 @@ def test_answers_do_not_run_into_each_other() -> None:
     assert memory_continuations(memory, [9, 3], 8, 3).size == 0
     assert memory_continuations(memory, [9, 2], 8, 3).paths() == [(3,)]
     assert memory_continuations(memory, [4], 8, 3).paths() == [(5,), (5, 6)]
+
+
+def test_an_answer_is_counted_after_its_context() -> None:
+    """The prompt's end before an answer: the answer's first tokens follow it (a chat turn's
+    opening matched on the whole turn), its own tokens are followers of nothing."""
+    memory = AnswerMemory(100, max_order=4)
+    memory.add([7, 8, 9], context=[1, 2, 3, 4, 5, 6])  # its last 4 tokens kept
+    memory.add([7, 1, 1], context=[])
+    assert memory.model.match([4, 5, 6]) == 3 and memory.model.followers([4, 5, 6], 3) == ({7: 1}, 1)
+    assert memory.model.match([2, 3]) == 0  # followed by a context token: never counted
+    assert memory.model.match([9, 3, 4]) == 0  # contexts reach back no further than the 4 kept
+    assert memory_continuations(memory, [5, 6], 8, 3).paths() == [(7,), (7, 8), (7, 8, 9)]
+    assert memory.model.followers([7], 1) == ({8: 1, 1: 1}, 2) and len(memory) == 6
+    with pytest.raises(DecoderConfigError):
+        memory.add([1], context=[-1])
+    assert len(memory) == 6
+    shorter = AnswerMemory(100, max_order=4, context=2)  # at most 2 tokens of a context
+    shorter.add([7, 8, 9], context=[1, 2, 3, 4, 5, 6])
+    assert shorter.model.match([4, 5, 6, 7]) == 3 and len(shorter.model.cache) == 5
+    for bad in (-1, 5, True, 1.5):
+        with pytest.raises(DecoderConfigError):
+            AnswerMemory(100, max_order=4, context=bad)  # type: ignore[arg-type]
 
 
 def test_eviction_is_oldest_first_and_the_limit_holds() -> None:

@@ -456,11 +456,26 @@ def test_finished_answers_feed_the_engines_memory() -> None:
     # "a"'s answer, not its prompt
     assert proposer.propose([[11]], batch.lengths, batch.ids) == [[12, 13, 14]]
     assert proposer.memory is not None and proposer.memory.answers == [(10, 11, 12, 13, 14)]
+    # counted after its prompt's end: a request whose prompt ends as "a"'s matches it there
+    assert proposer.memory.model.match([9, 2, 3, 10]) == 3 and proposer.memory.model.match([1, 2]) == 0
     assert proposer.stats()["memory_answers"] == 1 and proposer.stats()["errors"] == 0
     without = NGramProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.0), memory_tokens=0))
     assert without.memory is None and without.propose([[11]], batch.lengths, batch.ids) == [[]]  # b's text alone
     with pytest.raises(ProposerConfigError, match="memory_tokens"):
         ProposerConfig(memory_tokens=-1)
+    for bad in (-1, 9, True, 2.0):
+        with pytest.raises(ProposerConfigError, match="memory_context"):
+            ProposerConfig(memory_context=bad)
+    alone = NGramProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.0), memory_tokens=64, memory_context=0))
+    runner.input_batch.req_ids, runner.requests = ["a"], {"a": SimpleNamespace(prompt_token_ids=[1, 2, 3])}
+    alone._runner = weakref.ref(runner)
+    batch.put(0, [1, 2, 3, 10, 11, 12, 13, 14])
+    alone.propose([[14]], batch.lengths, batch.ids)
+    runner.input_batch.req_ids, runner.requests = ["b"], {"b": SimpleNamespace(prompt_token_ids=[4, 5, 6])}
+    batch.put(0, [4, 5, 6, 10, 11])
+    alone.propose([[11]], batch.lengths, batch.ids)
+    assert alone.memory is not None and alone.memory.answers == [(10, 11, 12, 13, 14)]
+    assert alone.memory.model.match([9, 2, 3, 10]) == 1  # the answer alone, its prompt not read
 
 
 @settings(max_examples=60, deadline=None)
