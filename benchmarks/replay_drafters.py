@@ -23,6 +23,8 @@ Drafters (every chain at most ``N`` tokens, ``N`` in ``--n``):
   model: the proposer's default), every chain at its full length;
 * ``latticekit-chain+memory``: the same with an ``AnswerMemory`` (2**17 tokens) of the earlier
   answers (the proposer's ``memory_tokens``);
+* ``latticekit-chain+memory/ctx0``: the same with each answer counted alone in the memory,
+  not after its prompt's end (the proposer's ``memory_context=0``, latticekit before stop 49);
 * ``latticekit-chain+memory+lm``: and the shipped Katz 4-gram over SmolLM2's token ids
   interpolated with each request's n-grams (the proposer's ``lm="embedded"``);
 * ``latticekit-tree`` / ``latticekit-tree+memory``: beside the chains, not comparable with them:
@@ -126,6 +128,8 @@ def drafters() -> dict[str, Any]:
         "suffix": Suffix,
         "latticekit-chain": lambda: LatticekitChains(VOCAB),
         "latticekit-chain+memory": lambda: LatticekitChains(VOCAB, memory=AnswerMemory(MEMORY_TOKENS, vocab_size=VOCAB)),
+        "latticekit-chain+memory/ctx0": lambda: LatticekitChains(
+            VOCAB, memory=AnswerMemory(MEMORY_TOKENS, vocab_size=VOCAB, context=0)),
         "latticekit-chain+memory+lm": lambda: LatticekitChains(VOCAB, lm=embedded_token_lm(),
                                                                memory=AnswerMemory(MEMORY_TOKENS, vocab_size=VOCAB)),
         "latticekit-tree": lambda: LatticekitTrees(VOCAB),

@@ -212,7 +212,7 @@ cdef extern from "latticekit/ngram_cache.h" namespace "latticekit" nogil:
         void Clear()
         void Extend(const int32_t* tokens, const double* static_prob, size_t n) except +raise_core_error
         void Break()
-        void Prime(const int32_t* tokens, size_t n)
+        void Prime(const int32_t* tokens, size_t n) except +raise_core_error
         double Weight(int n)
         int Match(const int32_t* tail, size_t size, int longest)
         uint32_t Context(const int32_t* tail, size_t size, int n)

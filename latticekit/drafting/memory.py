@@ -9,10 +9,11 @@ the C++ ``csrc/latticekit/ngram_cache.h``) over earlier answers (or any texts: a
 added the same way), each its own segment, so that no context reaches from one answer into the
 next, and each counted after the last tokens of the turn that led to it (its ``context``: the
 prompt's end, say a chat template's ``<|im_start|>assistant\n``), which are not counted
-themselves: an answer's first tokens, drafted where the request's own text is only its prompt,
-are then matched on the turn, not on a token or two of it (code answers open with
-``` ``python``, which an earlier answer's closing ``` ``` `` follows with prose); and :func:`memory_continuations` searches it for the most probable continuations of a
-request's text, matched on the request's own last tokens, as the same
+themselves. An answer's first tokens, drafted where the request's text is its prompt and a
+token, are then matched on the turn, not on a token or two of it (a code answer's opening fence
+goes on with ``python``; without the turn it matched earlier answers' closing fences, which
+prose follows); and :func:`memory_continuations` searches it for the most probable
+continuations of a request's text, matched on the request's own last tokens, as the same
 :class:`~latticekit.drafting.continuations.Continuations` that
 :func:`~latticekit.drafting.continuations.best_continuations` gives for the request's text: one
 more candidate source for a drafter.
@@ -20,9 +21,9 @@ more candidate source for a drafter.
 * **Scope is the caller's**: a memory is an object; one passed to several drafters (a session,
   an engine's requests) is shared by them; :func:`default_memory` is the process's own.
 * **Bounded**: it never holds more than ``max_tokens`` answer tokens (and before each answer
-  at most ``context`` tokens of its context, ``max_order`` by default). An answer that would pass the
-  limit first evicts the oldest answers, down to half the limit, and the cache is rebuilt from
-  the answers kept: O(``max_order``) per token, amortised (a rebuild re-reads at most
+  at most ``context`` tokens of its context, ``max_order`` by default). An answer that would
+  pass the limit first evicts the oldest answers, down to half the limit, and the cache is
+  rebuilt from the answers kept: O(``max_order``) per token, amortised (a rebuild re-reads at most
   ``max_tokens / 2`` tokens, and follows at least as many new ones). A longer answer than the
   limit keeps its last ``max_tokens`` tokens.
 * **The weights** ``lam(n)`` are fitted on the answers as they come (how well the earlier
@@ -102,8 +103,7 @@ class AnswerMemory:
         """Remembers one answer (or a document of a corpus): its n-grams, none reaching into
         another's, each counted after the tokens before it, ``context``'s last ones first (at
         most :attr:`context` of them: the prompt that led to the answer; they are not counted
-        themselves). Evicts the
-        oldest answers first where it would pass ``max_tokens``.
+        themselves). Evicts the oldest answers first where it would pass ``max_tokens``.
 
         Raises:
             DecoderConfigError: a token id outside int32, or a negative one.
