@@ -8,11 +8,12 @@ n-gram cache of the heads-free model (:class:`~latticekit.drafting.cache_model.C
 the C++ ``csrc/latticekit/ngram_cache.h``) over earlier answers (or any texts: a corpus is
 added the same way), each its own segment, so that no context reaches from one answer into the
 next, and each counted after the last tokens of the turn that led to it (its ``context``: the
-prompt's end, say a chat template's ``<|im_start|>assistant\n``), which are not counted
-themselves. An answer's first tokens, drafted where the request's text is its prompt and a
-token, are then matched on the turn, not on a token or two of it (a code answer's opening fence
-goes on with ``python``; without the turn it matched earlier answers' closing fences, which
-prose follows); and :func:`memory_continuations` searches it for the most probable
+prompt's last :data:`DEFAULT_CONTEXT` tokens, the end of a chat template's
+``<|im_start|>assistant\n``), which are not counted themselves. An answer's first tokens,
+drafted where the request's text is its prompt and a token, are then matched as an answer's
+start, not wherever else an answer held them (a code answer's opening fence goes on with
+``python``; without the turn it matched earlier answers' closing fences, which prose follows);
+and :func:`memory_continuations` searches it for the most probable
 continuations of a request's text, matched on the request's own last tokens, as the same
 :class:`~latticekit.drafting.continuations.Continuations` that
 :func:`~latticekit.drafting.continuations.best_continuations` gives for the request's text: one
@@ -21,7 +22,7 @@ more candidate source for a drafter.
 * **Scope is the caller's**: a memory is an object; one passed to several drafters (a session,
   an engine's requests) is shared by them; :func:`default_memory` is the process's own.
 * **Bounded**: it never holds more than ``max_tokens`` answer tokens (and before each answer
-  at most ``context`` tokens of its context, ``max_order`` by default). An answer that would
+  at most ``context`` tokens of its context, :data:`DEFAULT_CONTEXT`). An answer that would
   pass the limit first evicts the oldest answers, down to half the limit, and the cache is
   rebuilt from the answers kept: O(``max_order``) per token, amortised (a rebuild re-reads at most
   ``max_tokens / 2`` tokens, and follows at least as many new ones). A longer answer than the
@@ -49,10 +50,17 @@ from latticekit.drafting.calibration import SOURCES
 from latticekit.drafting.continuations import Continuations, best_continuations
 from latticekit.errors import DecoderConfigError
 
-__all__ = ["AnswerMemory", "memory_continuations", "united_with_memory", "default_memory", "DEFAULT_MAX_TOKENS"]
+__all__ = ["AnswerMemory", "memory_continuations", "united_with_memory", "default_memory", "DEFAULT_MAX_TOKENS",
+           "DEFAULT_CONTEXT"]
 
 #: The process-wide memory's size (tokens): about 45 MB (some 360 bytes a token in the cache).
 DEFAULT_MAX_TOKENS = 1 << 17
+#: The tokens before an answer it is counted after, unless told: enough to tell an answer's start
+#: (the end of a chat template's turn), not so many that a template every answer shares passes for
+#: a long match, which the memory's weights trust as though the request's text matched that far
+#: (replayed, 1 to 8 tokens drafted within 0.3% of each other, 0 up to 3.8% less; in vLLM, 8 let a
+#: template-long match of an unrelated earlier answer outbid the request's own text).
+DEFAULT_CONTEXT = 2
 #: The vocabulary of the memory's uniform fallback when none is given: only the share of a
 #: probability outside the memory's followers depends on it (the memory proposes its followers only).
 DEFAULT_VOCAB_SIZE = 1 << 16
@@ -66,21 +74,20 @@ class AnswerMemory:
         max_order: the longest context matched (tokens).
         vocab_size: the target's vocabulary (the uniform fallback's; see :data:`DEFAULT_VOCAB_SIZE`).
         context: the most tokens before an answer (its ``context`` in :meth:`add`) it counts the
-            answer after, 0 to ``max_order`` (None: ``max_order``; 0: an answer stands alone).
+            answer after, 0 to ``max_order`` (:data:`DEFAULT_CONTEXT`; 0: an answer stands alone).
 
     Raises:
         DecoderConfigError: a bad argument.
     """
 
     def __init__(self, max_tokens: int, max_order: int = MAX_ORDER, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                 context: Optional[int] = None) -> None:
+                 context: int = DEFAULT_CONTEXT) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
             raise DecoderConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        if context is not None and (isinstance(context, bool) or not isinstance(context, (int, np.integer))
-                                    or not 0 <= context <= max_order):
+        if isinstance(context, bool) or not isinstance(context, (int, np.integer)) or not 0 <= context <= max_order:
             raise DecoderConfigError(f"context must be an integer in [0, max_order = {max_order}], got {context!r}")
         self.max_tokens = int(max_tokens)
-        self.context = int(max_order if context is None else context)
+        self.context = int(context)
         # the cache model's search reads its cache; its own text (``ids``) stays empty: the
         # memory's text is its answers, each a segment of the cache
         self.model = CacheModel(None, vocab_size, max_order=max_order)

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from latticekit.drafting.arms import PROBE_BUDGET
 from latticekit.drafting.cache_model import MAX_ORDER
-from latticekit.drafting.memory import DEFAULT_MAX_TOKENS
+from latticekit.drafting.memory import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS
 from latticekit.errors import ProposerConfigError
 
 __all__ = ["ENV", "ARMS", "ProposerConfig", "speculative_config", "PROPOSER", "LATTICE_PROPOSER"]
@@ -81,9 +81,10 @@ class ProposerConfig:
             per engine process (its proposer), shared by all its requests. Default 2**17 tokens
             (:data:`~latticekit.drafting.memory.DEFAULT_MAX_TOKENS`, about 45 MB when full).
         memory_context: the most tokens of a request's prompt, from its end, that its answer is
-            counted after in the memory (0 to 8; 0: an answer stands alone). With them, a new
-            answer's first tokens are matched on the turn that opens it (a chat template's
-            ``<|im_start|>assistant\n``), not on a token or two of it.
+            counted after in the memory (0 to 8; 0: an answer stands alone; default 2,
+            :data:`~latticekit.drafting.memory.DEFAULT_CONTEXT`). With them, a new answer's first
+            tokens are matched as an answer's start (the end of a chat template's turn), not
+            wherever else an answer held them.
         arms: the ways of drafting the proposer chooses among by the tokens per second each
             really got, per load (of :data:`ARMS`); one alone is always taken. None: the
             proposer's own. ``NGramProposer``'s is ``["model"]``, the cost model's allocation at
@@ -132,7 +133,7 @@ class ProposerConfig:
     frugal: bool = True
     probe_budget: float = PROBE_BUDGET
     memory_tokens: int = DEFAULT_MAX_TOKENS
-    memory_context: int = MAX_ORDER
+    memory_context: int = DEFAULT_CONTEXT
     arms: Optional[tuple[str, ...]] = None
 
     def __post_init__(self) -> None:

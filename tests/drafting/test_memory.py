@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from latticekit.drafting.memory import AnswerMemory, default_memory, memory_continuations, united_with_memory
+from latticekit.drafting.memory import (DEFAULT_CONTEXT, AnswerMemory, default_memory, memory_continuations,
+                                        united_with_memory)
 from latticekit.drafting.continuations import Continuations
 from latticekit.errors import DecoderConfigError, LatticeError
 
@@ -27,10 +28,11 @@ contexts_st = st.lists(st.tuples(st.lists(st.integers(0, 5), max_size=5) | st.ju
 Kept = list[tuple[tuple[int, ...], tuple[int, ...]]]
 
 
-def reference_kept(added: list[tuple[list[int], list[int]]], max_tokens: int, order: int = ORDER) -> Kept:
+def reference_kept(added: list[tuple[list[int], list[int]]], max_tokens: int, order: int) -> Kept:
     """The (context, answer) pairs kept after each add, as the module docstring says: an answer
     that would pass the limit evicts the oldest, down to half the limit with it (a longer one
-    keeps its tail, and no context); an answer keeps its context's last ``order`` tokens."""
+    keeps its tail, and no context); an answer keeps its context's last ``order`` tokens (the
+    memory's ``context``)."""
     kept: Kept = []
     for context, answer in added:
         if not answer:
@@ -70,15 +72,16 @@ def reference_match(kept: Kept, tail: list[int], order: int) -> int:
 
 @settings(max_examples=150)
 @given(added=contexts_st, max_tokens=st.integers(1, 40), tails=st.lists(st.lists(st.integers(0, 5), max_size=5),
-                                                                          min_size=1, max_size=6))
+                                                                          min_size=1, max_size=6),
+       kept_context=st.integers(0, ORDER))
 def test_memory_equals_brute_force(added: list[tuple[list[int], list[int]]], max_tokens: int,
-                                   tails: list[list[int]]) -> None:
-    memory = AnswerMemory(max_tokens, max_order=ORDER)
+                                   tails: list[list[int]], kept_context: int) -> None:
+    memory = AnswerMemory(max_tokens, max_order=ORDER, context=kept_context)
     for i, (context, answer) in enumerate(added):
         memory.add(answer, context=context)
         assert len(memory) <= max_tokens  # the limit holds at every moment
-        assert memory.answers == [a for _, a in reference_kept(added[:i + 1], max_tokens)]
-    kept = reference_kept(added, max_tokens)
+        assert memory.answers == [a for _, a in reference_kept(added[:i + 1], max_tokens, kept_context)]
+    kept = reference_kept(added, max_tokens, kept_context)
     assert len(memory) == sum(len(a) for _, a in kept)
     assert len(memory.model.cache) == sum(len(b) + len(a) for b, a in kept)  # the contexts held, uncounted
     for tail in tails:
@@ -121,20 +124,21 @@ def test_answers_do_not_run_into_each_other() -> None:
 def test_an_answer_is_counted_after_its_context() -> None:
     """The prompt's end before an answer: the answer's first tokens follow it (a chat turn's
     opening matched on the whole turn), its own tokens are followers of nothing."""
-    memory = AnswerMemory(100, max_order=4)
+    memory = AnswerMemory(100, max_order=4, context=4)
     memory.add([7, 8, 9], context=[1, 2, 3, 4, 5, 6])  # its last 4 tokens kept
     memory.add([7, 1, 1], context=[])
     assert memory.model.match([4, 5, 6]) == 3 and memory.model.followers([4, 5, 6], 3) == ({7: 1}, 1)
-    assert memory.model.match([2, 3]) == 0  # followed by a context token: never counted
-    assert memory.model.match([9, 3, 4]) == 0  # contexts reach back no further than the 4 kept
+    assert memory.model.match([2, 3]) == 0  # a context token follows it: not counted
+    assert memory.model.match([9, 3, 4]) == 0  # nor [3, 4] nor [4]: 5, a context token, follows them
     assert memory_continuations(memory, [5, 6], 8, 3).paths() == [(7,), (7, 8), (7, 8, 9)]
     assert memory.model.followers([7], 1) == ({8: 1, 1: 1}, 2) and len(memory) == 6
     with pytest.raises(DecoderConfigError):
         memory.add([1], context=[-1])
     assert len(memory) == 6
+    assert AnswerMemory(100).context == DEFAULT_CONTEXT == 2
     shorter = AnswerMemory(100, max_order=4, context=2)  # at most 2 tokens of a context
     shorter.add([7, 8, 9], context=[1, 2, 3, 4, 5, 6])
-    assert shorter.model.match([4, 5, 6, 7]) == 3 and len(shorter.model.cache) == 5
+    assert shorter.model.match([4, 5, 6, 7]) == 3 and len(shorter.model.cache) == 5  # "4" not kept
     for bad in (-1, 5, True, 1.5):
         with pytest.raises(DecoderConfigError):
             AnswerMemory(100, max_order=4, context=bad)  # type: ignore[arg-type]
