@@ -76,6 +76,22 @@ void TestNGramCache() {
   CHECK_THROWS(InvalidArgument, (void)NGramCache(0, prior.data(), 1.0), [](const InvalidArgument &) {});
 }
 
+using Recount = std::map<std::vector<int32_t>, std::map<int32_t, uint32_t>>;
+
+// Whether the cache holds every recounted context, matched whole, with exactly its followers.
+bool CountsMatch(const NGramCache &cache, const Recount &recount, int max_order) {
+  bool counts = true;
+  for (const auto &kv : recount) {
+    const std::vector<int32_t> &context = kv.first;
+    const uint32_t node = cache.Context(context.data(), context.size(), static_cast<int>(context.size()));
+    std::map<int32_t, uint32_t> got;
+    for (size_t i = 0; i < cache.NumFollowers(node); ++i) got[cache.FollowerAt(node, i).token] = cache.FollowerAt(node, i).count;
+    counts = counts && cache.Match(context.data(), context.size(), max_order) == static_cast<int>(context.size()) &&
+             got == kv.second;
+  }
+  return counts;
+}
+
 // Texts separated by Break: every context is counted within its own segment only (a recount
 // per segment), and the weights are fitted on no position whose match reaches back past a break.
 void TestNGramCacheSegments() {
@@ -83,8 +99,7 @@ void TestNGramCacheSegments() {
   const std::vector<double> prior = {0.2, 0.4, 0.6};
   NGramCache cache(max_order, prior.data(), 2.0);
   std::mt19937 rng(5);
-  std::vector<std::vector<int32_t>> segments;
-  std::map<std::vector<int32_t>, std::map<int32_t, uint32_t>> recount;
+  Recount recount;
   size_t fitted_most = 0;
   for (int s = 0; s < 40; ++s) {
     std::vector<int32_t> seg(rng() % 30);
@@ -97,19 +112,8 @@ void TestNGramCacheSegments() {
         ++recount[std::vector<int32_t>(seg.begin() + (end - n), seg.begin() + end)][seg[end]];
     fitted_most += seg.empty() ? 0 : seg.size() - 1;
   }
-  bool counts = true;
-  size_t contexts = 0;
-  for (const auto &kv : recount) {
-    const std::vector<int32_t> &context = kv.first;
-    const uint32_t node = cache.Context(context.data(), context.size(), static_cast<int>(context.size()));
-    std::map<int32_t, uint32_t> got;
-    for (size_t i = 0; i < cache.NumFollowers(node); ++i) got[cache.FollowerAt(node, i).token] = cache.FollowerAt(node, i).count;
-    counts = counts && cache.Match(context.data(), context.size(), max_order) == static_cast<int>(context.size()) &&
-             got == kv.second;
-    ++contexts;
-  }
-  CHECK(counts);
-  CHECK(cache.num_contexts() == contexts);  // no context spans a break
+  CHECK(CountsMatch(cache, recount, max_order));
+  CHECK(cache.num_contexts() == recount.size());  // no context spans a break
   double sum = 0;
   for (double p : cache.positions()) sum += p;
   CHECK(sum <= fitted_most);  // a segment's first token is fitted on nothing before it
@@ -123,7 +127,7 @@ void TestNGramCachePrime() {
   const std::vector<double> prior = {0.2, 0.4, 0.6};
   NGramCache cache(max_order, prior.data(), 2.0);
   std::mt19937 rng(11);
-  std::map<std::vector<int32_t>, std::map<int32_t, uint32_t>> recount;
+  Recount recount;
   size_t fitted_most = 0, held = 0;
   for (int s = 0; s < 40; ++s) {
     std::vector<int32_t> context(rng() % 5), seg(rng() % 20);
@@ -140,16 +144,7 @@ void TestNGramCachePrime() {
     fitted_most += context.empty() && !seg.empty() ? seg.size() - 1 : seg.size();
     held += all.size();
   }
-  bool counts = true;
-  for (const auto &kv : recount) {
-    const std::vector<int32_t> &context = kv.first;
-    const uint32_t node = cache.Context(context.data(), context.size(), static_cast<int>(context.size()));
-    std::map<int32_t, uint32_t> got;
-    for (size_t i = 0; i < cache.NumFollowers(node); ++i) got[cache.FollowerAt(node, i).token] = cache.FollowerAt(node, i).count;
-    counts = counts && cache.Match(context.data(), context.size(), max_order) == static_cast<int>(context.size()) &&
-             got == kv.second;
-  }
-  CHECK(counts);
+  CHECK(CountsMatch(cache, recount, max_order));
   CHECK(cache.num_contexts() == recount.size());  // no context is counted but these
   CHECK(cache.text().size() == held);
   double sum = 0;
