@@ -459,5 +459,4 @@ class PendingLabels:
         text = np.asarray(ids[first:], dtype=np.int64)
         if len(more):
             text = np.concatenate([text, np.asarray(more, dtype=np.int64)])
-        features, labels = self.core.resolve(text, first)
-        return features, labels
+        return self.core.resolve(text, first)

@@ -113,18 +113,20 @@ class AnswerMemory:
         themselves). Evicts the oldest answers first where it would pass ``max_tokens``.
 
         Raises:
-            DecoderConfigError: a token id outside int32, or a negative one.
+            DecoderConfigError: a token id outside int32, or a negative one (of the context, among
+                the tokens it reads).
         """
+        if len(context) > self.context:  # a whole prompt may come: only its end is read
+            context = context[len(context) - self.context:]
         answer, before = _token_array(tokens), _token_array(context)
         for ids in (answer, before):
             if ids.size and int(ids.min()) < 0:
                 raise DecoderConfigError(f"token ids must be >= 0, got {int(ids.min())}")
         if not answer.size:
             return
-        # the context's last tokens; none before the kept tail of a longer answer
-        keep = self.context if answer.size <= self.max_tokens else 0
-        before = before[before.size - min(keep, before.size):].copy()
-        answer = answer[-self.max_tokens:].copy()
+        if answer.size > self.max_tokens:  # its kept tail follows its cut, not the context
+            before = before[:0]
+        before, answer = before.copy(), answer[-self.max_tokens:].copy()
         with self.lock:
             self.added += 1
             if self._tokens + answer.size > self.max_tokens:
