@@ -107,7 +107,7 @@ from latticekit.vllm import NGramProposer
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine: 16 requests of 1.4k tokens fit
 
 ROOT = Path(__file__).resolve().parent
-ENGINES = ("none", "empty", "vllm-ngram", "suffix", "latticekit", "latticekit-one-model", "latticekit-steps", "medusa",
+ENGINES = ("none", "empty", "empty-plain", "vllm-ngram", "suffix", "latticekit", "latticekit-one-model", "latticekit-steps", "medusa",
            "lattice-medusa", "lattice")
 DOMAINS = {
     "code": {("code", "rewrite"), ("code", "docstring"), ("code", "test")},
@@ -133,6 +133,17 @@ class EmptyProposer:
 
     def propose(self, sampled_token_ids: list[list[int]], *args: Any, **kwargs: Any) -> list[list[int]]:
         return [[] for _ in sampled_token_ids]
+
+
+class EmptyPlainProposer(EmptyProposer):
+    """:class:`EmptyProposer` whose steps take vLLM's plain path (no draft in any of them):
+    :func:`latticekit.vllm.engine.plain_steps`."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        from latticekit.vllm.engine import find_runner, plain_steps
+
+        if not plain_steps(find_runner(), vllm_config.model_config):
+            raise RuntimeError("empty-plain: the runner's steps could not be made plain")
 
 
 class OneModelProposer(NGramProposer):
@@ -223,13 +234,18 @@ class EngineClock:
         return now - self.away
 
 
-def in_process_drafter(llm: Any) -> Any:
-    """The proposer of an engine whose core and worker run in this process (vLLM 0.32's
-    in-process client, one-process executor, the runner's ``drafter``), or None."""
+def in_process_runner(llm: Any) -> Any:
+    """The model runner of an engine whose core and worker run in this process (vLLM 0.32's
+    in-process client, one-process executor), or None."""
     obj = llm.llm_engine.engine_core
-    for name in ("engine_core", "model_executor", "driver_worker", "worker", "model_runner", "drafter"):
+    for name in ("engine_core", "model_executor", "driver_worker", "worker", "model_runner"):
         obj = getattr(obj, name, None)
     return obj
+
+
+def in_process_drafter(llm: Any) -> Any:
+    """The proposer of such an engine (its runner's ``drafter``), or None."""
+    return getattr(in_process_runner(llm), "drafter", None)
 
 
 def run_lockstep(engines: dict[str, Any], order: list[str], prompts: list[str], params: Any, concurrency: int,
@@ -378,6 +394,8 @@ def main() -> None:
         "none": None,
         "empty": {"method": "custom_class", "model": "benchmarks.vllm_speed.EmptyProposer",
                   "num_speculative_tokens": args.k},
+        "empty-plain": {"method": "custom_class", "model": "benchmarks.vllm_speed.EmptyPlainProposer",
+                        "num_speculative_tokens": args.k},
         "vllm-ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
         "suffix": {"method": "suffix", "num_speculative_tokens": args.suffix_k},
         "medusa": {"method": "medusa", "model": args.medusa, "num_speculative_tokens": medusa_heads},

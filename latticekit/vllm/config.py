@@ -109,6 +109,12 @@ class ProposerConfig:
             best's ``R`` waits at least ``(R / r - 1) * (n - 1) / probe_budget`` steps between
             probes (:func:`~latticekit.drafting.arms.probe_wait`). Until stop 45 each arm had
             the whole budget, so the lattice proposer's four other arms could lose four times it.
+        plain_steps: a step in which no request has a draft runs as a step without speculation:
+            vLLM's sampler, not its rejection sampler and speculative metadata, which vLLM 0.32
+            and 0.33 build at every step of an engine with a ``speculative_config``, drafts or
+            none (:func:`~latticekit.vllm.engine.plain_steps`; not for models with recurrent
+            state). On the 2-core EPYC that path cost about 1 ms a step at 1, 4 and 16 requests
+            (docs/vllm.md). False: vLLM's own path at every step.
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -130,6 +136,7 @@ class ProposerConfig:
     p: int = 16
     alpha: float = 1.0
     check_hidden: bool = False
+    plain_steps: bool = True
     frugal: bool = True
     probe_budget: float = PROBE_BUDGET
     memory_tokens: int = DEFAULT_MAX_TOKENS
@@ -179,6 +186,9 @@ class ProposerConfig:
         if not isinstance(self.context_costs, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: context_costs must be true or false, "
                                       f"got {self.context_costs!r}")
+        if not isinstance(self.plain_steps, bool):
+            raise ProposerConfigError(f"latticekit vLLM proposer: plain_steps must be true or false, "
+                                      f"got {self.plain_steps!r}")
         if not isinstance(self.frugal, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: frugal must be true or false, got {self.frugal!r}")
         if isinstance(self.probe_budget, bool) or not isinstance(self.probe_budget, (int, float)) \

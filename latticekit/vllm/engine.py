@@ -1,19 +1,21 @@
 """What latticekit's vLLM proposer reads from its engine: the model runner that builds it (which
 request each batch row is), vLLM's own schedule of speculative tokens by batch size, the query
-tokens of the step just run, and the proposer's counters after an engine's requests; and the
-n-gram model its settings name."""
+tokens of the step just run, and the proposer's counters after an engine's requests; the n-gram
+model its settings name; and the one thing it changes in the runner, on its own: a step without
+drafts prepared as a step without speculation (:func:`plain_steps`)."""
 
 from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, cast
 
 from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
 
-__all__ = ["find_runner", "load_lm", "dynamic_schedule", "scheduled_tokens", "engine_stats"]
+__all__ = ["find_runner", "load_lm", "dynamic_schedule", "scheduled_tokens", "engine_stats", "plain_steps"]
 
 
 def find_runner() -> Any:
@@ -26,6 +28,43 @@ def find_runner() -> Any:
             return owner
         frame = frame.f_back
     return None
+
+
+def plain_steps(runner: Any, model_config: Any, on_plain: Optional[Callable[[], None]] = None) -> bool:
+    """Makes ``runner`` (vLLM's model runner) prepare a step in which no request has a draft as
+    a step without speculation: vLLM's sampler instead of its rejection sampler, and no
+    speculative metadata. vLLM 0.32 and 0.33 take the speculative path at every step of an
+    engine with a ``speculative_config``, drafts or none (``GPUModelRunner._prepare_inputs``,
+    so that a recurrent model's backend reads its state at the speculative offsets); for a step
+    without drafts both paths sample each request's next token from the same logits. Left alone
+    for models with recurrent state or without attention (vLLM's ``is_hybrid``,
+    ``has_inner_state``, ``is_attention_free``). Wraps this runner's ``_prepare_inputs`` alone
+    (``on_plain`` is called for every step it prepares without speculation); returns whether it
+    did.
+    """
+    if runner is None or getattr(runner, "speculative_config", None) is None or any(
+            bool(getattr(model_config, name, False)) for name in ("is_hybrid", "has_inner_state", "is_attention_free")):
+        return False
+    prepare = getattr(runner, "_prepare_inputs", None)
+    if prepare is None or getattr(prepare, "latticekit_plain_steps", False):
+        return False
+
+    def _prepare_inputs(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(getattr(scheduler_output, "scheduled_spec_decode_tokens", {0: [0]}).values()):
+            return prepare(scheduler_output, *args, **kwargs)
+        spec = runner.speculative_config
+        runner.speculative_config = None  # what _prepare_inputs reads it for: whether to take the speculative path
+        try:
+            out = prepare(scheduler_output, *args, **kwargs)
+        finally:
+            runner.speculative_config = spec
+        if on_plain is not None:
+            on_plain()
+        return out
+
+    _prepare_inputs.latticekit_plain_steps = True  # type: ignore[attr-defined]
+    runner._prepare_inputs = _prepare_inputs
+    return True
 
 
 def load_lm(name: Optional[str]) -> Optional[NGramLM]:

@@ -36,6 +36,10 @@ With ``memory_tokens`` set, a finished request's output goes into the engine's m
 earlier answers (:class:`~latticekit.drafting.memory.AnswerMemory`), which every request drafts
 from beside its own text; vLLM calls the proposer from one thread.
 
+With ``plain_steps`` (the default), the runner prepares a step in which no request has a draft
+as a step without speculation (:func:`~latticekit.vllm.engine.plain_steps`), which vLLM itself
+does not.
+
 It never takes the engine down: an exception becomes empty drafts for the rows it touched,
 logged once per kind with its cause and counted.
 """
@@ -59,7 +63,7 @@ from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, alloca
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
 from latticekit.vllm.config import ARMS, ProposerConfig
-from latticekit.vllm.engine import dynamic_schedule, find_runner, load_lm, scheduled_tokens
+from latticekit.vllm.engine import dynamic_schedule, find_runner, load_lm, plain_steps, scheduled_tokens
 from latticekit.vllm.loads import Load, load_bucket
 
 __all__ = ["NGramProposer"]
@@ -149,6 +153,9 @@ class NGramProposer:
         self.costs = BatchCosts(prior_ratio=self.config.prior_ratio)
         runner = find_runner()
         self._runner = weakref.ref(runner) if runner is not None else None
+        #: whether the runner runs a step without drafts as a step without speculation
+        self.plain_steps = self.config.plain_steps and plain_steps(runner, vllm_config.model_config,
+                                                                   self._unspeculated)
         self.states: "OrderedDict[Any, ChainDrafter]" = OrderedDict()
         self._last_end: Optional[float] = None
         self._verify_tokens: Optional[int] = None  # query tokens the next step holds if no request prefills
@@ -166,11 +173,15 @@ class NGramProposer:
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0,
                          "draft_seconds": 0.0, "errors": 0, "requests_started": 0, "requests_finished": 0,
-                         "states_evicted": 0, "rows_capped": 0, "steps_frugal": 0,
+                         "states_evicted": 0, "rows_capped": 0, "steps_frugal": 0, "steps_unspeculated": 0,
                          **{f"steps_{arm}": 0 for arm in ARMS}}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """vLLM's CPU runner hands the target model over; n-gram drafting needs none of it."""
+
+    def _unspeculated(self) -> None:
+        """The runner prepares a step without drafts as a step without speculation (``plain_steps``)."""
+        self.counters["steps_unspeculated"] += 1
 
     # -- one step ---------------------------------------------------------------------------
 

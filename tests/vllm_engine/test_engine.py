@@ -171,6 +171,41 @@ def test_the_benchmarks_lockstep_answers_as_generate_and_times_each_engine_alone
     assert stopped <= clock() < stopped + 0.04
 
 
+def test_a_step_without_drafts_runs_as_a_step_without_speculation(engines: Any) -> None:
+    """``plain_steps`` (the default): every step the scheduler gave no draft is prepared without
+    vLLM's speculative metadata (so sampled by its plain sampler), every step with one as vLLM
+    prepares it, the proposer counts the first, and the outputs are vLLM's without speculation,
+    greedy at 4 requests at once and one alone."""
+    base, drafted, stats = engines
+    runner = vllm_speed_module().in_process_runner(drafted)
+    wrapped = runner._prepare_inputs
+    assert getattr(wrapped, "latticekit_plain_steps", False)
+    steps: list[tuple[bool, bool]] = []  # per step: whether it had drafts, whether it was prepared plain
+
+    def spy(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        out = wrapped(scheduler_output, *args, **kwargs)
+        steps.append((any(scheduler_output.scheduled_spec_decode_tokens.values()), out[1] is None))
+        return out
+
+    params = vllm.SamplingParams(temperature=0, max_tokens=40)
+    prompts = chat(base, QUESTIONS[:4]) + [{"prompt_token_ids": list(range(300, 340))}]  # the last: nothing to copy
+    before = engine_stats(drafted, stats)
+    runner._prepare_inputs = spy
+    try:
+        got = ids(drafted.generate(prompts[:4], params, use_tqdm=False)) + \
+            ids(drafted.generate(prompts[4:], params, use_tqdm=False))
+    finally:
+        runner._prepare_inputs = wrapped
+    assert got == ids(base.generate(prompts[:4], params, use_tqdm=False)) + \
+        ids(base.generate(prompts[4:], params, use_tqdm=False))
+    after = engine_stats(drafted, stats)
+    assert all(had_drafts != plain for had_drafts, plain in steps)
+    plain = sum(p for _, p in steps)
+    assert 0 < plain < len(steps)  # both kinds of step ran
+    # the counter holds these steps, and engine_stats' own one-token request (a plain step)
+    assert plain <= after["steps_unspeculated"] - before["steps_unspeculated"] <= plain + 1
+
+
 def test_churn_and_hostile_requests_leave_the_engine_up_and_free_finished_requests_states(engines: Any) -> None:
     base, drafted, stats_path = engines
     vocab = drafted.get_tokenizer().vocab_size if hasattr(drafted.get_tokenizer(), "vocab_size") else 49152

@@ -323,6 +323,31 @@ def test_config_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.Monk
     assert json.loads(os.environ[ENV]) == {"max_depth": 4, "step_costs": [0.1, 0.01]}
 
 
+def test_plain_steps_prepare_a_step_without_drafts_without_speculation_and_leave_the_rest() -> None:
+    from latticekit.vllm.engine import plain_steps
+
+    runner, counted = Runner(), []
+    assert plain_steps(runner, SimpleNamespace(is_hybrid=False), lambda: counted.append(1))
+    assert not plain_steps(runner, SimpleNamespace())  # once per runner
+    drafts = SimpleNamespace(scheduled_spec_decode_tokens={"a": [], "b": [5, 6]})
+    none = SimpleNamespace(scheduled_spec_decode_tokens={"a": []})
+    assert runner._prepare_inputs(drafts)[1] == "metadata" and runner._prepare_inputs(none)[1] is None
+    assert runner.read == ["spec", None] and runner.speculative_config == "spec" and counted == [1]
+    with pytest.raises(RuntimeError, match="prepare failed"):  # the runner's own error, its configuration put back
+        runner._prepare_inputs(none, fail=True)
+    assert runner.speculative_config == "spec" and counted == [1]
+    for flag in ("is_hybrid", "has_inner_state", "is_attention_free"):  # recurrent state: vLLM's own path always
+        kept = Runner()
+        assert not plain_steps(kept, SimpleNamespace(**{flag: True}))
+        assert kept._prepare_inputs(none)[1] == "metadata"
+    assert not plain_steps(None, SimpleNamespace())
+    unspeculative = Runner()
+    unspeculative.speculative_config = None
+    assert not plain_steps(unspeculative, SimpleNamespace())
+    with pytest.raises(ProposerConfigError, match="plain_steps must be true or false"):
+        ProposerConfig.from_dict({"plain_steps": "no"})
+
+
 def engine_config(k: int = 4, max_model_len: int = 64, vocab: int = 100) -> Any:
     """The three fields of vLLM's VllmConfig the proposer reads."""
     return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
@@ -433,12 +458,22 @@ def test_a_confident_lattice_leads_the_chain_where_the_text_knows_nothing() -> N
 
 
 class Runner:
-    """The two things the proposer reads of vLLM's model runner: each row's request id and the
-    live requests (with their prompts)."""
+    """What the proposer reads of vLLM's model runner: each row's request id and the live
+    requests (with their prompts); and what :func:`~latticekit.vllm.engine.plain_steps` changes
+    of it: its ``speculative_config`` and ``_prepare_inputs`` (here recording the configuration
+    it read, and failing where told)."""
 
     def __init__(self) -> None:
         self.input_batch = SimpleNamespace(req_ids=[])
         self.requests: dict[str, Any] = {}
+        self.speculative_config: Any = "spec"
+        self.read: list[Any] = []
+
+    def _prepare_inputs(self, scheduler_output: Any, fail: bool = False) -> tuple[Any, ...]:
+        self.read.append(self.speculative_config)
+        if fail:
+            raise RuntimeError("prepare failed")
+        return ("logits", None if self.speculative_config is None else "metadata", 1)
 
 
 def test_finished_answers_feed_the_engines_memory() -> None:
