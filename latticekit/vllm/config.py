@@ -109,11 +109,6 @@ class ProposerConfig:
             best's ``R`` waits at least ``(R / r - 1) * (n - 1) / probe_budget`` steps between
             probes (:func:`~latticekit.drafting.arms.probe_wait`). Until stop 45 each arm had
             the whole budget, so the lattice proposer's four other arms could lose four times it.
-        step_jump: price what a step with drafts costs beyond its draft tokens, per load
-            (:class:`~latticekit.vllm.loads.StepSplit`: the mean step with drafts less the mean
-            step without, less the fitted price of the tokens between them, where it clears
-            twice its standard error): the batch drafts only where its chains repay that too.
-            False: a draft token's fitted price alone.
         plain_steps: a step in which no request has a draft runs as a step without speculation:
             vLLM's sampler, not its rejection sampler and speculative metadata, which vLLM 0.32
             and 0.33 build at every step of an engine with a ``speculative_config``, drafts or
@@ -142,7 +137,6 @@ class ProposerConfig:
     alpha: float = 1.0
     check_hidden: bool = False
     plain_steps: bool = True
-    step_jump: bool = True
     frugal: bool = True
     probe_budget: float = PROBE_BUDGET
     memory_tokens: int = DEFAULT_MAX_TOKENS
@@ -192,9 +186,6 @@ class ProposerConfig:
         if not isinstance(self.context_costs, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: context_costs must be true or false, "
                                       f"got {self.context_costs!r}")
-        if not isinstance(self.step_jump, bool):
-            raise ProposerConfigError(f"latticekit vLLM proposer: step_jump must be true or false, "
-                                      f"got {self.step_jump!r}")
         if not isinstance(self.plain_steps, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: plain_steps must be true or false, "
                                       f"got {self.plain_steps!r}")

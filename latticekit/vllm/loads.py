@@ -1,17 +1,15 @@
 """What the vLLM proposer keeps per load (the batch's rows, by powers of two): its arms'
-outcomes, its own fit of the step costs, what a step with drafts costs beyond its tokens
-(:class:`StepSplit`), and what its drafting saved and took (``frugal``)."""
+outcomes, its own fit of the step costs, and what its drafting saved and took (``frugal``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from latticekit.drafting.arms import PROBE_BUDGET, ArmStats, choose_arm, probe_outcome
 from latticekit.drafting.chains import BatchCosts
 from latticekit.vllm.config import ARMS
 
-__all__ = ["Load", "StepSplit", "load_bucket"]
+__all__ = ["Load", "load_bucket"]
 
 
 def load_bucket(rows: int) -> int:
@@ -25,50 +23,11 @@ def load_bucket(rows: int) -> int:
 _FRUGAL_DECAY, _FRUGAL_WARM, _FRUGAL_LEAST = 0.95, 16, 1 / 8
 
 
-#: :class:`StepSplit`: decay per step of its sums, the steps of each kind it waits for, and the
-#: standard errors the difference must clear.
-_SPLIT_DECAY, _SPLIT_WARM, _SPLIT_ERRORS = 0.98, 8, 2.0
-
-
-class StepSplit:
-    """A load's steps with drafts and without, apart: what a step with drafts costs beyond its
-    query tokens' price against one without (the ``jump``). A draft token's price comes from the
-    step-cost fit, one line through every step; but a step that verifies any draft at all pays
-    more than its tokens: vLLM's speculative metadata and rejection sampler (a step without
-    drafts takes the plain path with ``plain_steps``), and on vLLM's CPU build the attention of
-    rows of several query tokens. On the 2-core EPYC at 16 requests, steps with 7-17 draft
-    tokens took 20-33 ms more than the 54.5-ms steps without (docs/vllm.md, stop 50)."""
-
-    __slots__ = ("sums",)
-
-    def __init__(self) -> None:
-        # per kind (with drafts or not): decayed count, seconds, seconds squared, query tokens
-        self.sums = {False: [0.0] * 4, True: [0.0] * 4}
-
-    def add(self, drafted: bool, tokens: int, seconds: float) -> None:
-        """A step with drafts or not: ``tokens`` query tokens in ``seconds``."""
-        sums, d = self.sums[bool(drafted)], _SPLIT_DECAY
-        for i, value in enumerate((1.0, seconds, seconds * seconds, float(tokens))):
-            sums[i] = d * sums[i] + value
-
-    def jump(self, b: float) -> float:
-        """The mean step with drafts less the mean step without, less ``b`` seconds a query token
-        for the tokens between them, where it exceeds twice its standard error (each kind seen
-        :data:`_SPLIT_WARM` times); else 0."""
-        plain, drafted = self.sums[False], self.sums[True]
-        if plain[0] < _SPLIT_WARM or drafted[0] < _SPLIT_WARM:
-            return 0.0
-        means = [(s[1] / s[0], s[3] / s[0], max(s[2] / s[0] - (s[1] / s[0]) ** 2, 0.0) / s[0]) for s in (plain, drafted)]
-        (plain_s, plain_t, plain_v), (drafted_s, drafted_t, drafted_v) = means
-        jump = drafted_s - plain_s - b * (drafted_t - plain_t)
-        return jump if jump > _SPLIT_ERRORS * math.sqrt(plain_v + drafted_v) else 0.0
-
-
 class Load:
     """The arms' outcomes at one load bucket, its steps, its own fit of the step costs, and
     (``frugal``) what its drafting saved and took."""
 
-    __slots__ = ("arms", "steps", "costs", "split", "saved", "spent", "drafted", "credit", "budget")
+    __slots__ = ("arms", "steps", "costs", "saved", "spent", "drafted", "credit", "budget")
 
     def __init__(self, prior_ratio: float, arms: Sequence[str] = ARMS, budget: float = PROBE_BUDGET) -> None:
         self.arms = {arm: ArmStats() for arm in arms}
@@ -77,7 +36,6 @@ class Load:
         self.budget = budget / max(1, len(self.arms) - 1)
         self.steps = 0
         self.costs = BatchCosts(prior_ratio=prior_ratio)
-        self.split = StepSplit()  # its steps with drafts and without, apart (the cost of drafting at all)
         self.saved = self.spent = 0.0  # decayed means over drafted steps: seconds expected saved, seconds drafting
         self.drafted = 0  # steps drafted on
         self.credit = 0.0  # the share of steps drafted on, accrued

@@ -260,7 +260,6 @@ class NGramProposer:
             return
         load = self._load(pending.bucket)
         load.costs.add(tokens, engine_s, attended)
-        load.split.add(any(n for n in pending.chains.get(pending.arm, {}).values()), tokens, engine_s)
         if pending.chains:
             accepted = {key: len(s) - 1 for key, s in zip(keys, sampled) if s}
             _, b, c = self._coefficients(pending.bucket)
@@ -377,9 +376,6 @@ class NGramProposer:
             a, b, c = self._coefficients(load_bucket(rows))
         if a == 0 and b == 0 and c == 0:  # no step measured yet: a token at the prior's price
             a, b = 1.0, self.config.prior_ratio
-        # what a step with drafts costs beyond its tokens (given step costs: nothing)
-        jump = self._load(load_bucket(rows)).split.jump(b) \
-            if self.config.step_jump and self.config.step_costs is None else 0.0
         context = [int(lengths[i]) for i in range(rows)]
         # a row's query token costs b + c * its context (the keys it attends): the allocation's
         # weights, in seconds, with each level's price a multiple of them
@@ -391,7 +387,7 @@ class NGramProposer:
         prices = [LEVELS["model"] if level == "text" else LEVELS[level] for level in levels]
         for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s,
                                                                            weights)):
-            chosen, expected = self._repaid(probabilities, allocated, a, price, weights, jump)
+            chosen, expected = self._repaid(probabilities, allocated, a, price, weights)
             lengths_by_arm[level] = {keys[i]: n for i, n in enumerate(chosen) if n}
             if level == arm:
                 out = [chain[:n].tolist() for chain, n in zip(chains, chosen)]
@@ -399,23 +395,20 @@ class NGramProposer:
                 # the seconds these chains are expected to save: their accepted tokens at the plain
                 # step's seconds per row, less the seconds their draft tokens add to the pass
                 self._saved = expected * (a + sum(weights)) / max(rows, 1) - price * sum(
-                    w * n for w, n in zip(weights, chosen)) - (jump if any(chosen) else 0.0)
+                    w * n for w, n in zip(weights, chosen))
         drafting = {keys[i]: context[i] for i, chain in enumerate(chains) if len(chain)}
         return out, arm, arm_expected, lengths_by_arm, drafting
 
     def _repaid(self, probabilities: list[np.ndarray], chosen: list[int], a: float, price: float,
-                weights: list[float], jump: float = 0.0) -> tuple[list[int], float]:
+                weights: list[float]) -> tuple[list[int], float]:
         """The chain lengths a row's query token priced at ``price * weights[row]`` seconds
-        allocated (``chosen``), or none unless the drafts repay the drafting too (its own
-        seconds, and ``jump``: what a step with drafts costs beyond its tokens,
-        :class:`~latticekit.vllm.loads.StepSplit`), against a step that drafts nothing at all;
-        and the accepted tokens they expect."""
+        allocated (``chosen``), or none unless the drafts repay the drafting too, against a step
+        that drafts nothing at all; and the accepted tokens they expect."""
         expected = sum(float(p[:n].sum()) for p, n in zip(probabilities, chosen))
         rows = len(probabilities)
         plain = a + price * sum(weights)
         drafts = price * sum(w * n for w, n in zip(weights, chosen))
-        if not any(chosen) or plain > 0 and \
-                (rows + expected) / (plain + self._draft_s + jump + drafts) <= rows / plain:
+        if not any(chosen) or plain > 0 and (rows + expected) / (plain + self._draft_s + drafts) <= rows / plain:
             return [0] * rows, 0.0
         return chosen, expected
 
@@ -529,11 +522,7 @@ class NGramProposer:
         # per load bucket (frugal): the share of steps drafted on, and the means (ms) it comes from
         frugal = {str(bucket): [round(load.share, 3), round(1e3 * load.saved, 3), round(1e3 * load.spent, 3)]
                   for bucket, load in sorted(self.loads.items()) if load.drafted}
-        # per load bucket: what a step with drafts costs beyond its tokens (ms), where resolved
-        jumps = {str(bucket): round(1e3 * load.split.jump(self._coefficients(bucket).b), 3)
-                 for bucket, load in sorted(self.loads.items())}
         return {**self.counters, "step_costs": [a, b, c], "load_step_costs": load_costs, "frugal": frugal,
-                "jumps": jumps,
                 "states": len(self.states),
                 "pid": os.getpid(),
                 "correction": self.correction, "arms": arms, **memory}
