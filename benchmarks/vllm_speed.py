@@ -8,6 +8,9 @@ is checked identical to vLLM without speculation. The engines:
 * ``none``: no speculation;
 * ``empty``: speculative decoding with a ``custom_class`` proposer that drafts nothing
   (:class:`EmptyProposer`): the floor, what vLLM's speculative path costs by itself;
+* ``empty-plain``: the same, its runner preparing every step as a step without speculation
+  (:class:`EmptyPlainProposer`, latticekit's ``plain_steps``): the floor latticekit's own steps
+  without drafts pay;
 * ``vllm-ngram``: vLLM's prompt lookup (``ngram``, k = 5, lookup 2-4);
 * ``suffix``: vLLM's SuffixDecoding (``suffix``, k = ``--suffix-k``, vLLM's other defaults: tree
   depth 24, spec factor 1.0, min token probability 0.1, and its global tree of past answers on,
