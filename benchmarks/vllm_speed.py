@@ -110,8 +110,8 @@ from latticekit.vllm import NGramProposer
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine: 16 requests of 1.4k tokens fit
 
 ROOT = Path(__file__).resolve().parent
-ENGINES = ("none", "empty", "empty-plain", "vllm-ngram", "suffix", "latticekit", "latticekit-one-model", "latticekit-steps", "medusa",
-           "lattice-medusa", "lattice")
+ENGINES = ("none", "empty", "empty-plain", "vllm-ngram", "suffix", "latticekit", "latticekit-one-model",
+           "latticekit-steps", "medusa", "lattice-medusa", "lattice")
 DOMAINS = {
     "code": {("code", "rewrite"), ("code", "docstring"), ("code", "test")},
     "summary": {(s, t) for s in ("python-docs", "postgresql-docs") for t in ("summarise", "rewrite", "key-points",
