@@ -504,6 +504,10 @@ def main() -> None:
                             1, now["calls"] - draft_before[name]["calls"])
                         row["engines"][name]["arm_steps"] = {k[6:]: now[k] - draft_before[name].get(k, 0)
                                                              for k in now if k.startswith("steps_")}
+                        # the proposer's fits and frugal shares as this group left them (the stats
+                        # file keeps only the run's last state)
+                        row["engines"][name]["proposer"] = {k: now.get(k) for k in ("load_step_costs", "frugal",
+                                                                                    "correction")}
                 row["identical"] = {n: outputs[n] == outputs["none"] for n in names}
                 results["runs"].append(row)
                 speeds = {n: e["tokens"] / e["seconds"] for n, e in row["engines"].items()}
