@@ -153,9 +153,8 @@ class NGramProposer:
         self.costs = BatchCosts(prior_ratio=self.config.prior_ratio)
         runner = find_runner()
         self._runner = weakref.ref(runner) if runner is not None else None
-        #: whether the runner prepares a step without drafts as a step without speculation
-        self.plain_path = self.config.plain_steps and plain_steps(runner, vllm_config.model_config,
-                                                                  self._unspeculated)
+        if self.config.plain_steps:  # its steps without drafts prepared without speculation
+            plain_steps(runner, vllm_config.model_config, self._unspeculated)
         self.states: "OrderedDict[Any, ChainDrafter]" = OrderedDict()
         self._last_end: Optional[float] = None
         self._verify_tokens: Optional[int] = None  # query tokens the next step holds if no request prefills
