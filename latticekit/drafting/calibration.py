@@ -41,14 +41,12 @@ from latticekit._files import atomic_write
 from latticekit.drafting.tree import trie
 from latticekit.errors import DecoderConfigError
 
-__all__ = ["AcceptanceModel", "CandidateTree", "ChainCalibration", "PendingLabels", "SourceAcceptance", "FEATURES",
-           "SOURCES",
+__all__ = ["AcceptanceModel", "CandidateTree", "PendingLabels", "SourceAcceptance", "FEATURES", "SOURCES",
            "node_features", "logit", "shipped_acceptance", "tree_chain", "estimate_weights"]
 
 #: One path's per-token values: a sequence of floats or a float array.
 _Floats = Union[Sequence[float], np.ndarray]
 _CLIP = 8.0  # logits are clipped to [-8, 8] (probabilities 3e-4 .. 0.9997)
-_P_LOW, _P_HIGH = 1.0 / (1.0 + np.exp(_CLIP)), 1.0 / (1.0 + np.exp(-_CLIP))  # the probabilities of logits -8, 8
 _SCALE = 4.0  # features enter the model divided by this, so one learning rate suits them all
 
 #: The candidate sources, as the bits of :attr:`CandidateTree.sources`: the heads' lattice, the
@@ -357,119 +355,6 @@ class SourceAcceptance:
         for model, count in zip(self._models, counts.tolist()):
             if model.learning_rate:
                 model.updates += count
-
-
-class ChainCalibration:
-    """A drafted chain position's estimated probability of being accepted (the product of its
-    nodes' estimates, :meth:`CandidateTree.path_probability`), recalibrated by what the positions
-    drafted lately were: Platt scaling, ``p' = sigmoid(alpha + beta * logit(p))``, fitted by
-    maximum likelihood over the last ``window`` drafted positions with a ridge of ``ridge`` towards
-    the identity (``alpha`` 0, ``beta`` 1), so that with few outcomes it changes little.
-
-    The nodes' models are calibrated on every candidate node, but a chain is what the drafter
-    chose because it looked likeliest, and its positions multiply conditionals that are not
-    independent (a copy that goes on goes on). In vLLM on the tuning chats (stop 51) the drafted
-    positions estimated below 0.2 were accepted about 1.4 times as often as estimated, those
-    estimated above 0.8 about 0.6 to 0.9 times: one factor for all of them (the proposer's
-    correction until stop 51) scaled both the same way, pushed by the many short odds that
-    a chain's tail holds, and took the likeliest drafts to 1.0.
-
-    ``beta`` is fitted at least 0: the map never reverses the order of two estimates, so a
-    chain's probabilities still fall along it.
-
-    Args:
-        window: the drafted positions the fit keeps (the latest).
-        ridge: the penalty ``ridge / 2 * (alpha ** 2 + (beta - 1) ** 2)``: about as many
-            positions' worth of belief in the estimates as they are.
-    """
-
-    def __init__(self, window: int = 512, ridge: float = 4.0) -> None:
-        if window < 1 or not ridge > 0:
-            raise DecoderConfigError(f"chain calibration needs window >= 1 and ridge > 0, got {window}, {ridge}")
-        self.window, self.ridge = int(window), float(ridge)
-        self._x = np.zeros(self.window)  # the positions' estimates, as clipped logits
-        self._y = np.zeros(self.window)  # ... and whether each was accepted
-        self._n = 0  # positions held (at most window)
-        self._next = 0  # where the next position goes (a ring)
-        self.alpha, self.beta = 0.0, 1.0
-
-    @property
-    def positions(self) -> int:
-        """The drafted positions the fit holds."""
-        return self._n
-
-    def add(self, estimates: np.ndarray, accepted: np.ndarray) -> None:
-        """Drafted positions' estimates (before calibration) and whether each was accepted, then
-        the fit again (Newton's method from the last fit, to convergence: the objective is
-        strictly convex)."""
-        x = self._logit(estimates).reshape(-1)
-        y = np.asarray(accepted, dtype=np.float64).reshape(-1)
-        if x.shape != y.shape:
-            raise DecoderConfigError(f"{x.shape[0]} estimates and {y.shape[0]} outcomes")
-        if x.shape[0] == 0:
-            return
-        x, y = x[-self.window:], y[-self.window:]
-        at = (self._next + np.arange(x.shape[0])) % self.window
-        self._x[at], self._y[at] = x, y
-        self._next = int(at[-1] + 1) % self.window
-        self._n = min(self.window, self._n + x.shape[0])
-        self._fit()
-
-    @staticmethod
-    def _logit(estimates: np.ndarray) -> np.ndarray:
-        """``log(p / (1 - p))``, within [-8, 8] (as :func:`logit`)."""
-        p = np.clip(np.asarray(estimates, dtype=np.float64), _P_LOW, _P_HIGH)
-        out: np.ndarray = np.log(p / (1.0 - p))
-        return out
-
-    def _loss(self, alpha: float, beta: float) -> float:
-        """The fit's objective: the held positions' log-loss and the ridge."""
-        x, y = self._x[:self._n], self._y[:self._n]
-        z = alpha + beta * x
-        return float(np.logaddexp(0.0, z).sum() - y @ z) + 0.5 * self.ridge * (alpha * alpha + (beta - 1.0) ** 2)
-
-    def _fit(self) -> None:
-        """The minimum of the objective over ``beta >= 0``: Newton's method with backtracking from
-        the last fit (the objective is strictly convex, by the ridge, and a step is halved until it
-        lowers it, so it converges from anywhere); where the minimum has ``beta < 0`` (estimates
-        that fall as acceptance rises), the minimum on ``beta = 0``, which for a convex objective
-        is the minimum over ``beta >= 0``."""
-        alpha, beta = self._newton(self.alpha, max(self.beta, 0.0), free_beta=True)
-        if beta < 0:
-            alpha, beta = self._newton(alpha, 0.0, free_beta=False)
-        self.alpha, self.beta = alpha, beta
-
-    def _newton(self, alpha: float, beta: float, free_beta: bool) -> tuple[float, float]:
-        x, y, ridge = self._x[:self._n], self._y[:self._n], self.ridge
-        loss = self._loss(alpha, beta)
-        for _ in range(100):
-            p = 0.5 * (1.0 + np.tanh(0.5 * (alpha + beta * x)))  # the sigmoid, without overflow
-            r, w = p - y, p * (1.0 - p)
-            g0, h00 = float(r.sum()) + ridge * alpha, float(w.sum()) + ridge
-            if free_beta:
-                g1, h01, h11 = float(r @ x) + ridge * (beta - 1.0), float(w @ x), float(w @ (x * x)) + ridge
-                det = h00 * h11 - h01 * h01  # > 0: the ridge makes the Hessian positive definite
-                d0, d1 = (h11 * g0 - h01 * g1) / det, (h00 * g1 - h01 * g0) / det
-            else:
-                d0, d1 = g0 / h00, 0.0
-            t = 1.0
-            while True:
-                new = self._loss(alpha - t * d0, beta - t * d1)
-                if new <= loss or t < 1e-12:
-                    break
-                t *= 0.5
-            alpha, beta, loss = alpha - t * d0, beta - t * d1, min(new, loss)
-            if t * max(abs(d0), abs(d1)) < 1e-10:
-                break
-        return alpha, beta
-
-    def __call__(self, estimates: np.ndarray) -> np.ndarray:
-        """The estimates recalibrated (the identity until a position is added)."""
-        p = np.asarray(estimates, dtype=np.float64)
-        if self._n == 0 or p.size == 0:
-            return p
-        out: np.ndarray = 0.5 * (1.0 + np.tanh(0.5 * (self.alpha + self.beta * self._logit(p))))
-        return out
 
 
 def tree_chain(tree: CandidateTree, acceptance: Union[AcceptanceModel, SourceAcceptance]

@@ -37,8 +37,6 @@ LATTICE_PROPOSER = "latticekit.vllm.LatticeProposer"
 #: (``lean``), no drafting at all (``plain``), or the lattice proposer's n-grams alone, its heads
 #: not run (``text``, priced as ``model``).
 ARMS = ("model", "eager", "lean", "plain", "text")
-#: How the chains' estimates are corrected by the drafted positions' outcomes (``calibration``).
-CALIBRATIONS = ("platt", "scale")
 
 
 @dataclass(frozen=True)
@@ -117,12 +115,6 @@ class ProposerConfig:
             none (:func:`~latticekit.vllm.engine.plain_steps`; not for models with recurrent
             state). On the 2-core EPYC that path cost about 1 ms a step at 1, 4 and 16 requests
             (docs/vllm.md). False: vLLM's own path at every step.
-        calibration: how the chains' estimates are corrected by what the drafted positions
-            were: ``"platt"`` (the default) maps each position's estimate through
-            ``sigmoid(alpha + beta * logit(p))`` fitted to the last 512 drafted positions'
-            outcomes (:class:`~latticekit.drafting.calibration.ChainCalibration`);
-            ``"scale"`` multiplies every estimate by the draft tokens accepted over those
-            expected lately (within 0.2-2), the proposer's way until stop 51.
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -150,7 +142,6 @@ class ProposerConfig:
     memory_tokens: int = DEFAULT_MAX_TOKENS
     memory_context: int = DEFAULT_CONTEXT
     arms: Optional[tuple[str, ...]] = None
-    calibration: str = "platt"
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -198,9 +189,6 @@ class ProposerConfig:
         if not isinstance(self.plain_steps, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: plain_steps must be true or false, "
                                       f"got {self.plain_steps!r}")
-        if self.calibration not in CALIBRATIONS:
-            raise ProposerConfigError(f"latticekit vLLM proposer: calibration must be one of {list(CALIBRATIONS)}, "
-                                      f"got {self.calibration!r}")
         if not isinstance(self.frugal, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: frugal must be true or false, got {self.frugal!r}")
         if isinstance(self.probe_budget, bool) or not isinstance(self.probe_budget, (int, float)) \

@@ -58,7 +58,7 @@ from typing import Any, NamedTuple, Optional, cast
 
 import numpy as np
 
-from latticekit.drafting.calibration import ChainCalibration, SourceAcceptance
+from latticekit.drafting.calibration import SourceAcceptance
 from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate_prices
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
@@ -95,9 +95,6 @@ class _Step(NamedTuple):
     #: the batch's rows (request keys) when it decided: a row the next call holds and this did
     #: not is a request that joined, its prefill in that step (no verifying step's cost)
     rows: Optional[tuple[Any, ...]] = None
-    #: per drafting row (request key), its chain's estimates as drafted (before calibration),
-    #: for :class:`~latticekit.drafting.calibration.ChainCalibration`
-    estimates: Optional[dict[Any, np.ndarray]] = None
 
 
 #: Decay per drafted step of the accepted and expected sums that correct the estimates.
@@ -167,9 +164,6 @@ class NGramProposer:
         self.loads: dict[int, Load] = {}
         self._pending: Optional[_Step] = None  # what the last call decided, for the next step's outcome
         self._accepted = self._expected = 0.0  # decayed: draft tokens accepted, and expected, on drafted steps
-        #: the chains' estimates recalibrated by the drafted positions' outcomes (``calibration``)
-        self.calibration = ChainCalibration()
-        self._estimates: Optional[dict[Any, np.ndarray]] = None  # the last call's, for its step's outcome
         self._saved = 0.0  # the seconds the last call's chains were expected to save (frugal)
         self._logged: set[str] = set()
         self._stats_written = 0.0
@@ -198,7 +192,6 @@ class NGramProposer:
         pending, self._pending = self._pending, None
         self._finished_now = False
         keys: list[Any] = list(range(rows))
-        self._estimates = None
         try:
             emitted = sum(len(s) for s in sampled_token_ids)
             accepted = emitted - sum(1 for s in sampled_token_ids if s)  # a row emits its accepted drafts and one
@@ -218,7 +211,7 @@ class NGramProposer:
         drafts = sum(len(chain) for chain in out)
         self._verify_tokens = rows + drafts
         self._verify_keys = self._keys(num_tokens_no_spec, out) if self.config.context_costs else 0.0
-        self._pending = _Step(load_bucket(rows), arm, spent, expected, chains, contexts, tuple(keys), self._estimates)
+        self._pending = _Step(load_bucket(rows), arm, spent, expected, chains, contexts, tuple(keys))
         self.counters["calls"] += 1
         self.counters["rows"] += rows
         self.counters[f"steps_{arm}"] += 1
@@ -249,13 +242,6 @@ class NGramProposer:
             return
         emitted = sum(len(s) for s in sampled)
         rows_emitting = sum(1 for s in sampled if s)
-        if pending.estimates:
-            outcomes = {key: len(s) - 1 for key, s in zip(keys, sampled) if s}
-            positions = [(p, np.arange(len(p)) < outcomes[key]) for key, p in pending.estimates.items()
-                         if key in outcomes]
-            if positions:
-                self.calibration.add(np.concatenate([p for p, _ in positions]),
-                                     np.concatenate([y for _, y in positions]))
         if pending.expected > 0:
             d = _CORRECTION_DECAY
             self._accepted = d * self._accepted + emitted - rows_emitting
@@ -371,8 +357,8 @@ class NGramProposer:
                     self.states.pop(keys[i], None)
         self._begin_step(sampled, prepared, arm)
         chains: list[np.ndarray] = []
+        probabilities: list[np.ndarray] = []
         correction = self.correction
-        raw: list[np.ndarray] = []
         for i, ready in enumerate(prepared):
             chain, prob = np.zeros(0, dtype=np.int64), np.zeros(0)
             if ready is not None:
@@ -382,11 +368,7 @@ class NGramProposer:
                     self._failed("row", exc)
                     self.states.pop(keys[i], None)
             chains.append(chain)
-            raw.append(prob)
-        if self.config.calibration == "platt" and raw:  # every row's at once
-            probabilities = np.split(self.calibration(np.concatenate(raw)), np.cumsum([len(p) for p in raw[:-1]]))
-        else:
-            probabilities = [np.minimum(prob * correction, 1.0) for prob in raw]
+            probabilities.append(np.minimum(prob * correction, 1.0))
         if self.config.step_costs is not None:
             a, b, c = (*self.config.step_costs, 0.0)
         else:
@@ -414,7 +396,6 @@ class NGramProposer:
                 self._saved = expected * (a + sum(weights)) / max(rows, 1) - price * sum(
                     w * n for w, n in zip(weights, chosen))
         drafting = {keys[i]: context[i] for i, chain in enumerate(chains) if len(chain)}
-        self._estimates = {keys[i]: raw[i][:len(chain)] for i, chain in enumerate(out) if chain}
         return out, arm, arm_expected, lengths_by_arm, drafting
 
     def _repaid(self, probabilities: list[np.ndarray], chosen: list[int], a: float, price: float,
@@ -543,9 +524,7 @@ class NGramProposer:
         return {**self.counters, "step_costs": [a, b, c], "load_step_costs": load_costs, "frugal": frugal,
                 "states": len(self.states),
                 "pid": os.getpid(),
-                "correction": self.correction, "arms": arms, **memory,
-                "calibration": {"alpha": self.calibration.alpha, "beta": self.calibration.beta,
-                                "positions": self.calibration.positions}}
+                "correction": self.correction, "arms": arms, **memory}
 
     def _write_stats(self, now: float) -> None:
         self._stats_written = now

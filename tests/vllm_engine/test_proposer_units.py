@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticekit.drafting.arms import PROBE_BUDGET
-from latticekit.drafting.calibration import AcceptanceModel, ChainCalibration
+from latticekit.drafting.calibration import AcceptanceModel
 from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate, allocate_prices
 from latticekit.drafting.drafters.ngram import uniform_lm
 from latticekit.errors import ProposerConfigError
@@ -700,8 +700,8 @@ def test_vllms_schedule_of_draft_tokens_by_batch_size_caps_the_chains() -> None:
     assert proposer.propose([[9], [9]], batch.lengths, batch.ids) == [[5, 6], [5, 6]]
 
 
-def test_estimates_are_scaled_by_what_was_accepted_against_what_was_expected() -> None:
-    proposer = NGramProposer(engine_config(), ProposerConfig(arms=LEVEL_ARMS, calibration="scale"))
+def test_estimates_are_corrected_by_what_was_accepted_against_what_was_expected() -> None:
+    proposer = NGramProposer(engine_config(), ProposerConfig(arms=LEVEL_ARMS))
     proposer._last_end = 0.0
     assert proposer.correction == 1.0  # nothing drafted yet
     for _ in range(20):  # steps that expected 4 draft tokens accepted, and got 1
@@ -713,44 +713,6 @@ def test_estimates_are_scaled_by_what_was_accepted_against_what_was_expected() -
     before = proposer.correction
     proposer._learn(_Step(1, "plain", 0.0, 0.0, {}), 1.0, [[1]], ["r"], tokens=None)  # a plain step says nothing
     assert proposer.correction == before
-
-
-def test_the_chains_estimates_are_recalibrated_by_the_drafted_positions_outcomes() -> None:
-    class Spy(NGramProposer):
-        def _draft(self, state: Any, index: int, room: int) -> tuple[np.ndarray, np.ndarray]:
-            chain, prob = super()._draft(state, index, room)
-            raw.append(prob)
-            return chain, prob
-
-        def _repaid(self, probabilities: list[np.ndarray], *args: Any) -> Any:
-            weighed.append([p.copy() for p in probabilities])
-            return super()._repaid(probabilities, *args)
-
-    raw: list[np.ndarray] = []
-    weighed: list[list[np.ndarray]] = []
-    proposer = Spy(engine_config(max_model_len=256), ProposerConfig(step_costs=(0.1, 0.0001)))
-    batch = Batch(2, 256)
-    batch.put(0, [5, 6, 7, 8, 9] * 8)
-    batch.put(1, [1, 2, 3, 4] * 10)
-    out = proposer.propose([[9], [4]], batch.lengths, batch.ids)
-    assert all(out) and weighed[-1] == [pytest.approx(p) for p in raw]  # nothing learnt yet: the identity
-    step = proposer._pending
-    assert step is not None and step.estimates is not None
-    for row, chain in enumerate(out):  # the step keeps each chain's estimates as drafted
-        assert step.estimates[row] == pytest.approx(raw[row][:len(chain)])
-    # the engine accepted one token of row 0's chain and none of row 1's
-    proposer._pending = None
-    proposer._learn(step, 1.0, [[out[0][0], 7], [5]], [0, 1], tokens=None)
-    labels = np.concatenate([np.arange(len(out[0])) < 1, np.zeros(len(out[1]), dtype=bool)])
-    want = ChainCalibration()
-    want.add(np.concatenate([raw[0][:len(out[0])], raw[1][:len(out[1])]]), labels)
-    assert proposer.calibration.positions == len(labels)
-    assert (proposer.calibration.alpha, proposer.calibration.beta) == pytest.approx((want.alpha, want.beta))
-    raw.clear()
-    batch.put(0, [5, 6, 7, 8, 9] * 8 + [5])
-    proposer.propose([[5], [1]], batch.lengths, batch.ids)
-    assert weighed[-1] == [pytest.approx(want(p)) for p in raw]  # what the allocation weighs
-    assert any(not np.allclose(want(p), p) for p in raw if len(p))
 
 
 def test_a_drafted_step_is_the_outcome_of_every_less_eager_arm_on_the_same_rows() -> None:
