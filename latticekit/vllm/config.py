@@ -142,6 +142,7 @@ class ProposerConfig:
     memory_tokens: int = DEFAULT_MAX_TOKENS
     memory_context: int = DEFAULT_CONTEXT
     arms: Optional[tuple[str, ...]] = None
+    plain_at_cost: float = 0.0
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -189,6 +190,10 @@ class ProposerConfig:
         if not isinstance(self.plain_steps, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: plain_steps must be true or false, "
                                       f"got {self.plain_steps!r}")
+        if isinstance(self.plain_at_cost, bool) or not isinstance(self.plain_at_cost, (int, float)) \
+                or not 0 <= self.plain_at_cost <= 1:
+            raise ProposerConfigError(f"latticekit vLLM proposer: plain_at_cost must be a number in [0, 1], "
+                                      f"got {self.plain_at_cost!r}")
         if not isinstance(self.frugal, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: frugal must be true or false, got {self.frugal!r}")
         if isinstance(self.probe_budget, bool) or not isinstance(self.probe_budget, (int, float)) \

@@ -72,10 +72,11 @@ class Load:
     def worth(self, arm: str) -> float:
         return self.arms[arm].rate
 
-    def choose(self) -> str:
-        """The arm of the next step (:func:`~latticekit.drafting.arms.choose_arm`)."""
+    def choose(self, without: Sequence[str] = ()) -> str:
+        """The arm of the next step (:func:`~latticekit.drafting.arms.choose_arm`), among the
+        arms not ``without`` (all of them if that would leave none)."""
         self.steps += 1
-        names = tuple(self.arms)
+        names = tuple(a for a in self.arms if a not in without) or tuple(self.arms)
         arm = choose_arm(names, self.arms, self.worth, self.steps, budget=self.budget)
         return arm or ("plain" if "plain" in self.arms else names[0])
 

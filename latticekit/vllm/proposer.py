@@ -291,7 +291,13 @@ class NGramProposer:
         measured; with step costs given (tests, replays), the cost model's allocation always."""
         if self.config.step_costs is not None:
             return "model"
-        return self._load(load_bucket(rows)).choose()
+        bucket = load_bucket(rows)
+        without: tuple[str, ...] = ()
+        if self.config.plain_at_cost > 0 and "plain" in self.arms:
+            a, b, _ = self._coefficients(bucket)
+            if not b > 0 or b / (a / max(rows, 1) + b) < self.config.plain_at_cost:
+                without = ("plain",)  # a draft token is cheap here: drafting is decided by the estimates
+        return self._load(bucket).choose(without)
 
     def _load(self, bucket: int) -> Load:
         load = self.loads.get(bucket)
