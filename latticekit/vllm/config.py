@@ -87,15 +87,27 @@ class ProposerConfig:
             wherever else an answer held them.
         arms: the ways of drafting the proposer chooses among by the tokens per second each
             really got, per load (of :data:`ARMS`); one alone is always taken. None: the
-            proposer's own. ``NGramProposer``'s is ``["model"]``, the cost model's allocation at
-            every step (its estimates corrected by what was accepted, its step costs measured):
-            all four arms (learnt per load) ran at 0.98x it in ``benchmarks/vllm_speed.py
-            --lockstep`` (the geometric mean of 27 groups; docs/vllm.md), probing the other arms
-            costing more than choosing among them gained. ``text`` is the lattice proposer's
+            proposer's own. ``NGramProposer``'s is ``["model", "plain"]``: the cost model's
+            allocation (its estimates corrected by what was accepted, its step costs measured),
+            and, at loads where a draft token costs at least ``plain_at_cost`` of a row's token,
+            no drafting at all where that got more tokens a second. Until stop 51 it was
+            ``["model"]`` alone: all four level arms (learnt per load) ran at 0.98x it in
+            ``benchmarks/vllm_speed.py --lockstep`` (the geometric mean of 27 groups;
+            docs/vllm.md), probing the other arms costing more than choosing among them gained,
+            and ``plain`` beside it at every load lost at one request (its warm-up, stop 43).
+            ``text`` is the lattice proposer's
             alone: its n-grams without the heads (the heads not run), at the cost model's
             allocation. ``LatticeProposer``'s is all five: the heads' cost is what ``plain`` and
             ``text`` steps save, and where the heads do not repay it (a busy CPU) it drafts as
             ``NGramProposer`` does.
+        plain_at_cost: with ``plain`` among the arms, it is chosen only at loads (load buckets)
+            where the fitted cost of a draft token, ``b``, is at least this share of what a row's
+            token costs in a step without drafts, ``a / rows + b`` (a draft token must then be
+            accepted at least that often to pay); elsewhere the cost model decides alone. None:
+            the proposer's own: ``NGramProposer``'s 1/3 (on the 2-core EPYC the share was
+            0.02 at one request, 0.3-0.4 at 8-15 and 0.5-0.9 at 16; on a GPU a draft token
+            costs a sliver of a row's), ``LatticeProposer``'s 0 (``plain`` at every load: its
+            heads cost what a plain step saves). 0: at every load.
         frugal: draft on only as many steps as the drafting's own seconds are repaid on. Per
             load bucket the proposer keeps two running means over the steps it drafted on: the
             seconds its chains were expected to save (the accepted tokens its corrected
@@ -142,7 +154,7 @@ class ProposerConfig:
     memory_tokens: int = DEFAULT_MAX_TOKENS
     memory_context: int = DEFAULT_CONTEXT
     arms: Optional[tuple[str, ...]] = None
-    plain_at_cost: float = 0.0
+    plain_at_cost: Optional[float] = None
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -190,8 +202,8 @@ class ProposerConfig:
         if not isinstance(self.plain_steps, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: plain_steps must be true or false, "
                                       f"got {self.plain_steps!r}")
-        if isinstance(self.plain_at_cost, bool) or not isinstance(self.plain_at_cost, (int, float)) \
-                or not 0 <= self.plain_at_cost <= 1:
+        if self.plain_at_cost is not None and (isinstance(self.plain_at_cost, bool) or not isinstance(
+                self.plain_at_cost, (int, float)) or not 0 <= self.plain_at_cost <= 1):
             raise ProposerConfigError(f"latticekit vLLM proposer: plain_at_cost must be a number in [0, 1], "
                                       f"got {self.plain_at_cost!r}")
         if not isinstance(self.frugal, bool):

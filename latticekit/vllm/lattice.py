@@ -94,6 +94,7 @@ class LatticeProposer(NGramProposer):
     #: where they do not repay it (the cost model alone was measured against the arms for the
     #: n-gram proposer only).
     default_arms = ARMS
+    default_plain_at_cost = 0.0
 
     def __init__(self, vllm_config: Any, config: Optional[ProposerConfig] = None) -> None:
         super().__init__(vllm_config, config)

@@ -14,8 +14,10 @@ length for the most expected tokens per second under the step costs it measures 
 engine's own steps (:func:`~latticekit.drafting.chains.allocate`): drafts shrink as the batch
 grows, down to none. The acceptance estimates are learnt per candidate source (the text's,
 the memory's, the heads'), and scaled by the draft tokens accepted over those expected. With
-``arms`` set to more than ``model`` (this proposer's default; the lattice proposer's are all
-five), whether to draft, and how eagerly, is learnt from outcomes: per load bucket (the
+``arms`` of more than one (this proposer's default is ``model`` and ``plain``, ``plain`` only at
+loads where a draft token costs at least ``plain_at_cost``, a third, of a row's token; the
+lattice proposer's are all five, at every load), whether to draft, and how eagerly, is learnt
+from outcomes: per load bucket (the
 batch's rows, by powers of two) the arms ``plain`` (no drafting work at all), ``lean``,
 ``model`` and ``eager`` (a draft token priced at 4, 1 and 1/4 times the fitted cost), and the
 lattice proposer's ``text`` (its n-grams alone, its heads not run) keep the tokens the engine
@@ -122,8 +124,11 @@ class NGramProposer:
     trust = "cache"
     #: The clock steps are timed with (seconds).
     clock = staticmethod(time.perf_counter)
-    #: The arms it chooses among where ``arms`` is not set: the cost model alone.
-    default_arms: tuple[str, ...] = ("model",)
+    #: The arms it chooses among where ``arms`` is not set: the cost model, or no drafting at all
+    #: where a draft token is dear (``plain_at_cost``).
+    default_arms: tuple[str, ...] = ("model", "plain")
+    #: ``plain_at_cost`` where it is not set.
+    default_plain_at_cost = 1 / 3
 
     def __init__(self, vllm_config: Any, config: Optional[ProposerConfig] = None) -> None:
         self.config = config if config is not None else ProposerConfig.from_env()
@@ -143,6 +148,8 @@ class NGramProposer:
                 raise ProposerConfigError(f"latticekit vLLM proposer: lm {self.config.lm!r} holds token id {largest}, "
                                           f"outside the model's vocabulary of {self.vocab_size}")
         self.arms = self.config.arms if self.config.arms is not None else self.default_arms
+        self.plain_at_cost = self.config.plain_at_cost if self.config.plain_at_cost is not None \
+            else self.default_plain_at_cost
         if "text" in self.arms and not self.reads_heads:  # n-grams without heads: what this proposer does anyway
             raise ProposerConfigError("latticekit vLLM proposer: arm 'text' is latticekit.vllm.LatticeProposer's")
         self.memory = AnswerMemory(self.config.memory_tokens, vocab_size=self.vocab_size,
@@ -293,10 +300,10 @@ class NGramProposer:
             return "model"
         bucket = load_bucket(rows)
         without: tuple[str, ...] = ()
-        if self.config.plain_at_cost > 0 and "plain" in self.arms:
+        if self.plain_at_cost > 0 and "plain" in self.arms:
             a, b, _ = self._coefficients(bucket)
-            if not b > 0 or b / (a / max(rows, 1) + b) < self.config.plain_at_cost:
-                without = ("plain",)  # a draft token is cheap here: drafting is decided by the estimates
+            if not b > 0 or b / (a / max(rows, 1) + b) < self.plain_at_cost:
+                without = ("plain",)  # a draft token is cheap here: the cost model decides alone
         return self._load(bucket).choose(without)
 
     def _load(self, bucket: int) -> Load:

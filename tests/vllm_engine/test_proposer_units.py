@@ -657,7 +657,9 @@ def test_frugal_skips_the_drafting_work_under_load_where_it_does_not_pay_and_not
     rng = np.random.default_rng(0)
     config = engine_config(k=6, max_model_len=4096, vocab=1000)
     noise = [rng.integers(0, 40, 800).tolist() for _ in range(16)]  # drafts a step would rarely accept
-    frugal, every = TimedProposer(config, ProposerConfig()), TimedProposer(config, ProposerConfig(frugal=False))
+    # the cost model alone (frugal's work apart from the plain arm's)
+    frugal = TimedProposer(config, ProposerConfig(arms=["model"]))
+    every = TimedProposer(config, ProposerConfig(arms=["model"], frugal=False))
     frugal.clock, every.clock = Clock(), Clock()
     # 16 requests at 0.1 s + 10 ms a query token, their drafting 2 ms a row: 32 ms a step
     busy = drive(frugal, noise, 64, 200, 0.1, 0.01, frugal.clock)
@@ -673,6 +675,18 @@ def test_frugal_skips_the_drafting_work_under_load_where_it_does_not_pay_and_not
     assert drive(frugal, copy, 70, 60, 0.1, 0.01, frugal.clock).count("plain") == 0
 
 
+def test_by_default_a_busy_load_whose_drafts_do_not_pay_stops_drafting_and_one_request_does_not() -> None:
+    rng = np.random.default_rng(3)
+    proposer = TimedProposer(engine_config(k=6, max_model_len=4096, vocab=1000), ProposerConfig(frugal=False))
+    clock = proposer.clock = Clock()
+    noise = [rng.integers(0, 40, 800).tolist() for _ in range(16)]  # drafts a step would rarely accept
+    # 16 requests at 0.1 s + 10 ms a query token: a draft token costs 0.01 / (0.1 / 16 + 0.01) of a row's
+    late = drive(proposer, noise, 64, 200, 0.1, 0.01, clock)[60:]
+    assert late.count("plain") / len(late) >= 0.9
+    # one request: a draft token costs 0.01 / 0.11 of its step, the cost model decides alone
+    assert "plain" not in drive(proposer, noise[:1], 64, 100, 0.1, 0.01, clock)
+
+
 def test_the_proposer_chooses_among_the_arms_it_is_given_alone() -> None:
     rng = np.random.default_rng(1)
     texts = [rng.integers(0, 40, 400).tolist() for _ in range(4)] + [list(range(100, 160)) * 20]
@@ -685,7 +699,7 @@ def test_the_proposer_chooses_among_the_arms_it_is_given_alone() -> None:
         outcomes = proposer.stats()["arms"]["3"]  # a less eager arm's, from the steps of a more eager one too
         assert set(outcomes) == set(arms) and all(outcomes[arm][1] > 0 for arm in arms), arms
     assert played[("model",)] == {"model"}
-    assert NGramProposer(engine_config(), ProposerConfig()).arms == ("model",)  # its own default
+    assert NGramProposer(engine_config(), ProposerConfig()).arms == ("model", "plain")  # its own default
 
 
 def test_vllms_schedule_of_draft_tokens_by_batch_size_caps_the_chains() -> None:
@@ -713,6 +727,28 @@ def test_estimates_are_corrected_by_what_was_accepted_against_what_was_expected(
     before = proposer.correction
     proposer._learn(_Step(1, "plain", 0.0, 0.0, {}), 1.0, [[1]], ["r"], tokens=None)  # a plain step says nothing
     assert proposer.correction == before
+
+
+def test_plain_is_chosen_only_where_a_draft_token_costs_the_share_set_of_a_rows_token() -> None:
+    proposer = NGramProposer(engine_config(), ProposerConfig(arms=["plain", "model"], plain_at_cost=0.5))
+    for n in (1, 4, 16, 20, 32):  # the engine's steps: 0.1 s + 10 ms a query token
+        proposer.costs.add(n, 0.1 + 0.01 * n)
+    # a draft token against a row's token: 0.01 / (0.1 + 0.01) at one row, 0.01 / (0.1 / 16 + 0.01) at 16
+    for rows in (1, 16):
+        load = proposer._load(load_bucket(rows))
+        for step in range(1, 6):  # plain got twice model's tokens a second, at both loads
+            load.arms["plain"].add(10, 1.0, step)
+            load.arms["model"].add(5, 1.0, step)
+        load.steps = 5
+    assert {proposer._arm(1) for _ in range(200)} == {"model"}
+    assert proposer._arm(16) == "plain"
+    assert NGramProposer(engine_config(), ProposerConfig()).plain_at_cost == pytest.approx(1 / 3)
+    assert NGramProposer(engine_config(), ProposerConfig()).arms == ("model", "plain")
+    assert NGramProposer(engine_config(), ProposerConfig(plain_at_cost=0.0)).plain_at_cost == 0.0
+    assert LatticeProposer.default_plain_at_cost == 0.0
+    for bad in (-0.1, 1.5, True, "half"):
+        with pytest.raises(ProposerConfigError, match="plain_at_cost"):
+            ProposerConfig(plain_at_cost=bad)
 
 
 def test_a_drafted_step_is_the_outcome_of_every_less_eager_arm_on_the_same_rows() -> None:
