@@ -281,7 +281,7 @@ class NGramProposer:
                     got = rows_emitting + sum(min(n, accepted.get(key, 0)) for key, n in chains.items())
                     saved = drafted - cost(chains)
                     load.record(arm, got, max(engine_s - saved, 0.5 * engine_s) + pending.draft_s)
-            if pending.arm != "plain" and (self.config.plain_from_drafted or not any(run.values())):
+            if pending.arm != "plain":
                 load.record("plain", rows_emitting, max(engine_s - drafted, 0.5 * engine_s))
         load.record(pending.arm, emitted, engine_s + pending.draft_s)
 
