@@ -78,7 +78,7 @@ class Load:
         self.steps += 1
         names = tuple(a for a in self.arms if a not in without) or tuple(self.arms)
         arm = choose_arm(names, self.arms, self.worth, self.steps, budget=self.budget)
-        return arm or ("plain" if "plain" in self.arms else names[0])
+        return arm or ("plain" if "plain" in names else names[0])
 
     def record(self, arm: str, tokens: int, seconds: float) -> None:
         """A step of ``arm`` emitted ``tokens`` in ``seconds`` (engine and drafting); nothing
