@@ -55,9 +55,10 @@ class ArmStats:
     :data:`ARM_DECAY` per step since the arm was last read (a probe after a long pause
     outweighs the stale history), and when to probe it next."""
 
-    __slots__ = ("tokens", "seconds", "steps", "last", "interval", "probing")
+    __slots__ = ("tokens", "seconds", "steps", "last", "interval", "probing", "decay")
 
-    def __init__(self) -> None:
+    def __init__(self, decay: float = ARM_DECAY) -> None:
+        self.decay = decay  # per step since the arm was last read
         self.tokens = self.seconds = 0.0
         self.steps = self.last = 0
         self.interval = FIRST_PROBE
@@ -88,7 +89,7 @@ class ArmStats:
         self.seconds *= decay
 
     def add(self, tokens: float, seconds: float, step: int) -> None:
-        decay = ARM_DECAY ** (step - self.last) if self.steps else 0.0
+        decay = self.decay ** (step - self.last) if self.steps else 0.0
         self.tokens = decay * self.tokens + tokens
         self.seconds = decay * self.seconds + seconds
         self.steps += 1
