@@ -55,10 +55,9 @@ class ArmStats:
     :data:`ARM_DECAY` per step since the arm was last read (a probe after a long pause
     outweighs the stale history), and when to probe it next."""
 
-    __slots__ = ("tokens", "seconds", "steps", "last", "interval", "probing", "decay")
+    __slots__ = ("tokens", "seconds", "steps", "last", "interval", "probing")
 
-    def __init__(self, decay: float = ARM_DECAY) -> None:
-        self.decay = decay  # per step since the arm was last read
+    def __init__(self) -> None:
         self.tokens = self.seconds = 0.0
         self.steps = self.last = 0
         self.interval = FIRST_PROBE
@@ -89,7 +88,7 @@ class ArmStats:
         self.seconds *= decay
 
     def add(self, tokens: float, seconds: float, step: int) -> None:
-        decay = self.decay ** (step - self.last) if self.steps else 0.0
+        decay = ARM_DECAY ** (step - self.last) if self.steps else 0.0
         self.tokens = decay * self.tokens + tokens
         self.seconds = decay * self.seconds + seconds
         self.steps += 1

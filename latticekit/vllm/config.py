@@ -155,7 +155,6 @@ class ProposerConfig:
     memory_context: int = DEFAULT_CONTEXT
     arms: Optional[tuple[str, ...]] = None
     plain_at_cost: Optional[float] = None
-    arm_decay: float = 0.9
 
     def __post_init__(self) -> None:
         arms = self.arms

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from latticekit.drafting.arms import ARM_DECAY, PROBE_BUDGET, ArmStats, choose_arm, probe_outcome
+from latticekit.drafting.arms import PROBE_BUDGET, ArmStats, choose_arm, probe_outcome
 from latticekit.drafting.chains import BatchCosts
 from latticekit.vllm.config import ARMS
 
@@ -29,9 +29,8 @@ class Load:
 
     __slots__ = ("arms", "steps", "costs", "saved", "spent", "drafted", "credit", "budget")
 
-    def __init__(self, prior_ratio: float, arms: Sequence[str] = ARMS, budget: float = PROBE_BUDGET,
-                 decay: float = ARM_DECAY) -> None:
-        self.arms = {arm: ArmStats(decay) for arm in arms}
+    def __init__(self, prior_ratio: float, arms: Sequence[str] = ARMS, budget: float = PROBE_BUDGET) -> None:
+        self.arms = {arm: ArmStats() for arm in arms}
         # the probes of the arms that are not the best lose at most ``budget`` of the time, all
         # of them together: each arm's probes, its share
         self.budget = budget / max(1, len(self.arms) - 1)

@@ -309,8 +309,7 @@ class NGramProposer:
     def _load(self, bucket: int) -> Load:
         load = self.loads.get(bucket)
         if load is None:
-            load = self.loads[bucket] = Load(self.config.prior_ratio, self.arms, self.config.probe_budget,
-                                             self.config.arm_decay)
+            load = self.loads[bucket] = Load(self.config.prior_ratio, self.arms, self.config.probe_budget)
         return load
 
     def _coefficients(self, bucket: int) -> CostFit:
