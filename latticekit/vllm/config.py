@@ -105,7 +105,7 @@ class ProposerConfig:
             token costs in a step without drafts, ``a / rows + b`` (a draft token must then be
             accepted at least that often to pay); elsewhere the cost model decides alone. None:
             the proposer's own: ``NGramProposer``'s 1/3 (on the 2-core EPYC the share was
-            0.02 at one request, 0.3-0.4 at 8-15 and 0.5-0.9 at 16; on a GPU, its pass bound
+            0.02 at one request, 0.3-0.5 at 8-15 and 0.6-0.9 at 16; on a GPU, its pass bound
             by reading the weights, a draft token should cost a sliver of a row's),
             ``LatticeProposer``'s 0 (``plain`` at every load: its heads cost what a plain step
             saves). 0: at every load.
