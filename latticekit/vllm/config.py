@@ -109,6 +109,14 @@ class ProposerConfig:
             by reading the weights, a draft token should cost a sliver of a row's),
             ``LatticeProposer``'s 0 (``plain`` at every load: its heads cost what a plain step
             saves). 0: at every load.
+        closed_at_cost: in a closed batch, no drafting at loads where a draft token costs at least
+            this share of a row's token (``plain_at_cost``'s share). A batch is closed where
+            requests that finished while others went on mostly left their rows empty, rather than
+            a new request taking them within a few steps (:class:`~latticekit.vllm.loads.Turnover`).
+            There a request that finishes sooner saves only its own later tokens, what verifying
+            its accepted drafts cost, and the fixed part of a step only for the request that ends
+            the batch, the least likely to be one whose drafts were accepted. Default 1/3, both
+            proposers; null: off.
         frugal: draft on only as many steps as the drafting's own seconds are repaid on. Per
             load bucket the proposer keeps two running means over the steps it drafted on: the
             seconds its chains were expected to save (the accepted tokens its corrected
@@ -156,6 +164,7 @@ class ProposerConfig:
     memory_context: int = DEFAULT_CONTEXT
     arms: Optional[tuple[str, ...]] = None
     plain_at_cost: Optional[float] = None
+    closed_at_cost: Optional[float] = 1 / 3
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -207,6 +216,10 @@ class ProposerConfig:
                 self.plain_at_cost, (int, float)) or not 0 <= self.plain_at_cost <= 1):
             raise ProposerConfigError(f"latticekit vLLM proposer: plain_at_cost must be a number in [0, 1], "
                                       f"got {self.plain_at_cost!r}")
+        if self.closed_at_cost is not None and (isinstance(self.closed_at_cost, bool) or not isinstance(
+                self.closed_at_cost, (int, float)) or not 0 < self.closed_at_cost <= 1):
+            raise ProposerConfigError(f"latticekit vLLM proposer: closed_at_cost must be a number in (0, 1] or null, "
+                                      f"got {self.closed_at_cost!r}")
         if not isinstance(self.frugal, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: frugal must be true or false, got {self.frugal!r}")
         if isinstance(self.probe_budget, bool) or not isinstance(self.probe_budget, (int, float)) \

@@ -1,15 +1,17 @@
 """What the vLLM proposer keeps per load (the batch's rows, by powers of two): its arms'
-outcomes, its own fit of the step costs, and what its drafting saved and took (``frugal``)."""
+outcomes, its own fit of the step costs, and what its drafting saved and took (``frugal``);
+and, over every load, whether a finished request's row is taken by another (:class:`Turnover`)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from latticekit.drafting.arms import PROBE_BUDGET, ArmStats, choose_arm, probe_outcome
 from latticekit.drafting.chains import BatchCosts
 from latticekit.vllm.config import ARMS
 
-__all__ = ["Load", "load_bucket"]
+__all__ = ["Load", "Turnover", "load_bucket"]
 
 
 def load_bucket(rows: int) -> int:
@@ -89,3 +91,74 @@ class Load:
         stats.add(tokens, seconds, self.steps)
         if stats.probing:
             probe_outcome(stats, self.worth(arm) >= max((self.worth(a) for a in self.arms if a != arm), default=0.0))
+
+
+class Turnover:
+    """Whether the engine's batch is *closed*: whether the rows of requests that finish while
+    others go on are taken by new requests (a queue, or clients that send their next request as
+    soon as one returns) or left empty.
+
+    It matters to what an accepted draft token saves. Where a freed row is taken at once, a
+    request that finishes a step sooner lets the next one in a step sooner: the batch keeps its
+    rows, and each accepted token saves a row's share of a step, ``a / rows + b`` of a step
+    costing ``a + b * tokens`` (what the allocation prices). Where it is left empty, the batch
+    ends with its last request: a request that finishes sooner saves only its own later tokens,
+    ``b`` each, what verifying its accepted drafts cost, and the fixed part ``a`` of a step is
+    saved only by the steps of the request that ends the batch; the requests whose drafts are
+    accepted are the ones least likely to be that one.
+
+    Per call it is told the request ids of the batch, the last call's, and which of the last
+    call's requests finished (gone from the runner's requests; a preempted one stays there).
+    A request that finished while others went on is *replaced* if a request joins, while
+    others go on, in the same call or the :data:`window` - 1 after (matched oldest first), else
+    *unreplaced*. A
+    batch that turned over whole (no request of the last call goes on) tells nothing: a burst
+    of requests that all ended together, followed by the next, looks the same from here as
+    clients whose requests all ended together and who sent their next at once.
+    The counts are decayed per request (:data:`decay`); the batch is closed where the decayed
+    unreplaced requests are at least :data:`least` and more than half of all."""
+
+    __slots__ = ("replaced", "ended", "_awaiting", "_calls")
+
+    #: a finished request's row counts as taken if a request joins in the same call or the next 3
+    window = 4
+    #: decay per request told (about 50 requests' memory)
+    decay = 0.98
+    #: the decayed requests told before the batch can be called closed
+    least = 4.0
+
+    def __init__(self) -> None:
+        self.replaced = 0.0  # decayed: finished requests whose row was taken
+        self.ended = 0.0  # decayed: finished requests told (replaced or not)
+        self._awaiting: deque[list[int]] = deque()  # [call, requests] finished, their rows not yet taken
+        self._calls = 0
+
+    def observe(self, finished: int, joined: int, going_on: int) -> None:
+        """One call: ``finished`` of the last call's requests finished, ``joined`` requests are
+        new to this call, ``going_on`` were in both."""
+        self._calls += 1
+        if going_on == 0:  # the batch turned over whole (or was empty): no request waited on another
+            self._awaiting.clear()
+            return
+        while self._awaiting and self._calls - self._awaiting[0][0] >= self.window:
+            self._tell(self._awaiting.popleft()[1], False)
+        if finished:
+            self._awaiting.append([self._calls, finished])
+        while joined and self._awaiting:
+            take = min(joined, self._awaiting[0][1])
+            self._tell(take, True)
+            joined -= take
+            self._awaiting[0][1] -= take
+            if not self._awaiting[0][1]:
+                self._awaiting.popleft()
+
+    def _tell(self, requests: int, replaced: bool) -> None:
+        d = self.decay ** requests
+        self.replaced = d * self.replaced + (requests if replaced else 0)
+        self.ended = d * self.ended + requests
+
+    @property
+    def closed(self) -> bool:
+        """Whether finished requests' rows have mostly been left empty lately."""
+        unreplaced = self.ended - self.replaced
+        return unreplaced >= self.least and unreplaced > self.replaced

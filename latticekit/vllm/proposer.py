@@ -66,7 +66,7 @@ from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
 from latticekit.vllm.config import ARMS, ProposerConfig
 from latticekit.vllm.engine import dynamic_schedule, find_runner, load_lm, plain_steps, scheduled_tokens
-from latticekit.vllm.loads import Load, load_bucket
+from latticekit.vllm.loads import Load, Turnover, load_bucket
 
 __all__ = ["NGramProposer"]
 
@@ -176,10 +176,11 @@ class NGramProposer:
         self._stats_written = 0.0
         self._finished_now = False  # this call learnt that requests finished (the stats are rewritten then)
         self._last_ids: list[Any] = []  # the last call's request ids
+        self.turnover = Turnover()  # whether finished requests' rows are taken (closed_at_cost)
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0,
                          "draft_seconds": 0.0, "errors": 0, "requests_started": 0, "requests_finished": 0,
-                         "states_evicted": 0, "rows_capped": 0, "steps_frugal": 0, "steps_unspeculated": 0,
+                         "states_evicted": 0, "rows_capped": 0, "steps_frugal": 0, "steps_unspeculated": 0, "steps_closed": 0,
                          **{f"steps_{arm}": 0 for arm in ARMS}}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -299,11 +300,15 @@ class NGramProposer:
         if self.config.step_costs is not None:
             return "model"
         bucket = load_bucket(rows)
+        a, b, _ = self._coefficients(bucket)
+        share = b / (a / max(rows, 1) + b) if b > 0 else 0.0  # of a row's token, a draft token's cost
+        closed = self.config.closed_at_cost
+        if closed is not None and share >= closed and self.turnover.closed:
+            self.counters["steps_closed"] += 1
+            return "plain"  # an accepted token saves about what verifying it cost (Turnover)
         without: tuple[str, ...] = ()
-        if self.plain_at_cost > 0 and "plain" in self.arms:
-            a, b, _ = self._coefficients(bucket)
-            if not b > 0 or b / (a / max(rows, 1) + b) < self.plain_at_cost:
-                without = ("plain",)  # a draft token is cheap here: the cost model decides alone
+        if self.plain_at_cost > 0 and "plain" in self.arms and share < self.plain_at_cost:
+            without = ("plain",)  # a draft token is cheap here: the cost model decides alone
         return self._load(bucket).choose(without)
 
     def _load(self, bucket: int) -> Load:
@@ -485,7 +490,11 @@ class NGramProposer:
                 self.states.pop(key).remember()  # finished: a preempted request stays in runner.requests
                 self.counters["requests_finished"] += 1
             # requests of the last call that finished (drafted for or not)
-            self._finished_now = any(key not in live for key in self._last_ids)
+            finished = sum(1 for key in self._last_ids if key not in live)
+            self._finished_now = finished > 0
+            last = set(self._last_ids)
+            going_on = sum(1 for key in req_ids if key in last)
+            self.turnover.observe(finished, len(req_ids) - going_on, going_on)
         self._last_ids = req_ids
         return req_ids
 
@@ -537,7 +546,9 @@ class NGramProposer:
         return {**self.counters, "step_costs": [a, b, c], "load_step_costs": load_costs, "frugal": frugal,
                 "states": len(self.states),
                 "pid": os.getpid(),
-                "correction": self.correction, "arms": arms, **memory}
+                "correction": self.correction, "arms": arms,
+                "turnover": [round(self.turnover.replaced, 3), round(self.turnover.ended, 3), self.turnover.closed],
+                **memory}
 
     def _write_stats(self, now: float) -> None:
         self._stats_written = now

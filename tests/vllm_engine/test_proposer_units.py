@@ -25,7 +25,7 @@ from latticekit.lattice import SausageLattice
 from latticekit.vllm import ENV, LATTICE_PROPOSER, LatticeProposer, NGramProposer, ProposerConfig, speculative_config
 from latticekit.vllm.lattice import hidden_rows
 from latticekit.vllm.config import ARMS
-from latticekit.vllm.loads import Load, load_bucket
+from latticekit.vllm.loads import Load, Turnover, load_bucket
 from latticekit.vllm.proposer import _Step
 from vllm_helpers import rss_mb
 
@@ -749,6 +749,74 @@ def test_plain_is_chosen_only_where_a_draft_token_costs_the_share_set_of_a_rows_
     for bad in (-0.1, 1.5, True, "half"):
         with pytest.raises(ProposerConfigError, match="plain_at_cost"):
             ProposerConfig(plain_at_cost=bad)
+
+
+def test_a_batch_is_closed_where_finished_requests_rows_are_left_empty() -> None:
+    # a burst: requests finish while others go on, and nobody takes their rows
+    burst = Turnover()
+    for call in range(40):
+        burst.observe(1 if call % 3 == 0 else 0, 0, 16)
+    assert burst.closed and burst.replaced == 0
+    # a queue (or clients who send their next request at once): each row is taken in the same
+    # call, or within the window; a row taken later than that is left empty meanwhile
+    for lag in (0, 1, 3):
+        queue = Turnover()
+        joins = [0] * 200
+        for call in range(0, 180, 3):
+            joins[call + lag] += 2
+            queue.observe(2, joins[call], 16)
+            for later in range(call + 1, call + 3):
+                queue.observe(0, joins[later], 16)
+        assert not queue.closed and queue.ended > 40 and queue.replaced == pytest.approx(queue.ended), lag
+    late = Turnover()
+    for call in range(60):
+        late.observe(1 if call % 6 == 0 else 0, 1 if call % 6 == Turnover.window else 0, 16)
+    assert late.closed and late.replaced < late.ended
+    # whole batches that end together and the next that joins tell nothing, either way
+    waves = Turnover()
+    for call in range(200):
+        waves.observe(16, 16, 0) if call % 65 == 64 else waves.observe(0, 0, 16)
+    assert not waves.closed and waves.ended == 0
+    # fewer than ``least`` requests told: not closed; the memory follows the batch's habits
+    few = Turnover()
+    few.observe(3, 0, 5)
+    for _ in range(8):
+        few.observe(0, 0, 5)
+    assert few.ended == 3 and not few.closed
+    for _ in range(200):  # then every row is taken at once
+        burst.observe(1, 1, 15)
+    assert not burst.closed
+
+
+def test_in_a_closed_batch_no_drafting_where_a_draft_token_is_dear() -> None:
+    import weakref
+
+    for config, closes in ((ProposerConfig(), True), (ProposerConfig(arms=["model"]), True),
+                           (ProposerConfig(closed_at_cost=None), False)):
+        proposer = NGramProposer(engine_config(), config)
+        runner = Runner()
+        proposer._runner = weakref.ref(runner)
+        for n in (1, 4, 16, 20, 32):  # the engine's steps: 0.1 s + 10 ms a query token
+            proposer.costs.add(n, 0.1 + 0.01 * n)
+        ids = [f"r{i}" for i in range(16)]
+        runner.requests = {key: SimpleNamespace(prompt_token_ids=[1]) for key in ids}
+        for step in range(12):  # the batch learns nothing yet: requests go on
+            runner.input_batch.req_ids = list(ids)
+            proposer._row_keys(len(ids))
+        assert not proposer.turnover.closed
+        for step in range(12):  # a request finishes every step and nobody takes its row
+            runner.requests.pop(ids.pop())
+            runner.input_batch.req_ids = list(ids)
+            proposer._row_keys(len(ids))
+        assert proposer.turnover.closed and proposer.turnover.replaced == 0
+        # a draft token costs 0.01 / (0.1 / 16 + 0.01) = 0.62 of a row's token at 16 rows, 0.09 at one
+        assert (proposer._arm(16) == "plain") == closes
+        assert {proposer._arm(1) for _ in range(50)} == {"model"}
+        assert proposer.stats()["steps_closed"] == closes and proposer.stats()["turnover"][2] is True
+    assert ProposerConfig().closed_at_cost == pytest.approx(1 / 3)
+    for bad in (0, -0.1, 1.5, True, "third"):
+        with pytest.raises(ProposerConfigError, match="closed_at_cost"):
+            ProposerConfig(closed_at_cost=bad)
 
 
 def test_a_drafted_step_is_the_outcome_of_every_less_eager_arm_on_the_same_rows() -> None:
