@@ -111,10 +111,11 @@ class Turnover:
     call's requests finished (gone from the runner's requests; a preempted one stays there).
     A request that finished while others went on is *replaced* if a request joins, while
     others go on, in the same call or the :data:`window` - 1 after (matched oldest first), else
-    *unreplaced*. A
-    batch that turned over whole (no request of the last call goes on) tells nothing: a burst
-    of requests that all ended together, followed by the next, looks the same from here as
-    clients whose requests all ended together and who sent their next at once.
+    *unreplaced*, as are the rows still awaited when the batch turns over whole (no request of
+    the last call goes on) or the engine ran empty. The requests that finish as the batch turns
+    over whole tell nothing: a burst of requests that all ended together, followed by the
+    next, looks the same from here as clients whose requests all ended together and who sent
+    their next at once.
     The counts are decayed per request (:data:`decay`); the batch is closed where the decayed
     unreplaced requests are at least :data:`least` and more than half of all."""
 
@@ -137,8 +138,9 @@ class Turnover:
         """One call: ``finished`` of the last call's requests finished, ``joined`` requests are
         new to this call, ``going_on`` were in both."""
         self._calls += 1
-        if going_on == 0:  # the batch turned over whole (or was empty): no request waited on another
-            self._awaiting.clear()
+        if going_on == 0:  # the batch turned over whole, or had run empty: the rows still awaited
+            while self._awaiting:  # stayed empty; the requests that finished now tell nothing
+                self._tell(self._awaiting.popleft()[1], False)
             return
         while self._awaiting and self._calls - self._awaiting[0][0] >= self.window:
             self._tell(self._awaiting.popleft()[1], False)

@@ -28,7 +28,10 @@ lose at most ``probe_budget`` (2%) of the time.
 A drafted step is also the outcome of every less eager arm on the same rows (each would have
 verified a prefix of the same chains: its accepted tokens are exact, its seconds the step's
 less the fitted cost of the drafts it leaves out), so the arms are compared on the same
-requests' steps. With ``frugal`` (the default), a load whose drafted steps were expected to
+requests' steps. In a closed batch (finished requests' rows left empty, not taken by new
+requests: :class:`~latticekit.vllm.loads.Turnover`), at loads where a draft token costs at
+least ``closed_at_cost`` (a third) of a row's token, it does not draft at all: there an accepted
+token saves about what verifying it cost. With ``frugal`` (the default), a load whose drafted steps were expected to
 save fewer seconds than their drafting took drafts on only that share of its steps (at least 1
 in 8); the others do no drafting work. A chain stops where its request's ``max_tokens`` would
 (vLLM verifies a chain whole, and throws away what is accepted past it). Request state follows the batch: it

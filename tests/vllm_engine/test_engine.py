@@ -206,6 +206,39 @@ def test_a_step_without_drafts_runs_as_a_step_without_speculation(engines: Any) 
     assert plain <= after["steps_unspeculated"] - before["steps_unspeculated"] <= plain + 1
 
 
+def test_the_proposer_tells_a_burst_whose_rows_are_left_empty_from_load_whose_rows_are_taken(engines: Any) -> None:
+    """``closed_at_cost``'s evidence from vLLM's own runner: a burst of requests that end at
+    different lengths leaves its rows empty (closed); requests kept in flight, each replaced as
+    one finishes (``benchmarks/vllm_speed.py --sustained``), have their rows taken (not closed)."""
+    base, drafted, stats = engines
+    prompts = chat(base, QUESTIONS[:8])
+    # 8 requests at once, ending after 4, 8, ..., 32 tokens: each row is left empty
+    for _ in range(2):
+        for i, prompt in enumerate(prompts):
+            drafted.llm_engine.add_request(f"burst-{_}-{i}", prompt,
+                                           vllm.SamplingParams(temperature=0, max_tokens=4 * (i + 1)))
+        while drafted.llm_engine.has_unfinished_requests():
+            drafted.llm_engine.step()
+    replaced, told, closed = engine_stats(drafted, stats)["turnover"]
+    assert closed and told >= 6 and replaced == 0
+    # 48 requests of 3 to 10 tokens kept 4 in flight, as the benchmark's --sustained keeps them:
+    # each finished one's row is taken at once
+    waiting, live, done = list(range(48)), set(), 0
+    while waiting or live:
+        while waiting and len(live) < 4:
+            i = waiting.pop(0)
+            drafted.llm_engine.add_request(f"kept-{i}", prompts[i % 8],
+                                           vllm.SamplingParams(temperature=0, max_tokens=3 + i % 8))
+            live.add(f"kept-{i}")
+        for out in drafted.llm_engine.step():
+            if out.finished:
+                live.discard(out.request_id)
+                done += 1
+    assert done == 48
+    replaced_after, told_after, closed = engine_stats(drafted, stats)["turnover"]
+    assert not closed and replaced_after > told_after - replaced_after
+
+
 def test_churn_and_hostile_requests_leave_the_engine_up_and_free_finished_requests_states(engines: Any) -> None:
     base, drafted, stats_path = engines
     vocab = drafted.get_tokenizer().vocab_size if hasattr(drafted.get_tokenizer(), "vocab_size") else 49152

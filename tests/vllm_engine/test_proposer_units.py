@@ -777,6 +777,12 @@ def test_a_batch_is_closed_where_finished_requests_rows_are_left_empty() -> None
     for call in range(200):
         waves.observe(16, 16, 0) if call % 65 == 64 else waves.observe(0, 0, 16)
     assert not waves.closed and waves.ended == 0
+    # a row still awaited when the batch turns over whole (or the engine ran empty) stayed empty
+    tail = Turnover()
+    tail.observe(2, 0, 3)
+    tail.observe(0, 0, 3)
+    tail.observe(3, 8, 0)
+    assert tail.ended == pytest.approx(2) and tail.replaced == 0
     # fewer than ``least`` requests told: not closed; the memory follows the batch's habits
     few = Turnover()
     few.observe(3, 0, 5)
