@@ -218,8 +218,8 @@ class ProposerConfig:
                                       f"got {self.plain_at_cost!r}")
         if self.closed_at_cost is not None and (isinstance(self.closed_at_cost, bool) or not isinstance(
                 self.closed_at_cost, (int, float)) or not 0 < self.closed_at_cost <= 1):
-            raise ProposerConfigError(f"latticekit vLLM proposer: closed_at_cost must be a number in (0, 1] or null, "
-                                      f"got {self.closed_at_cost!r}")
+            raise ProposerConfigError(f"latticekit vLLM proposer: closed_at_cost must be a number in (0, 1] or "
+                                      f"null, got {self.closed_at_cost!r}")
         if not isinstance(self.frugal, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: frugal must be true or false, got {self.frugal!r}")
         if isinstance(self.probe_budget, bool) or not isinstance(self.probe_budget, (int, float)) \

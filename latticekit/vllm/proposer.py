@@ -183,7 +183,8 @@ class NGramProposer:
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0,
                          "draft_seconds": 0.0, "errors": 0, "requests_started": 0, "requests_finished": 0,
-                         "states_evicted": 0, "rows_capped": 0, "steps_frugal": 0, "steps_unspeculated": 0, "steps_closed": 0,
+                         "states_evicted": 0, "rows_capped": 0, "steps_frugal": 0, "steps_unspeculated": 0,
+                         "steps_closed": 0,
                          **{f"steps_{arm}": 0 for arm in ARMS}}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -298,8 +299,10 @@ class NGramProposer:
         return min(2.0, max(0.2, self._accepted / self._expected))
 
     def _arm(self, rows: int) -> str:
-        """The next step's arm: learnt per load bucket from the outcomes where the step costs are
-        measured; with step costs given (tests, replays), the cost model's allocation always."""
+        """The next step's arm: ``plain`` in a closed batch where a draft token costs at least
+        ``closed_at_cost`` of a row's token (:class:`~latticekit.vllm.loads.Turnover`); else learnt
+        per load bucket from the outcomes where the step costs are measured; with step costs given
+        (tests, replays), the cost model's allocation always."""
         if self.config.step_costs is not None:
             return "model"
         bucket = load_bucket(rows)
