@@ -179,11 +179,15 @@ class NGramProposer:
         self._stats_written = 0.0
         self._finished_now = False  # this call learnt that requests finished (the stats are rewritten then)
         self._last_ids: list[Any] = []  # the last call's request ids
+        #: per request of the batch (memory on), the runner's state of it (``CachedRequestState``):
+        #: gone from the runner's ``requests`` when it finishes, but its answer is read then
+        self._held: "OrderedDict[Any, Any]" = OrderedDict()
         self.turnover = Turnover()  # whether finished requests' rows are taken (closed_at_cost)
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0,
                          "draft_seconds": 0.0, "errors": 0, "requests_started": 0, "requests_finished": 0,
-                         "states_evicted": 0, "rows_capped": 0, "steps_frugal": 0, "steps_unspeculated": 0,
+                         "states_evicted": 0, "rows_capped": 0, "answers_from_runner": 0, "steps_frugal": 0,
+                         "steps_unspeculated": 0,
                          "steps_closed": 0,
                          **{f"steps_{arm}": 0 for arm in ARMS}}
 
@@ -492,17 +496,52 @@ class NGramProposer:
             return list(range(rows))
         live = getattr(runner, "requests", None)
         if isinstance(live, dict):
-            for key in [k for k in self.states if not isinstance(k, int) and k not in live]:
-                self.states.pop(key).remember()  # finished: a preempted request stays in runner.requests
-                self.counters["requests_finished"] += 1
             # requests of the last call that finished (drafted for or not)
             finished = sum(1 for key in self._last_ids if key not in live)
             self._finished_now = finished > 0
+            if finished:  # a preempted request stays in runner.requests
+                for key in [k for k in self.states if not isinstance(k, int) and k not in live]:
+                    self._finish(key)
+                for key in [k for k in self._held if k not in live]:
+                    self._finish(key)
             last = set(self._last_ids)
             going_on = sum(1 for key in req_ids if key in last)
             self.turnover.observe(finished, len(req_ids) - going_on, going_on)
+            if self.memory is not None:  # the runner's state of each request, for its answer when it finishes
+                for key in req_ids:
+                    if key not in last and key not in self._held and key in live:
+                        self._held[key] = live[key]
+                while len(self._held) > self.config.max_requests:
+                    del self._held[next(iter(self._held))]
         self._last_ids = req_ids
         return req_ids
+
+    def _finish(self, key: Any) -> None:
+        """Request ``key`` finished (gone from the runner's ``requests``): its state is freed, and
+        its answer goes into the memory of answers: the whole output the runner holds for it, all
+        its steps' tokens whether the proposer drafted for it or not, else its state's text as
+        far as the proposer saw it (:meth:`~latticekit.drafting.chains.ChainDrafter.remember`)."""
+        held, state = self._held.pop(key, None), self.states.pop(key, None)
+        if state is not None:
+            self.counters["requests_finished"] += 1
+        if self.memory is None:
+            return
+        output = getattr(held, "output_token_ids", None)
+        if isinstance(output, list):
+            answer = output
+            for i, token in enumerate(output):  # async scheduling's placeholders (-1) end what is known
+                if not isinstance(token, int) or token < 0:
+                    answer = output[:i]
+                    break
+            prompt = getattr(held, "prompt_token_ids", None)
+            try:
+                self.memory.add(answer, context=prompt if isinstance(prompt, list) else ())
+            except Exception as exc:  # ids not as vLLM's: this answer is not remembered
+                self._failed("memory", exc)
+                return
+            self.counters["answers_from_runner"] += 1
+        elif state is not None:
+            state.remember()
 
     def _request(self, key: Any) -> Any:
         """The runner's state of request ``key`` (``CachedRequestState``), or None."""

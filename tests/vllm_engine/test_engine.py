@@ -213,7 +213,8 @@ def test_the_proposer_tells_a_burst_whose_rows_are_left_empty_from_load_whose_ro
     one finishes (``benchmarks/vllm_speed.py --sustained``), have their rows taken (not closed)."""
     base, drafted, stats = engines
     prompts = chat(base, QUESTIONS[:8])
-    replaced, told, _ = engine_stats(drafted, stats)["turnover"]  # what the module's earlier tests left
+    before = engine_stats(drafted, stats)
+    replaced, told, _ = before["turnover"]  # what the module's earlier tests left
     # 8 requests at once, ending after 4, 8, ..., 32 tokens: each row is left empty
     for burst in range(3):
         for i, prompt in enumerate(prompts):
@@ -238,8 +239,14 @@ def test_the_proposer_tells_a_burst_whose_rows_are_left_empty_from_load_whose_ro
                 live.discard(out.request_id)
                 done += 1
     assert done == 48
-    replaced_after, told_after, closed = engine_stats(drafted, stats)["turnover"]
+    after = engine_stats(drafted, stats)
+    replaced_after, told_after, closed = after["turnover"]
     assert not closed and replaced_after > told_after - replaced_after
+    # every answer went into the memory of answers, drafted for or not (the closed burst drafted
+    # nothing), read whole from the runner; the last one finished after the last call
+    for counter in ("memory_answers", "answers_from_runner"):
+        assert after[counter] - before[counter] >= 3 * 8 + 48 - 1
+    assert after["errors"] == 0
 
 
 def test_churn_and_hostile_requests_leave_the_engine_up_and_free_finished_requests_states(engines: Any) -> None:

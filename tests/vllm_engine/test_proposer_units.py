@@ -513,6 +513,42 @@ def test_finished_answers_feed_the_engines_memory() -> None:
     assert alone.memory.model.match([9, 2, 3, 10]) == 1  # the answer alone, its prompt not read
 
 
+def test_every_finished_answer_feeds_the_memory_whole_drafted_for_or_not() -> None:
+    """The runner's state of a request holds its whole output; the proposer reads it as the
+    request finishes: the answer of a request it never drafted for (no drafting at this load)
+    goes in, and a drafted request's answer goes in with its last step's tokens, which no call
+    showed; async scheduling's placeholders (-1) end what is known."""
+    import weakref
+
+    def request(prompt: list[int], output: list[int]) -> Any:
+        return SimpleNamespace(prompt_token_ids=prompt, output_token_ids=output)
+
+    for arms, drafted in ((["plain"], False), (["model"], True)):
+        proposer = NGramProposer(engine_config(), ProposerConfig(memory_tokens=64, arms=arms))
+        runner = Runner()
+        proposer._runner = weakref.ref(runner)
+        batch = Batch(2)
+        a, b = request([1, 2, 3], [10, 11, 10, 11]), request([4, 5], [20])
+        runner.input_batch.req_ids, runner.requests = ["a", "b"], {"a": a, "b": b}
+        batch.put(0, [1, 2, 3, 10, 11, 10, 11])
+        batch.put(1, [4, 5, 20])
+        proposer.propose([[11], [20]], batch.lengths, batch.ids)
+        assert bool(proposer.states) == drafted
+        a.output_token_ids += [10, 99]  # the step that finished "a": shown to no call
+        b.output_token_ids += [21, -1, -1]  # "b" goes on: async placeholders
+        runner.input_batch.req_ids, runner.requests = ["b"], {"b": b}
+        batch.put(0, [4, 5, 20, 21])
+        proposer.propose([[21]], batch.lengths, batch.ids)
+        assert proposer.memory is not None and proposer.memory.answers == [(10, 11, 10, 11, 10, 99)]
+        runner.input_batch.req_ids, runner.requests = [], {}
+        proposer.propose([], batch.lengths[:0], batch.ids[:0])
+        assert proposer.memory.answers == [(10, 11, 10, 11, 10, 99), (20, 21)]
+        assert proposer.memory.model.match([9, 2, 3, 10]) == 3  # counted after its prompt's end
+        got = proposer.stats()
+        assert got["answers_from_runner"] == 2 and got["errors"] == 0 and got["states"] == 0
+        assert not proposer._held
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(3, 12), st.integers(1, 30), st.integers(0, 12))
 def test_no_draft_past_a_requests_max_tokens(prompt: int, max_tokens: int, output: int) -> None:
