@@ -508,9 +508,10 @@ class NGramProposer:
             going_on = sum(1 for key in req_ids if key in last)
             self.turnover.observe(finished, len(req_ids) - going_on, going_on)
             if self.memory is not None:  # the runner's state of each request, for its answer when it finishes
-                for key in req_ids:
-                    if key not in last and key not in self._held and key in live:
-                        self._held[key] = live[key]
+                for key in req_ids:  # (an id the engine reuses is a new request: its new state)
+                    request = live.get(key)
+                    if request is not None and self._held.get(key) is not request:
+                        self._held[key] = request
                 while len(self._held) > self.config.max_requests:
                     del self._held[next(iter(self._held))]
         self._last_ids = req_ids
