@@ -25,6 +25,14 @@ def load_bucket(rows: int) -> int:
 _FRUGAL_DECAY, _FRUGAL_WARM, _FRUGAL_LEAST = 0.95, 16, 1 / 8
 
 
+#: The order the arms are first tried in at a new load: a drafted step is the outcome of every
+#: less eager level on the same rows too (the proposer's ``_learn``), so two ``eager`` steps
+#: warm ``model``, ``lean`` and ``plain`` up with them; tried in :data:`ARMS`' order, ``model``'s
+#: two steps came first and ``eager`` needed two of its own (the lattice proposer's heads run in
+#: each: four heads steps where two tell as much).
+WARMUP_ORDER = ("eager", "model", "lean", "plain", "text")
+
+
 class Load:
     """The arms' outcomes at one load bucket, its steps, its own fit of the step costs, and
     (``frugal``) what its drafting saved and took."""
@@ -32,7 +40,7 @@ class Load:
     __slots__ = ("arms", "steps", "costs", "saved", "spent", "drafted", "credit", "budget")
 
     def __init__(self, prior_ratio: float, arms: Sequence[str] = ARMS, budget: float = PROBE_BUDGET) -> None:
-        self.arms = {arm: ArmStats() for arm in arms}
+        self.arms = {arm: ArmStats() for arm in sorted(arms, key=WARMUP_ORDER.index)}
         # the probes of the arms that are not the best lose at most ``budget`` of the time, all
         # of them together: each arm's probes, its share
         self.budget = budget / max(1, len(self.arms) - 1)

@@ -25,8 +25,8 @@ from latticekit.lattice import SausageLattice
 from latticekit.vllm import ENV, LATTICE_PROPOSER, LatticeProposer, NGramProposer, ProposerConfig, speculative_config
 from latticekit.vllm.lattice import hidden_rows
 from latticekit.vllm.config import ARMS
-from latticekit.vllm.loads import Load, Turnover, load_bucket
-from latticekit.vllm.proposer import _Step
+from latticekit.vllm.loads import WARMUP_ORDER, Load, Turnover, load_bucket
+from latticekit.vllm.proposer import LEVELS, _Step
 from vllm_helpers import rss_mb
 
 ARPA = Path(__file__).resolve().parents[1] / "data" / "words-small-katz2.arpa.gz"
@@ -889,6 +889,20 @@ def test_a_drafted_step_is_the_outcome_of_every_less_eager_arm_on_the_same_rows(
     proposer._last_end, proposer._verify_tokens = 0.0, 2
     proposer._learn(_Step(1, "plain", 0.0, 0.0, {}), 0.12, [[1], [2]], ["r0", "r1"], tokens=2)
     assert arms["plain"].steps == 3 and arms["eager"].steps == 1
+
+
+def test_a_new_load_warms_its_levels_up_with_the_most_eager_ones_steps() -> None:
+    """Two ``eager`` steps are the outcomes of ``model``, ``lean`` and ``plain`` too, so a new
+    load tries no other level before it chooses (the lattice proposer's heads run in each try)."""
+    for arms in (LEVEL_ARMS, ("model", "lean", "plain"), ("lean", "plain")):
+        proposer = TimedProposer(engine_config(k=6, max_model_len=4096, vocab=1000), ProposerConfig(arms=arms))
+        clock = proposer.clock = Clock()
+        texts = [([3, 1, 4, 1, 5, 9, 2, 6] * 40)[:300] for _ in range(2)]  # drafts that are accepted
+        steps = drive(proposer, texts, 16, 6, 0.1, 0.001, clock)
+        eagerest = min((a for a in arms if a != "plain"), key=LEVELS.__getitem__)
+        assert steps[:2] == [eagerest, eagerest]  # no other arm tried: every one had its outcomes
+        assert all(o.steps >= 2 for o in proposer.loads[2].arms.values())
+    assert WARMUP_ORDER[:3] == tuple(sorted(LEVELS, key=LEVELS.__getitem__)) and set(WARMUP_ORDER) == set(ARMS)
 
 
 def test_the_draft_tokens_an_arm_leaves_out_are_priced_by_their_rows_context() -> None:
