@@ -529,14 +529,11 @@ class NGramProposer:
             return
         output = getattr(held, "output_token_ids", None)
         if isinstance(output, list):
-            answer = output
-            for i, token in enumerate(output):  # async scheduling's placeholders (-1) end what is known
-                if not isinstance(token, int) or token < 0:
-                    answer = output[:i]
-                    break
             prompt = getattr(held, "prompt_token_ids", None)
             try:
-                self.memory.add(answer, context=prompt if isinstance(prompt, list) else ())
+                if output and min(output) < 0:  # async scheduling's placeholders (-1) end what is known
+                    output = output[:next(i for i, token in enumerate(output) if token < 0)]
+                self.memory.add(output, context=prompt if isinstance(prompt, list) else ())
             except Exception as exc:  # ids not as vLLM's: this answer is not remembered
                 self._failed("memory", exc)
                 return

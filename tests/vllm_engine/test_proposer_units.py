@@ -547,6 +547,15 @@ def test_every_finished_answer_feeds_the_memory_whole_drafted_for_or_not() -> No
         got = proposer.stats()
         assert got["answers_from_runner"] == 2 and got["errors"] == 0 and got["states"] == 0
         assert not proposer._held
+    # an output not of token ids: that answer is left out, counted and logged, the call unharmed
+    proposer = NGramProposer(engine_config(), ProposerConfig(memory_tokens=64, arms=["plain"]))
+    runner = Runner()
+    proposer._runner = weakref.ref(runner)
+    runner.input_batch.req_ids, runner.requests = ["x"], {"x": request([1, 2], [5, "?"])}
+    proposer.propose([[5]], batch.lengths[:1], batch.ids[:1])
+    runner.input_batch.req_ids, runner.requests = [], {}
+    assert proposer.propose([], batch.lengths[:0], batch.ids[:0]) == []
+    assert proposer.stats()["errors"] == 1 and proposer.memory is not None and proposer.memory.answers == []
 
 
 @settings(max_examples=60, deadline=None)
@@ -1065,7 +1074,8 @@ def test_request_churn_leaves_the_proposers_memory_flat() -> None:
             text = ([vocab - 1, 0] * 100)[:int(rng.integers(2, 120))]
         prompt = max(1, len(text) - int(rng.integers(1, 40)))
         live[row] = [f"r{started}", text, prompt]
-        runner.requests[f"r{started}"] = SimpleNamespace(prompt_token_ids=text[:prompt])
+        # its whole output as the runner holds it when the request finishes (read then)
+        runner.requests[f"r{started}"] = SimpleNamespace(prompt_token_ids=text[:prompt], output_token_ids=text[prompt:])
 
     def steps(n: int) -> None:
         for _ in range(n):
@@ -1094,4 +1104,6 @@ def test_request_churn_leaves_the_proposers_memory_flat() -> None:
     assert stats["errors"] == 0 and stats["requests_started"] - requests >= 500
     assert stats["states"] <= rows and stats["requests_finished"] >= stats["requests_started"] - rows
     assert stats["memory_tokens"] <= 4096
+    # every finished request's answer read from the runner, and none of its states kept after
+    assert stats["answers_from_runner"] >= stats["requests_finished"] and len(proposer._held) <= rows
     assert after - before < 8, f"{after - before:.1f} MiB over {stats['requests_started'] - requests} requests"
