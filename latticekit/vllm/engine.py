@@ -1,6 +1,7 @@
 """What latticekit's vLLM proposer reads from its engine: the model runner that builds it (which
 request each batch row is), vLLM's own schedule of speculative tokens by batch size, the query
-tokens of the step just run, and the proposer's counters after an engine's requests; the n-gram
+tokens of the step just run, a finished request's answer, and the proposer's counters after an
+engine's requests; the n-gram
 model its settings name; and the one thing it changes in the runner, on its own: a step without
 drafts prepared as a step without speculation (:func:`plain_steps`)."""
 
@@ -15,7 +16,8 @@ from typing import Any, Optional, cast
 from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
 
-__all__ = ["find_runner", "load_lm", "dynamic_schedule", "scheduled_tokens", "engine_stats", "plain_steps"]
+__all__ = ["find_runner", "load_lm", "dynamic_schedule", "scheduled_tokens", "request_answer", "engine_stats",
+           "plain_steps"]
 
 
 def find_runner() -> Any:
@@ -109,6 +111,24 @@ def scheduled_tokens(slot_mappings: Any) -> Optional[int]:
         if shape is not None and len(shape) >= 1:
             return int(shape[0])
     return None
+
+
+def request_answer(request: Any) -> Optional[tuple[list[int], list[int]]]:
+    """The answer and the prompt the runner's state of a request holds (``CachedRequestState``'s
+    ``output_token_ids``, every step's sampled tokens, and ``prompt_token_ids``; an empty prompt
+    where it has none, as with prompt embeddings), the answer up to async scheduling's
+    placeholders (-1) where they are; None where it holds no output list.
+
+    Raises:
+        TypeError: an output whose ids are not numbers.
+    """
+    output = getattr(request, "output_token_ids", None)
+    if not isinstance(output, list):
+        return None
+    if output and min(output) < 0:
+        output = output[:next(i for i, token in enumerate(output) if token < 0)]
+    prompt = getattr(request, "prompt_token_ids", None)
+    return output, prompt if isinstance(prompt, list) else []
 
 
 def engine_stats(llm: Any, path: Any) -> dict[str, Any]:

@@ -68,7 +68,8 @@ from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, alloca
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
 from latticekit.vllm.config import ARMS, ProposerConfig
-from latticekit.vllm.engine import dynamic_schedule, find_runner, load_lm, plain_steps, scheduled_tokens
+from latticekit.vllm.engine import (dynamic_schedule, find_runner, load_lm, plain_steps, request_answer,
+                                    scheduled_tokens)
 from latticekit.vllm.loads import Load, Turnover, load_bucket
 
 __all__ = ["NGramProposer"]
@@ -179,16 +180,14 @@ class NGramProposer:
         self._stats_written = 0.0
         self._finished_now = False  # this call learnt that requests finished (the stats are rewritten then)
         self._last_ids: list[Any] = []  # the last call's request ids
-        #: per request of the batch (memory on), the runner's state of it (``CachedRequestState``):
-        #: gone from the runner's ``requests`` when it finishes, but its answer is read then
+        #: per request of the batch (memory on), the runner's state of it, read for its answer when it finishes
         self._held: "OrderedDict[Any, Any]" = OrderedDict()
         self.turnover = Turnover()  # whether finished requests' rows are taken (closed_at_cost)
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0,
                          "draft_seconds": 0.0, "errors": 0, "requests_started": 0, "requests_finished": 0,
                          "states_evicted": 0, "rows_capped": 0, "answers_from_runner": 0, "steps_frugal": 0,
-                         "steps_unspeculated": 0,
-                         "steps_closed": 0,
+                         "steps_unspeculated": 0, "steps_closed": 0,
                          **{f"steps_{arm}": 0 for arm in ARMS}}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -499,10 +498,8 @@ class NGramProposer:
             # requests of the last call that finished (drafted for or not)
             finished = sum(1 for key in self._last_ids if key not in live)
             self._finished_now = finished > 0
-            if finished:  # a preempted request stays in runner.requests
-                for key in [k for k in self.states if not isinstance(k, int) and k not in live]:
-                    self._finish(key)
-                for key in [k for k in self._held if k not in live]:
+            if finished:  # the requests held that finished (a preempted request stays in runner.requests)
+                for key in [k for k in {**self._held, **self.states} if not isinstance(k, int) and k not in live]:
                     self._finish(key)
             last = set(self._last_ids)
             going_on = sum(1 for key in req_ids if key in last)
@@ -527,19 +524,15 @@ class NGramProposer:
             self.counters["requests_finished"] += 1
         if self.memory is None:
             return
-        output = getattr(held, "output_token_ids", None)
-        if isinstance(output, list):
-            prompt = getattr(held, "prompt_token_ids", None)
-            try:
-                if output and min(output) < 0:  # async scheduling's placeholders (-1) end what is known
-                    output = output[:next(i for i, token in enumerate(output) if token < 0)]
-                self.memory.add(output, context=prompt if isinstance(prompt, list) else ())
-            except Exception as exc:  # ids not as vLLM's: this answer is not remembered
-                self._failed("memory", exc)
-                return
-            self.counters["answers_from_runner"] += 1
-        elif state is not None:
-            state.remember()
+        try:
+            read = request_answer(held)
+            if read is not None:
+                self.memory.add(read[0], context=read[1])
+                self.counters["answers_from_runner"] += 1
+            elif state is not None:
+                state.remember()
+        except Exception as exc:  # ids not as vLLM's: this answer is not remembered
+            self._failed("memory", exc)
 
     def _request(self, key: Any) -> Any:
         """The runner's state of request ``key`` (``CachedRequestState``), or None."""
