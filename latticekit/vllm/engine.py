@@ -1,9 +1,9 @@
 """What latticekit's vLLM proposer reads from its engine: the model runner that builds it (which
 request each batch row is), vLLM's own schedule of speculative tokens by batch size, the query
 tokens of the step just run, a finished request's answer, and the proposer's counters after an
-engine's requests; the n-gram
-model its settings name; and the one thing it changes in the runner, on its own: a step without
-drafts prepared as a step without speculation (:func:`plain_steps`)."""
+engine's requests; the n-gram model its settings name; and the one thing it changes in the
+runner, on its own: a step without drafts prepared as a step without speculation
+(:func:`plain_steps`)."""
 
 from __future__ import annotations
 
