@@ -187,6 +187,20 @@ def test_from_logits_numpy_matches_manual_top_k():
         lk.SausageLattice.from_logits(np.zeros(5), k=2)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_from_logits_torch_refuses_a_single_non_finite_logit(bad: float) -> None:
+    """The torch path's check reads the logits' two ends (NaN reaches both): one bad logit
+    anywhere in a batch is refused, as the NumPy path refuses it; an empty batch is no error."""
+    torch = pytest.importorskip("torch")
+    logits = torch.randn(2, 3, 30, generator=torch.Generator().manual_seed(1))
+    logits[1, 2, 17] = bad
+    with pytest.raises(lk.LatticeError, match="finite"):
+        lk.SausageLattice.from_logits(logits, k=4)
+    with pytest.raises(lk.LatticeError, match="finite"):
+        lk.SausageLattice.from_logits(logits.numpy(), k=4)
+    assert lk.SausageLattice.from_logits(torch.zeros(0, 3, 30), k=4).tokens.shape == (0, 3, 4)
+
+
 def test_from_logits_torch_matches_numpy():
     torch = pytest.importorskip("torch")
     logits = torch.randn(2, 4, 30, generator=torch.Generator().manual_seed(0))
