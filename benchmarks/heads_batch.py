@@ -3,11 +3,13 @@ together (:func:`latticekit.decoding.lattices.full_lattices`, the vLLM lattice p
 without an ``lm``).
 
 SmolLM2-135M-Instruct's shipped heads (7 draft heads over its 49,152 words) on seeded random
-hidden states, ``--rows`` requests at a time; every row's lattice is checked equal to the one
-its row alone gives (tokens, widths; scores within 1e-4). Median milliseconds of ``--repeats``
-calls each way, interleaved, and the machine. Writes ``results/heads_batch.{json,md}``::
+hidden states, ``--rows`` requests at a time, every head and (``--depths``) heads 2..d + 1
+alone; every row's lattice is checked equal to the one its row alone gives, but for the root
+(the row's last token alone, scored 0) and cut to d + 1 positions (tokens, widths; scores within
+1e-4). Median milliseconds of ``--repeats`` calls each way, interleaved, and the machine. Writes
+``results/heads_batch.{json,md}``::
 
-    PYTHONPATH=. python benchmarks/heads_batch.py [--threads 2] [--rows 1 4 16]
+    PYTHONPATH=. python benchmarks/heads_batch.py [--threads 2] [--rows 1 4 16] [--depths 1 2 4]
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--depths", type=int, nargs="*", default=[1, 2, 4], help="draft heads run (besides every one)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--unpacked", action="store_true", help="the heads' linears as torch runs them (F.linear)")
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -39,7 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     from latticekit.loading import load_heads, load_target
 
     model, _, description = load_target("smollm2")
-    heads = load_heads("default", model)
+    if args.unpacked:
+        heads = load_heads("default", model)
+    else:  # as the vLLM lattice proposer loads them: on the CPU, packed by oneDNN
+        from latticekit.heads import DEFAULT_HEADS_PATH
+        from latticekit.vllm.heads import load_heads_for
+
+        heads = load_heads_for(DEFAULT_HEADS_PATH, model, model.config.vocab_size)
     source = FullLattice(heads, 8, model.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
     rows_out = []
@@ -47,25 +57,33 @@ def main(argv: list[str] | None = None) -> int:
         for rows in args.rows:
             hidden = torch.randn(rows, model.config.hidden_size, generator=gen) * 3
             ids = [torch.randint(0, model.config.vocab_size, (20,), generator=gen).tolist() for _ in range(rows)]
-            alone, together = [], []
+            depths = [None, *args.depths]
+            alone: list[float] = []
+            together: dict = {d: [] for d in depths}
             for _ in range(args.repeats + 1):  # the first of each untimed
                 t0 = time.perf_counter()
                 want = [source(hidden[j], ids[j], entropy=False)[0] for j in range(rows)]
                 alone.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                got = full_lattices([source] * rows, hidden, ids)
-                together.append(time.perf_counter() - t0)
-            for w, g in zip(want, got):
-                if not (np.array_equal(w.tokens, g.tokens) and np.array_equal(w.widths, g.widths)
-                        and np.allclose(w.scores, g.scores, atol=1e-4)):
-                    raise SystemExit(f"{rows} rows: a batched lattice differs from its row's own")
+                for depth in depths:
+                    t0 = time.perf_counter()
+                    got = full_lattices([source] * rows, hidden, ids, depth)
+                    together[depth].append(time.perf_counter() - t0)
+                    for j, (w, g) in enumerate(zip(want, got)):
+                        h = g.h
+                        if not (h == (w.h if depth is None else min(w.h, depth + 1)) and g.tokens[0, 0] == ids[j][-1]
+                                and g.widths[0] == 1 and g.scores[0, 0] == 0
+                                and np.array_equal(w.tokens[1:h], g.tokens[1:]) and np.array_equal(w.widths[1:h], g.widths[1:])
+                                and np.allclose(w.scores[1:h], g.scores[1:], atol=1e-4)):
+                            raise SystemExit(f"{rows} rows, depth {depth}: a batched lattice differs from its row's own")
             row = {"rows": rows, "row_by_row_ms": 1e3 * statistics.median(alone[1:]),
-                   "together_ms": 1e3 * statistics.median(together[1:])}
+                   "together_ms": 1e3 * statistics.median(together[None][1:]),
+                   "depth_ms": {str(d): 1e3 * statistics.median(together[d][1:]) for d in args.depths}}
             row["speedup"] = row["row_by_row_ms"] / row["together_ms"]
             rows_out.append(row)
             print(f"{rows} rows: row by row {row['row_by_row_ms']:.1f} ms, together {row['together_ms']:.1f} ms "
-                  f"({row['speedup']:.2f}x); lattices identical", file=sys.stderr)
-    report = {"model": description, "heads": "default (latticekit/data/heads)", "threads": args.threads,
+                  f"({row['speedup']:.2f}x), at depths {row['depth_ms']}; lattices identical", file=sys.stderr)
+    report = {"model": description, "heads": "default (latticekit/data/heads)",
+              "packed": not args.unpacked, "threads": args.threads,
               "machine": machine(), "torch": torch.__version__, "command": "python benchmarks/heads_batch.py "
               + " ".join(argv if argv is not None else sys.argv[1:]), "rows": rows_out}
     out = Path(args.out)
@@ -73,10 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"# Heads' full-vocabulary lattices, row by row against together ({description}, "
              f"{args.threads} threads, {report['machine']['cpu']})", "",
-             f"`{report['command']}`; every batched lattice equal to its row's own.", "",
-             "| requests | row by row ms | together ms | speed-up |", "|---|---|---|---|"]
-    lines += [f"| {r['rows']} | {r['row_by_row_ms']:.1f} | {r['together_ms']:.1f} | {r['speedup']:.2f}x |"
-              for r in rows_out]
+             f"`{report['command']}`; every batched lattice equal to its row's own (but for the root, given: the row's last token, scored 0).", "",
+             "| requests | row by row ms | together ms | speed-up | "
+             + " | ".join(f"{d} draft heads ms" for d in args.depths) + " |",
+             "|---|---|---|---|" + "---|" * len(args.depths)]
+    lines += [f"| {r['rows']} | {r['row_by_row_ms']:.1f} | {r['together_ms']:.1f} | {r['speedup']:.2f}x | "
+              + " | ".join(f"{r['depth_ms'][str(d)]:.1f}" for d in args.depths) + " |" for r in rows_out]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return 0
 

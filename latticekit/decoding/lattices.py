@@ -135,29 +135,56 @@ class FullLattice:
 FULL_BATCH_LOGITS = 1 << 24
 
 
-def full_lattices(sources: Sequence[FullLattice], hidden: torch.Tensor,
-                  ids: Sequence[Sequence[int]]) -> list[SausageLattice]:
+def full_lattices(sources: Sequence[FullLattice], hidden: torch.Tensor, ids: Sequence[Sequence[int]],
+                  depth: Optional[int] = None) -> list[SausageLattice]:
     """One lattice per row of ``hidden`` (rows, hidden): row i's as ``sources[i](hidden[i],
-    ids[i], entropy=False)`` makes it (the sources share their heads and k). The heads run on
-    the rows together, as many at once as keep their logits within :data:`FULL_BATCH_LOGITS`,
-    and every head's top k of those rows is taken in one call: a batch reads the output
-    projection once, not once per row.
+    ids[i], entropy=False)`` makes it (the sources share their heads and k), but for the root:
+    position 1 holds the token ``ids[i]`` ends with alone, scored 0, as it is given (head 1's
+    logits are not computed where the heads project their states with one shared ``lm_head``,
+    :class:`CandidateLattice.supports`). With ``depth``, only heads 2..depth + 1 run, and a
+    lattice has depth + 1 positions: a search for chains of at most ``depth`` drafts reads no
+    more (:meth:`~latticekit.drafting.chains.ChainDrafter.propose_lattice`).
+
+    The heads run on the rows together, as many at once as keep their logits within
+    :data:`FULL_BATCH_LOGITS`, and every head's top k of those rows is taken in one call: a
+    batch reads the output projection once, not once per row. On the 2-core EPYC, with
+    SmolLM2's shipped heads (7 draft heads) at 16 rows on one thread: 153 ms for every head,
+    114 ms without head 1 and the mask of the finite check, 37 ms at depth 2
+    (``benchmarks/heads_batch.py``).
 
     Raises:
         HeadsMismatchError: the heads returned something else than `(rows, h >= 2, vocab)`.
     """
     first = sources[0]
-    chunk = max(1, FULL_BATCH_LOGITS // (int(getattr(first.heads, "num_heads", 8)) * first.vocab_size))
+    heads, k = first.heads, first.k
+    projected = CandidateLattice.supports(heads)
+    count = int(getattr(heads, "num_heads", 8)) - 1  # draft heads, where the heads say how many
+    if depth is not None:
+        count = max(1, min(count, int(depth)))
+    chunk = max(1, FULL_BATCH_LOGITS // ((count if projected else count + 1) * first.vocab_size))
     out: list[SausageLattice] = []
     for start in range(0, hidden.shape[0], chunk):
         rows = hidden[start:start + chunk]
-        last = torch.tensor([int(row[-1]) for row in ids[start:start + chunk]], device=hidden.device)
-        logits = head_logits(first.heads, rows, first.vocab_size, last)
-        lattices = SausageLattice.from_logits(logits, first.k, fix_first=True)
-        for j in range(rows.shape[0]):
-            lattice = lattices[j]
-            lattice.tokens[0, 0] = ids[start + j][-1]  # head 1's arg-max, or the sampled token when sampling
-            out.append(lattice)
+        roots = [int(row[-1]) for row in ids[start:start + chunk]]
+        last = torch.tensor(roots, device=hidden.device)
+        if projected:
+            states = heads.head_states(rows, last) if getattr(heads, "token_conditioned", False) \
+                else heads.head_states(rows)
+            # contiguous: a strided slice makes the product several times slower
+            logits = heads.lm_head(states[:, 1:count + 1].contiguous())
+        else:
+            logits = head_logits(heads, rows, first.vocab_size, last)[:, 1:count + 1]
+        if logits.shape[-1] != first.vocab_size or logits.shape[-2] < 1:
+            raise HeadsMismatchError(f"heads' draft logits must have shape ({rows.shape[0]}, h >= 1, "
+                                     f"{first.vocab_size}), got {tuple(logits.shape)}")
+        drafts = SausageLattice.from_logits(logits, k)
+        n, h = drafts.tokens.shape[0], drafts.tokens.shape[1] + 1
+        tokens = np.full((n, h, k), -1, dtype=np.int32)  # a position's arcs past its width: -1
+        scores = np.zeros((n, h, k), dtype=np.float32)
+        widths = np.full((n, h), k, dtype=np.int32)
+        tokens[:, 0, 0], widths[:, 0] = roots, 1  # the root: the token the last step emitted
+        tokens[:, 1:], scores[:, 1:] = drafts.tokens, drafts.scores
+        out.extend(SausageLattice(tokens[j], scores[j], widths[j]) for j in range(n))
     return out
 
 

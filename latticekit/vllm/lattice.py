@@ -154,13 +154,14 @@ class LatticeProposer(NGramProposer):
         if drafts is None or hidden is None:
             self.counters["hidden_mismatch"] += 1
             return
-        rows, states, positions = [], [], []
+        rows, states, positions, depth = [], [], [], 1
         for i, row in enumerate(hidden_rows([len(s) for s in sampled], drafts)):
             ready = prepared[i]
             if row >= 0 and ready is not None:
                 rows.append(i)
                 states.append(ready[0])
                 positions.append(row)
+                depth = max(depth, min(ready[0].max_depth, ready[1]))  # the drafts its chain may hold
                 if self.config.check_hidden:
                     self._check_hidden(hidden[row], sampled[i][-1])
         if not rows:
@@ -175,7 +176,8 @@ class LatticeProposer(NGramProposer):
             if all(isinstance(source, CandidateLattice) for source in sources):
                 lattices = candidate_lattices(sources, batch, [state.model.ids for state in states])
             else:  # the full vocabulary's lattice: the heads run on the batch
-                lattices = full_lattices(cast(list[FullLattice], sources), batch, [state.model.ids for state in states])
+                lattices = full_lattices(cast(list[FullLattice], sources), batch, [state.model.ids for state in states],
+                                         depth)
         for i, lattice in zip(rows, lattices):
             self._lattices[i] = lattice
         self.counters["lattice_rows"] += len(rows)

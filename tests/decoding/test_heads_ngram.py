@@ -163,22 +163,32 @@ def test_heads_that_do_not_take_a_batch_are_named_by_full_lattices() -> None:
         full_lattices([FullLattice(OneRowHeads(), 4, 64)] * 2, torch.zeros(2, 8), [[1, 2], [3, 4]])
 
 
-@pytest.mark.parametrize("kind", ["candidates", "full", "full-chunked"])
+@pytest.mark.parametrize("kind", ["candidates", "full", "full-chunked", "full-scaled"])
 @pytest.mark.parametrize("conditioned", [False, True])
-def test_a_batchs_lattices_are_each_rows_own(conditioned: bool, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("depth", [None, 1, 2, 9])
+def test_a_batchs_lattices_are_each_rows_own(conditioned: bool, kind: str, depth: Any,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """``candidate_lattices`` and ``full_lattices`` run the heads once on a batch of rows (the
     vLLM lattice proposer's step; the full one a chunk of rows at a time): each row's lattice
-    is the one its own source gives it alone."""
+    is the one its own source gives it alone. The full one leaves head 1 out where the heads
+    project with one ``lm_head`` (its root is the row's last token alone, scored 0) and, with
+    ``depth``, runs heads 2..depth + 1 alone; heads with a logit scale (``full-scaled``) run
+    whole and are cut."""
     from latticekit.decoding import lattices
     from latticekit.decoding.lattices import candidate_lattices, full_lattices
 
+    if kind == "candidates" and depth is not None:
+        pytest.skip("candidate_lattices takes no depth")
     model = tiny_llama()
     heads = _conditioned_heads(model) if conditioned else BlockHeads.for_model(model, num_heads=4)
+    if kind == "full-scaled":
+        heads.logit_scale = 0.5
+        assert not CandidateLattice.supports(heads)
     texts = [PROMPT + [30, 31], PROMPT[:5] + [60, 61, 62], [7, 8, 9, 10, 11, 12]]
     hidden = torch.stack([hidden_states(model, ids)[-1] for ids in texts])
     static = np.arange(0, 64, 2)
     if kind == "full-chunked":  # two rows' logits at a time: chunks of 2 and 1
-        monkeypatch.setattr(lattices, "FULL_BATCH_LOGITS", 2 * 4 * 64)
+        monkeypatch.setattr(lattices, "FULL_BATCH_LOGITS", 2 * 3 * 64)
 
     def source() -> Any:
         return CandidateLattice(heads, static, 4) if kind == "candidates" else FullLattice(heads, 4, 64)
@@ -186,8 +196,15 @@ def test_a_batchs_lattices_are_each_rows_own(conditioned: bool, kind: str, monke
     alone, batched = [source() for _ in texts], [source() for _ in texts]
     with torch.no_grad():
         want = [s(hidden[i], texts[i], entropy=False)[0] for i, s in enumerate(alone)]
-        got = candidate_lattices(batched, hidden, texts) if kind == "candidates" else full_lattices(batched, hidden, texts)
-    for w, g in zip(want, got):
+        got = candidate_lattices(batched, hidden, texts) if kind == "candidates" \
+            else full_lattices(batched, hidden, texts, depth)
+    positions = 4 if depth is None else min(4, depth + 1)
+    for text, w, g in zip(texts, want, got):
+        assert g.h == positions
+        if kind != "candidates":  # the root: the row's last token alone, scored 0
+            assert g.widths[0] == 1 and g.tokens[0, 0] == w.tokens[0, 0] == text[-1] and g.scores[0, 0] == 0
+            w = lk.SausageLattice(w.tokens[1:positions], w.scores[1:positions], w.widths[1:positions])
+            g = lk.SausageLattice(g.tokens[1:], g.scores[1:], g.widths[1:])
         np.testing.assert_array_equal(g.tokens, w.tokens)
         np.testing.assert_array_equal(g.widths, w.widths)
         np.testing.assert_allclose(g.scores, w.scores, atol=1e-5)
