@@ -39,7 +39,7 @@ from typing import Any, ContextManager, Optional, cast
 import torch
 from torch import nn
 
-__all__ = ["PackedLinear", "Preparation", "prepare_target", "prepare_heads", "grouped_sdpa", "ATTENTION",
+__all__ = ["PackedLinear", "Preparation", "pack_linears", "prepare_target", "prepare_heads", "grouped_sdpa", "ATTENTION",
            "CUDA_SDPA_BACKENDS", "sdpa_backends", "sdpa_context"]
 
 #: The attention implementation name prepared HF models use (registered with transformers).
@@ -181,7 +181,7 @@ def _fuse_siblings(module: nn.Module) -> int:
     return fused
 
 
-def _pack_linears(root: nn.Module) -> None:
+def pack_linears(root: nn.Module) -> None:
     """Turns every packable ``nn.Linear`` under ``root`` into a :class:`PackedLinear`; a layer
     met twice (shared by two parents) becomes one packed layer."""
     replaced: dict[int, PackedLinear] = {}
@@ -279,7 +279,7 @@ def prepare_heads(heads: nn.Module, model: Any) -> nn.Module:
     own = getattr(heads, "lm_head", None)
     if isinstance(head, PackedLinear) and own is not None and getattr(own, "weight", None) is head.weight:
         heads.lm_head = head
-    _pack_linears(heads)
+    pack_linears(heads)
     prep.heads.add(id(heads))
     return heads
 
@@ -308,7 +308,7 @@ def prepare_target(model: Any, heads: Optional[nn.Module] = None) -> Any:
         prep = Preparation(device=str(param.device) if param is not None else "cpu")
         for module in list(model.modules()):
             prep.fused += _fuse_siblings(module)
-        _pack_linears(model)
+        pack_linears(model)
         prep.packed = sum(1 for m in model.modules() if isinstance(m, PackedLinear))
         config = getattr(model, "config", None)
         if config is not None and getattr(config, "_attn_implementation", None) == "sdpa" and _grouped_query(config):

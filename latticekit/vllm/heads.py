@@ -15,16 +15,12 @@ from latticekit.errors import HeadsError, ProposerConfigError
 __all__ = ["load_heads_for"]
 
 
-class _Projection(nn.Module):
+def _projection(weight: torch.Tensor) -> nn.Linear:
     """A vLLM model's output projection as a plain linear map over its first ``vocab_size`` rows
     (vLLM pads the vocabulary; its own LM head module is not callable)."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(hidden, self.weight)
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    return linear
 
 
 class _Target:
@@ -37,7 +33,7 @@ class _Target:
             raise ProposerConfigError(f"latticekit vLLM lattice proposer: {type(model).__name__} has no lm_head "
                                       f"weight of {vocab_size} rows to put draft heads on (tensor-parallel "
                                       "shards are not supported)")
-        self._projection = _Projection(weight.detach()[:vocab_size])
+        self._projection = _projection(weight.detach()[:vocab_size])
         self.config = getattr(model, "config", None)
 
     def get_output_embeddings(self) -> nn.Module:
@@ -53,6 +49,7 @@ def load_heads_for(path: Any, model: Any, vocab_size: int) -> Any:
     """
     from latticekit.heads.medusa import _WEIGHT_FILES, load_medusa
     from latticekit.heads.modules import BlockHeads
+    from latticekit.torch.prepare import pack_linears
 
     target = _Target(model, vocab_size)
     path = Path(os.fspath(path))
@@ -65,4 +62,9 @@ def load_heads_for(path: Any, model: Any, vocab_size: int) -> Any:
         raise ProposerConfigError(f"latticekit vLLM lattice proposer: heads {str(path)!r}: {exc}") from exc
     if heads.num_heads < 2:
         raise ProposerConfigError(f"latticekit vLLM lattice proposer: heads {str(path)!r} hold no draft head")
+    # on the CPU, oneDNN's packed copies: their product of a few rows runs at about twice the
+    # speed of F.linear's, which at 2, 3 or 7 rows runs at a fifth (benchmarks/heads_batch.py);
+    # the output projection's copy costs as much memory as the target's own (113 MB for SmolLM2
+    # in float32)
+    pack_linears(heads)
     return heads.eval()
