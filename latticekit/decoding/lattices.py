@@ -147,10 +147,10 @@ def full_lattices(sources: Sequence[FullLattice], hidden: torch.Tensor, ids: Seq
 
     The heads run on the rows together, as many at once as keep their logits within
     :data:`FULL_BATCH_LOGITS`, and every head's top k of those rows is taken in one call: a
-    batch reads the output projection once, not once per row. On the 2-core EPYC, with
-    SmolLM2's shipped heads (7 draft heads) at 16 rows on one thread: 153 ms for every head,
-    114 ms without head 1 and the mask of the finite check, 37 ms at depth 2
-    (``benchmarks/heads_batch.py``).
+    batch reads the output projection once, not once per row. On the 2-core EPYC (2 threads),
+    SmolLM2's shipped heads (7 draft heads over 49,152 words) at 16 rows: 79 ms with head 1 and
+    ``F.linear``, 46 ms without head 1 and with the heads oneDNN-packed as the vLLM lattice
+    proposer loads them, 19 ms at depth 2 (``benchmarks/heads_batch.py``).
 
     Raises:
         HeadsMismatchError: the heads returned something else than `(rows, h >= 2, vocab)`.
