@@ -15,11 +15,35 @@ from latticekit.errors import HeadsError, ProposerConfigError
 __all__ = ["load_heads_for"]
 
 
-def _projection(weight: torch.Tensor) -> nn.Linear:
-    """A vLLM model's output projection as a plain linear map over its first ``vocab_size`` rows
-    (vLLM pads the vocabulary; its own LM head module is not callable)."""
-    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-    linear.weight = nn.Parameter(weight, requires_grad=False)
+class _EngineProjection(nn.Module):
+    """A vLLM model's output projection over its first ``vocab_size`` rows (vLLM pads the
+    vocabulary), computed by the engine's own kernel for it (``lm_head.quant_method.apply``, as
+    vLLM's logits processor computes the target's logits: oneDNN's product, packed when the
+    model loaded, on vLLM's CPU build). No copy of the weight is made."""
+
+    def __init__(self, lm_head: nn.Module, weight: torch.Tensor, vocab_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach()[:vocab_size], requires_grad=False)
+        self._lm_head = [lm_head]  # not a submodule: the engine's, neither the heads' state nor theirs to move
+        self.vocab_size = vocab_size
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        lm_head = self._lm_head[0]
+        if hidden.dtype != self.weight.dtype or hidden.device != self.weight.device:
+            return nn.functional.linear(hidden, self.weight)
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        logits = lm_head.quant_method.apply(lm_head, rows)[:, :self.vocab_size]
+        return logits.reshape(*hidden.shape[:-1], self.vocab_size)
+
+
+def _projection(lm_head: Any, weight: torch.Tensor, vocab_size: int) -> nn.Module:
+    """The model's output projection for the heads: the engine's own kernel where the model is
+    vLLM's (its ``lm_head`` has a ``quant_method``), else a linear map over the weight's first
+    ``vocab_size`` rows (oneDNN-packed on the CPU by :func:`load_heads_for`)."""
+    if callable(getattr(getattr(lm_head, "quant_method", None), "apply", None)):
+        return _EngineProjection(lm_head, weight, vocab_size)
+    linear = nn.Linear(weight.shape[1], vocab_size, bias=False, device="meta")
+    linear.weight = nn.Parameter(weight.detach()[:vocab_size], requires_grad=False)
     return linear
 
 
@@ -33,7 +57,7 @@ class _Target:
             raise ProposerConfigError(f"latticekit vLLM lattice proposer: {type(model).__name__} has no lm_head "
                                       f"weight of {vocab_size} rows to put draft heads on (tensor-parallel "
                                       "shards are not supported)")
-        self._projection = _projection(weight.detach()[:vocab_size])
+        self._projection = _projection(lm_head, weight, vocab_size)
         self.config = getattr(model, "config", None)
 
     def get_output_embeddings(self) -> nn.Module:
@@ -62,9 +86,8 @@ def load_heads_for(path: Any, model: Any, vocab_size: int) -> Any:
         raise ProposerConfigError(f"latticekit vLLM lattice proposer: heads {str(path)!r}: {exc}") from exc
     if heads.num_heads < 2:
         raise ProposerConfigError(f"latticekit vLLM lattice proposer: heads {str(path)!r} hold no draft head")
-    # on the CPU, oneDNN's packed copies: their product of a few rows runs at about twice the
-    # speed of F.linear's, which at 2, 3 or 7 rows runs at a fifth (benchmarks/heads_batch.py);
-    # the output projection's copy costs as much memory as the target's own (113 MB for SmolLM2
-    # in float32)
+    # on the CPU, the heads' own linears oneDNN-packed (and the projection, where it is not the
+    # engine's): a product of a few rows runs at about twice the speed of F.linear's, which at
+    # 2, 3 or 7 rows runs at a fifth (benchmarks/heads_batch.py)
     pack_linears(heads)
     return heads.eval()
