@@ -158,7 +158,7 @@ def full_lattices(sources: Sequence[FullLattice], hidden: torch.Tensor, ids: Seq
     first = sources[0]
     heads, k = first.heads, first.k
     projected = CandidateLattice.supports(heads)
-    count = int(getattr(heads, "num_heads", 8)) - 1  # draft heads, where the heads say how many
+    count = max(1, int(getattr(heads, "num_heads", 8)) - 1)  # draft heads, where the heads say how many
     if depth is not None:
         count = max(1, min(count, int(depth)))
     chunk = max(1, FULL_BATCH_LOGITS // ((count if projected else count + 1) * first.vocab_size))

@@ -9,9 +9,10 @@ Medusa checkpoint, or latticekit's own heads file) and, per request and step:
    vocabulary's rows are projected in one product for them all
    (:func:`~latticekit.decoding.lattices.candidate_lattices`), or, without an n-gram model,
    heads 2..d + 1 over the whole vocabulary for a chunk of rows at a time, d the deepest chain
-   a row may take (:func:`~latticekit.decoding.lattices.full_lattices`; the heads' linears
-   oneDNN-packed on the CPU: on the 2-core EPYC, 46 ms for 16 requests with SmolLM2's shipped
-   heads, against 143 ms row by row; ``benchmarks/heads_batch.py``);
+   a row may take (:func:`~latticekit.decoding.lattices.full_lattices`; on the CPU the heads'
+   blocks oneDNN-packed and their projection the engine's own product,
+   :func:`~latticekit.vllm.heads.load_heads_for`: on the 2-core EPYC, 46 ms for 16 requests
+   with SmolLM2's shipped heads, against 143 ms row by row; ``benchmarks/heads_batch.py``);
 2. builds the sausage lattice of each head's top k tokens (log-softmax scores), its root the
    token just emitted, over a candidate vocabulary as latticekit's own loop does
    (:class:`~latticekit.decoding.lattices.CandidateLattice`: the n-gram model's 8,192 most

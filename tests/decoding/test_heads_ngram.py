@@ -163,6 +163,19 @@ def test_heads_that_do_not_take_a_batch_are_named_by_full_lattices() -> None:
         full_lattices([FullLattice(OneRowHeads(), 4, 64)] * 2, torch.zeros(2, 8), [[1, 2], [3, 4]])
 
 
+def test_heads_without_a_draft_head_are_named_by_full_lattices() -> None:
+    """Heads that are the target's own head alone give ``full_lattices`` no draft logits: a
+    typed error, whatever the depth."""
+    from latticekit.decoding.lattices import full_lattices
+    from latticekit.errors import HeadsMismatchError
+
+    heads = BlockHeads.for_model(tiny_llama(), num_heads=1)
+    for depth in (None, 2):
+        with pytest.raises(HeadsMismatchError, match=r"h >= 1"):
+            full_lattices([FullLattice(heads, 4, 64)] * 2, torch.zeros(2, heads.hidden_size), [[1, 2], [3, 4]],
+                          depth)
+
+
 @pytest.mark.parametrize("kind", ["candidates", "full", "full-chunked", "full-scaled"])
 @pytest.mark.parametrize("conditioned", [False, True])
 @pytest.mark.parametrize("depth", [None, 1, 2, 9])
