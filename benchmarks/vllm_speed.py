@@ -57,8 +57,10 @@ the last finishes.
 
 With ``--lockstep`` the engines run in this process (vLLM's in-process engine core and
 one-process executor, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and take a group together, step by
-step: every engine is handed the group's requests, then each engine in turn (the order rotating
-every round) runs one engine step, and an engine's time is the sum of its own steps (and of
+step: every engine is handed the group's requests, then each engine in turn (in an order
+shuffled every round, seeded: each engine follows every other alike, so that what one engine
+leaves behind, in the caches or in a thread still winding down, is not always the same
+engine's cost) runs one engine step, and an engine's time is the sum of its own steps (and of
 adding its requests). Machine noise slower than a step then hits every engine alike, where
 group by group it hits each engine's whole group apart: two identical engines' times differed
 by 0.93-1.05x per group of 16 chat requests run group by group, and by 0.98-1.01x in lockstep
@@ -99,6 +101,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import statistics
 import time
 from pathlib import Path
@@ -255,8 +258,9 @@ def run_lockstep(engines: dict[str, Any], order: list[str], prompts: list[str], 
                  clocks: dict[str, EngineClock]) -> dict[str, tuple[float, list[list[int]]]]:
     """``prompts`` through every engine at once, one engine step at a time: each engine keeps
     ``concurrency`` of them in flight (all at once when it is their number: a burst), and every
-    round each engine with requests left runs one ``step`` (the order rotating from ``order``
-    each round). Per engine: its seconds (its steps and its ``add_request`` calls, nothing of
+    round each engine with requests left runs one ``step``, in an order shuffled every round
+    (seeded by ``order``: before stop 54 it rotated, so that each engine ran after the same
+    one nearly every step). Per engine: its seconds (its steps and its ``add_request`` calls, nothing of
     the others') and the output token ids, in prompt order. An engine's clock in ``clocks`` is
     paused while the others step."""
     from vllm.sampling_params import RequestOutputKind
@@ -270,12 +274,14 @@ def run_lockstep(engines: dict[str, Any], order: list[str], prompts: list[str], 
     seconds = dict.fromkeys(order, 0.0)
     for clock in clocks.values():
         clock.pause()
+    rng = random.Random(" ".join(order))
     try:
-        for rnd in itertools.count():
+        while True:
             live = [n for n in order if waiting[n] or in_flight[n]]
             if not live:
                 break
-            for name in live[rnd % len(live):] + live[:rnd % len(live)]:
+            rng.shuffle(live)
+            for name in live:
                 engine = engines[name].llm_engine
                 if name in clocks:
                     clocks[name].resume()
