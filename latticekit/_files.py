@@ -7,10 +7,11 @@ import errno
 import json
 import os
 import secrets
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Union
+from typing import IO, Any, Optional, Union, cast
 
 from latticekit.errors import FileAccessError, LatticeKitError
 
@@ -118,6 +119,54 @@ def atomic_write(path: Union[str, os.PathLike]) -> Iterator[IO[bytes]]:
         if isinstance(exc, OSError) and not isinstance(exc, LatticeKitError):
             raise file_error(exc, "write", path) from exc
         raise
+
+
+class LatestWriter:
+    """Writes the newest of the contents it is handed to ``path`` (:func:`atomic_write`) on a
+    thread of its own, so that the caller does not wait for the disk: an atomic write, its
+    fsync included, took 0.9-1.2 ms on the 2-core EPYC, and the vLLM proposer's stats file,
+    written in its engine's step about once a step in ``benchmarks/vllm_speed.py --lockstep``,
+    cost it 2.8% at 16 requests. Contents handed while a write runs replace one another: only
+    the newest is written next. A failed write goes to ``failed``, and the thread goes on.
+
+    Args:
+        path: the file.
+        failed: called, on the writer's thread, with each write's error.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], failed: Callable[[BaseException], None]) -> None:
+        self.path, self.failed = path, failed
+        self._changed = threading.Condition()
+        self._data: Optional[bytes] = None
+        self._handed = self._written = 0  # the newest contents handed, and written (or failed), by number
+        self._thread: Optional[threading.Thread] = None
+
+    def put(self, data: bytes, wait: Optional[float] = None) -> bool:
+        """Hands ``data`` to the writer; with ``wait``, waits at most that many seconds for the
+        writer to be done with it or with newer contents (written, or the error handed to
+        ``failed``). Returns whether it was, or False without ``wait``."""
+        with self._changed:
+            self._handed += 1
+            self._data, handed = data, self._handed
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="latticekit-writer", daemon=True)
+                self._thread.start()
+            self._changed.notify_all()
+            return wait is not None and self._changed.wait_for(lambda: self._written >= handed, wait)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._data is not None)
+                data, handed, self._data = cast(bytes, self._data), self._handed, None
+            try:
+                with atomic_write(self.path) as f:
+                    f.write(data)
+            except Exception as exc:  # the caller's to count; the thread goes on
+                self.failed(exc)
+            with self._changed:
+                self._written = handed
+                self._changed.notify_all()
 
 
 def read_tagged_safetensors(path: Union[str, os.PathLike], format_name: str, version: int, what: str,

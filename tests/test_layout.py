@@ -30,7 +30,8 @@ ALLOWED = {
     "demo": {"decoding", "drafting", "torch", "heads", "loading"},
     "cli": {"demo", "eval", "lm"},  # the entry point: the only importer of the harness besides eval/
     "recipe": {"heads", "loading", "torch"},
-    "vllm": {"drafting", "demo", "heads", "decoding", "loading"},  # demo: the shipped 4-gram; heads, decoding: the lattice proposer
+    # demo: the shipped 4-gram; heads, decoding: the lattice proposer; torch: its heads packed as prepare_target packs
+    "vllm": {"drafting", "demo", "heads", "decoding", "loading", "torch"},
 }
 # the modules of the heads' training recipe: above the heads and the harness
 RECIPE = {"latticekit.heads.data", "latticekit.heads.recipe", "latticekit.heads.prompts", "latticekit.heads.corpora"}

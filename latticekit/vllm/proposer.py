@@ -59,10 +59,12 @@ import traceback
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, NamedTuple, Optional, cast
 
 import numpy as np
 
+from latticekit._files import LatestWriter
 from latticekit.drafting.calibration import SourceAcceptance
 from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate_prices
 from latticekit.drafting.memory import AnswerMemory
@@ -177,7 +179,7 @@ class NGramProposer:
         self._accepted = self._expected = 0.0  # decayed: draft tokens accepted, and expected, on drafted steps
         self._saved = 0.0  # the seconds the last call's chains were expected to save (frugal)
         self._logged: set[str] = set()
-        self._stats_written = 0.0
+        self._stats_written, self._stats_writer = 0.0, cast(Optional[LatestWriter], None)
         self._finished_now = False  # this call learnt that requests finished (the stats are rewritten then)
         self._last_ids: list[Any] = []  # the last call's request ids
         #: per request of the batch (memory on), the runner's state of it, read for its answer when it finishes
@@ -587,13 +589,12 @@ class NGramProposer:
                 **memory}
 
     def _write_stats(self, now: float) -> None:
+        """The stats file, rewritten off the engine's thread; the first time, and where this call
+        learnt that requests finished, once written (5 s at most): one request brings it up to date."""
         self._stats_written = now
-        path = self.config.stats
-        assert path is not None
         try:
-            from latticekit._files import atomic_write
-
-            with atomic_write(path) as f:
-                f.write(json.dumps(self.stats()).encode())
+            first, path = self._stats_writer is None, cast(str, self.config.stats)
+            self._stats_writer = self._stats_writer or LatestWriter(path, partial(self._failed, "stats"))
+            self._stats_writer.put(json.dumps(self.stats()).encode(), wait=5.0 if first or self._finished_now else None)
         except Exception as exc:
             self._failed("stats", exc)

@@ -1107,3 +1107,37 @@ def test_request_churn_leaves_the_proposers_memory_flat() -> None:
     # every finished request's answer read from the runner, and none of its states kept after
     assert stats["answers_from_runner"] >= stats["requests_finished"] and len(proposer._held) <= rows
     assert after - before < 8, f"{after - before:.1f} MiB over {stats['requests_started'] - requests} requests"
+
+
+def test_the_stats_file_is_written_off_the_engines_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``stats``, a call hands the file to a writer thread of its own and does not wait
+    for the disk (``LatestWriter``); a call that learnt that requests finished waits for it, so
+    that one request brings the file up to date (``engine.engine_stats``)."""
+    import threading
+    import time
+    from contextlib import contextmanager
+
+    from latticekit import _files
+
+    path = tmp_path / "stats.json"
+    proposer = NGramProposer(engine_config(), ProposerConfig(stats=str(path)))
+    proposer._finished_now = True
+    proposer._write_stats(0.0)
+    assert json.loads(path.read_text())["calls"] == 0
+    release, real = threading.Event(), _files.atomic_write
+
+    @contextmanager
+    def slow(target: Any) -> Any:  # a disk that does not answer until the test says so
+        release.wait(10)
+        with real(target) as f:
+            yield f
+
+    monkeypatch.setattr(_files, "atomic_write", slow)
+    proposer.counters["calls"], proposer._finished_now = 7, False
+    start = time.perf_counter()
+    proposer._write_stats(1.0)
+    assert time.perf_counter() - start < 1 and json.loads(path.read_text())["calls"] == 0  # handed, not written
+    release.set()
+    proposer.counters["calls"], proposer._finished_now = 8, True
+    proposer._write_stats(2.0)
+    assert json.loads(path.read_text())["calls"] == 8 and proposer.stats()["errors"] == 0
