@@ -28,7 +28,9 @@ is checked identical to vLLM without speculation. The engines:
 * ``lattice``: latticekit's lattice proposer with latticekit's shipped heads (7 draft heads),
   at the concurrency levels of ``--lattice-at`` only.
 * ``latticekit-NAME`` (``--variant NAME=JSON``): latticekit's n-gram proposer with those settings
-  beside ``--settings``, to compare settings in the same run;
+  beside ``--settings``, to compare settings in the same run (``"stats": null``: without the
+  stats file every other latticekit engine writes, so without its drafting milliseconds and
+  arms in the report);
 * ``latticekit-one-model``: latticekit's n-gram proposer with one acceptance model for every
   candidate source (:class:`OneModelProposer`: as before its estimates were learnt per source).
 * ``latticekit-steps``: latticekit's n-gram proposer with its defaults that also logs every step
@@ -396,7 +398,10 @@ def main() -> None:
             raise SystemExit(f"--variant {variant!r}: NAME=JSON")
         settings[f"latticekit-{name}"] = {**lm, **json.loads(given)}
         args.engines.append(f"latticekit-{name}")
-    stats_paths = {name: out / f"proposer_stats-{name}.json" for name in settings}
+    # a variant with "stats": null writes no stats file (what a user who sets none runs): its
+    # drafting milliseconds and arms are then not reported
+    stats_paths = {name: out / f"proposer_stats-{name}.json" for name in settings
+                   if settings[name].get("stats", "") is not None}
     medusa_heads = json.loads((Path(args.medusa) / "config.json").read_text())["num_heads"] \
         if (Path(args.medusa) / "config.json").exists() else None
     specs: dict[str, Any] = {
@@ -437,7 +442,9 @@ def main() -> None:
     for name, spec in specs.items():
         t0 = time.perf_counter()
         if name in settings:
-            spec = specs[name] = speculative_config(args.k, **settings[name], stats=str(stats_paths[name]))
+            given = {k: v for k, v in settings[name].items() if k != "stats"}
+            spec = specs[name] = speculative_config(args.k, **given, **(
+                {"stats": str(stats_paths[name])} if name in stats_paths else {}))
             if name == "latticekit-one-model":
                 spec["model"] = "benchmarks.vllm_speed.OneModelProposer"
             if name == "latticekit-steps":
