@@ -157,21 +157,21 @@ def full_lattices(sources: Sequence[FullLattice], hidden: torch.Tensor, ids: Seq
     """
     first = sources[0]
     heads, k = first.heads, first.k
-    projected = CandidateLattice.supports(heads)
+    projected: Optional[ProjectedHeads] = heads if CandidateLattice.supports(heads) else None
     count = max(1, int(getattr(heads, "num_heads", 8)) - 1)  # draft heads, where the heads say how many
     if depth is not None:
         count = max(1, min(count, int(depth)))
-    chunk = max(1, FULL_BATCH_LOGITS // ((count if projected else count + 1) * first.vocab_size))
+    chunk = max(1, FULL_BATCH_LOGITS // ((count if projected is not None else count + 1) * first.vocab_size))
     out: list[SausageLattice] = []
     for start in range(0, hidden.shape[0], chunk):
         rows = hidden[start:start + chunk]
         roots = [int(row[-1]) for row in ids[start:start + chunk]]
         last = torch.tensor(roots, device=hidden.device)
-        if projected:
-            states = heads.head_states(rows, last) if getattr(heads, "token_conditioned", False) \
-                else heads.head_states(rows)
+        if projected is not None:
+            states = projected.head_states(rows, last) if getattr(projected, "token_conditioned", False) \
+                else projected.head_states(rows)
             # contiguous: a strided slice makes the product several times slower
-            logits = heads.lm_head(states[:, 1:count + 1].contiguous())
+            logits = projected.lm_head(states[:, 1:count + 1].contiguous())
         else:
             logits = head_logits(heads, rows, first.vocab_size, last)[:, 1:count + 1]
         if logits.shape[-1] != first.vocab_size or logits.shape[-2] < 1:

@@ -24,7 +24,7 @@ class _EngineProjection(nn.Module):
     def __init__(self, lm_head: nn.Module, weight: torch.Tensor, vocab_size: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight.detach()[:vocab_size], requires_grad=False)
-        self._lm_head = [lm_head]  # not a submodule: the engine's, neither the heads' state nor theirs to move
+        self._lm_head: list[Any] = [lm_head]  # not a submodule: the engine's, not the heads' state
         self.vocab_size = vocab_size
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
