@@ -153,7 +153,8 @@ def full_lattices(sources: Sequence[FullLattice], hidden: torch.Tensor, ids: Seq
     proposer loads them, 19 ms at depth 2 (``benchmarks/heads_batch.py``).
 
     Raises:
-        HeadsMismatchError: the heads returned something else than `(rows, h >= 2, vocab)`.
+        HeadsMismatchError: the heads returned something else than `(rows, h >= 2, vocab)`, or
+            hold no draft head.
     """
     first = sources[0]
     heads, k = first.heads, first.k
