@@ -8,7 +8,7 @@ import json
 import os
 import secrets
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Optional, Union, cast
@@ -127,24 +127,25 @@ class LatestWriter:
     fsync included, took 0.9-1.2 ms on the 2-core EPYC, and the vLLM proposer's stats file,
     written in its engine's step about once a step in ``benchmarks/vllm_speed.py --lockstep``,
     cost it 2.8% at 16 requests. Contents handed while a write runs replace one another: only
-    the newest is written next. A failed write goes to ``failed``, and the thread goes on.
+    the newest is written next. A failed write's error is kept, and the thread goes on: the
+    caller takes the errors on its own thread (:meth:`failures`), where it counts them.
 
     Args:
         path: the file.
-        failed: called, on the writer's thread, with each write's error.
     """
 
-    def __init__(self, path: Union[str, os.PathLike], failed: Callable[[BaseException], None]) -> None:
-        self.path, self.failed = path, failed
+    def __init__(self, path: Union[str, os.PathLike]) -> None:
+        self.path = path
         self._changed = threading.Condition()
+        self._failures: list[BaseException] = []
         self._data: Optional[bytes] = None
         self._handed = self._written = 0  # the newest contents handed, and written (or failed), by number
         self._thread: Optional[threading.Thread] = None
 
     def put(self, data: bytes, wait: Optional[float] = None) -> bool:
         """Hands ``data`` to the writer; with ``wait``, waits at most that many seconds for the
-        writer to be done with it or with newer contents (written, or the error handed to
-        ``failed``). Returns whether it was, or False without ``wait``."""
+        writer to be done with it or with newer contents (written, or its error kept for
+        :meth:`failures`). Returns whether it was, or False without ``wait``."""
         with self._changed:
             self._handed += 1
             self._data, handed = data, self._handed
@@ -154,17 +155,27 @@ class LatestWriter:
             self._changed.notify_all()
             return wait is not None and self._changed.wait_for(lambda: self._written >= handed, wait)
 
+    def failures(self) -> list[BaseException]:
+        """The errors of the writes that failed since the last call, oldest first (taken:
+        the next call returns only newer ones)."""
+        with self._changed:
+            failures, self._failures = self._failures, []
+        return failures
+
     def _run(self) -> None:
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: self._data is not None)
                 data, handed, self._data = cast(bytes, self._data), self._handed, None
+            failure: Optional[BaseException] = None
             try:
                 with atomic_write(self.path) as f:
                     f.write(data)
-            except Exception as exc:  # the caller's to count; the thread goes on
-                self.failed(exc)
+            except Exception as exc:  # the caller's to count, on its thread; this one goes on
+                failure = exc
             with self._changed:
+                if failure is not None:
+                    self._failures.append(failure)
                 self._written = handed
                 self._changed.notify_all()
 

@@ -107,14 +107,14 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(lm, tmp_pa
 def test_latest_writer_writes_the_newest_off_the_callers_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``LatestWriter`` (the vLLM proposer's stats file): ``put`` does not wait for the disk;
     contents handed while a write runs replace one another, only the newest is written next;
-    ``put(wait=...)`` returns once it is on disk; a failed write goes to ``failed`` and the
-    thread goes on."""
+    ``put(wait=...)`` returns once it is on disk; a failed write's error is kept for the
+    caller's thread (``failures``, taken once) and the writer goes on."""
     import threading
 
     from latticekit import _files
     from latticekit._files import LatestWriter
 
-    path, failed, written = tmp_path / "stats.json", [], []
+    path, written = tmp_path / "stats.json", []
     entered, release = threading.Event(), threading.Event()
     real = _files.atomic_write
 
@@ -127,7 +127,7 @@ def test_latest_writer_writes_the_newest_off_the_callers_thread(tmp_path: Path, 
         written.append(Path(target).read_bytes())
 
     monkeypatch.setattr(_files, "atomic_write", slow)
-    writer = LatestWriter(path, failed.append)
+    writer = LatestWriter(path)
     assert writer.put(b"first") is False  # handed, not waited for: the write is blocked
     assert entered.wait(10)
     assert writer.put(b"second", wait=0.05) is False  # the writer is still on "first"
@@ -136,13 +136,17 @@ def test_latest_writer_writes_the_newest_off_the_callers_thread(tmp_path: Path, 
     assert writer.put(b"fourth", wait=10) is True and path.read_bytes() == b"fourth"
     # "second" was replaced by "third" while the writer was blocked; "third" may or may not have
     # been written before "fourth" came
-    assert written[0] == b"first" and b"second" not in written and written[-1] == b"fourth" and failed == []
+    assert written[0] == b"first" and b"second" not in written and written[-1] == b"fourth"
+    assert writer.failures() == []
 
     monkeypatch.setattr(_files, "atomic_write", real)
     blocked = tmp_path / "folder"
     blocked.write_bytes(b"a file where the folder should be")
-    writer = LatestWriter(blocked / "stats.json", failed.append)
-    assert writer.put(b"x", wait=10) is True and len(failed) == 1 and isinstance(failed[0], FileAccessError)
+    writer = LatestWriter(blocked / "stats.json")
+    assert writer.put(b"x", wait=10) is True
+    failed = writer.failures()
+    assert len(failed) == 1 and isinstance(failed[0], FileAccessError) and writer.failures() == []  # taken once
     blocked.unlink()
     blocked.mkdir()
-    assert writer.put(b"y", wait=10) is True and (blocked / "stats.json").read_bytes() == b"y" and len(failed) == 1
+    assert writer.put(b"y", wait=10) is True and (blocked / "stats.json").read_bytes() == b"y"
+    assert writer.failures() == []

@@ -59,7 +59,6 @@ import traceback
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from functools import partial
 from typing import Any, NamedTuple, Optional, cast
 
 import numpy as np
@@ -186,10 +185,9 @@ class NGramProposer:
         self._held: "OrderedDict[Any, Any]" = OrderedDict()
         self.turnover = Turnover()  # whether finished requests' rows are taken (closed_at_cost)
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
-                         "proposed_tokens": 0,
-                         "draft_seconds": 0.0, "errors": 0, "requests_started": 0, "requests_finished": 0,
-                         "states_evicted": 0, "rows_capped": 0, "answers_from_runner": 0, "steps_frugal": 0,
-                         "steps_unspeculated": 0, "steps_closed": 0,
+                         "proposed_tokens": 0, "draft_seconds": 0.0, "errors": 0, "requests_started": 0,
+                         "requests_finished": 0, "states_evicted": 0, "rows_capped": 0, "answers_from_runner": 0,
+                         "steps_frugal": 0, "steps_unspeculated": 0, "steps_closed": 0,
                          **{f"steps_{arm}": 0 for arm in ARMS}}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -589,12 +587,14 @@ class NGramProposer:
                 **memory}
 
     def _write_stats(self, now: float) -> None:
-        """The stats file, rewritten off the engine's thread; the first time, and where this call
-        learnt that requests finished, once written (5 s at most): one request brings it up to date."""
+        """The stats file, rewritten off the engine's thread (waited for the first time, and where this call learnt
+        that requests finished, 5 s at most: one request brings it up to date); failed writes counted here."""
         self._stats_written = now
         try:
             first, path = self._stats_writer is None, cast(str, self.config.stats)
-            self._stats_writer = self._stats_writer or LatestWriter(path, partial(self._failed, "stats"))
-            self._stats_writer.put(json.dumps(self.stats()).encode(), wait=5.0 if first or self._finished_now else None)
+            self._stats_writer = writer = self._stats_writer or LatestWriter(path)
+            writer.put(json.dumps(self.stats()).encode(), wait=5.0 if first or self._finished_now else None)
+            for exc in writer.failures():
+                self._failed("stats", exc)
         except Exception as exc:
             self._failed("stats", exc)

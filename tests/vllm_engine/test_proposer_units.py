@@ -1112,7 +1112,8 @@ def test_request_churn_leaves_the_proposers_memory_flat() -> None:
 def test_the_stats_file_is_written_off_the_engines_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``stats``, a call hands the file to a writer thread of its own and does not wait
     for the disk (``LatestWriter``); a call that learnt that requests finished waits for it, so
-    that one request brings the file up to date (``engine.engine_stats``)."""
+    that one request brings the file up to date (``engine.engine_stats``). A failed write is
+    counted on the engine's thread."""
     import threading
     import time
     from contextlib import contextmanager
@@ -1141,3 +1142,9 @@ def test_the_stats_file_is_written_off_the_engines_thread(tmp_path: Path, monkey
     proposer.counters["calls"], proposer._finished_now = 8, True
     proposer._write_stats(2.0)
     assert json.loads(path.read_text())["calls"] == 8 and proposer.stats()["errors"] == 0
+    # a write that fails is counted by the engine's thread, at the call that waits for it or the next
+    monkeypatch.setattr(_files, "atomic_write", real)
+    path.unlink()
+    path.mkdir()  # a folder where the file should be
+    proposer._write_stats(3.0)
+    assert proposer.stats()["errors"] == 1 and path.is_dir()
