@@ -12,7 +12,8 @@ stale history (the decay counts the steps since it was last read). A probe of an
 than the best costs more than a step: one at a fifth of the best's rate costs four steps' time
 more. So, given a budget (the vLLM proposer's is :data:`PROBE_BUDGET`), an arm worth ``r``
 against the best's ``R`` waits at least ``(R / r - 1) / budget`` steps between probes, whatever
-its doubling says: its probes lose at most that share of the time. (The vLLM lattice proposer
+its doubling says, once it has been read :data:`BUDGET_AFTER` times (its first outcomes may be
+chance): its probes lose at most that share of the time. (The vLLM lattice proposer
 at 16 requests on the CPU, its heads costing five steps, spent 21% of its steps probing them
 under the doubling alone and ran at 0.77-0.81x no speculation.) ``auto`` takes none: its arms'
 rates come from two steps each at first, and a union that loses them by chance would then wait
@@ -30,7 +31,7 @@ from typing import Optional
 from latticekit.drafting.outcomes import ArmRecord
 
 __all__ = ["ArmStats", "choose_arm", "probe_outcome", "probe_wait", "WARMUP_STEPS", "FIRST_PROBE",
-           "MAX_PROBE_INTERVAL", "PROBE_BUDGET", "ARM_DECAY", "KEPT_GAP"]
+           "MAX_PROBE_INTERVAL", "PROBE_BUDGET", "BUDGET_AFTER", "ARM_DECAY", "KEPT_GAP"]
 
 #: Steps every arm is read before the outcomes choose.
 WARMUP_STEPS = 2
@@ -41,6 +42,11 @@ MAX_PROBE_INTERVAL = 32
 #: ... the vLLM proposer's: an arm's probes lose at most this share of the time (an arm far
 #: worse than the best waits longer; the module docstring).
 PROBE_BUDGET = 0.02
+#: The reads of an arm before a budget holds its probes back (the warm-up's and two probes'):
+#: two outcomes may be chance, and an arm a budget then sends far off may never be read again
+#: (the vLLM lattice proposer's ``text`` at 2-3 requests, stop 54: its two warm-up steps at half
+#: the best's rate, then a wait of 180 steps, longer than the benchmark's run).
+BUDGET_AFTER = 4
 #: Decay per step of an arm's outcome sums (a memory of ~10 of its steps).
 ARM_DECAY = 0.9
 #: The steps of decay kept outcomes take when a call resumes from them: the kept sums (at most
@@ -99,7 +105,8 @@ def choose_arm(arms: Sequence[str], stats: Mapping[str, ArmStats], worth: Callab
                plain_rate: float = 0.0, budget: Optional[float] = None) -> Optional[str]:
     """This step's arm, or None for a plain step: the first arm read fewer than
     :data:`WARMUP_STEPS` times; else an arm due for its probe (``step - last >= interval``, and
-    with a ``budget`` at least :func:`probe_wait` steps; marked ``probing``); else the arm
+    with a ``budget``, once it was read :data:`BUDGET_AFTER` times, at least :func:`probe_wait`
+    steps; marked ``probing``); else the arm
     ``worth`` the most if it beats ``plain_rate`` (a plain step's tokens per second; 0 where a
     plain step is itself an arm)."""
     for arm in arms:  # every arm tried first
@@ -109,7 +116,8 @@ def choose_arm(arms: Sequence[str], stats: Mapping[str, ArmStats], worth: Callab
     best: Optional[str] = top if worth(top) > plain_rate else None
     rate = max(worth(top), plain_rate)
     for arm in arms:
-        wait = probe_wait(worth(arm), rate, budget) if budget is not None else 0.0
+        wait = probe_wait(worth(arm), rate, budget) if budget is not None and stats[arm].steps >= BUDGET_AFTER \
+            else 0.0
         if arm != best and step - stats[arm].last >= max(stats[arm].interval, wait):
             stats[arm].probing = True
             return arm

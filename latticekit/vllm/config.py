@@ -128,7 +128,8 @@ class ProposerConfig:
             are not the best may lose against it, all of them together (each of the ``n - 1``
             others, ``probe_budget / (n - 1)``): an arm worth ``r`` tokens a second against the
             best's ``R`` waits at least ``(R / r - 1) * (n - 1) / probe_budget`` steps between
-            probes (:func:`~latticekit.drafting.arms.probe_wait`). Until stop 45 each arm had
+            probes (:func:`~latticekit.drafting.arms.probe_wait`), once it has been read
+            :data:`~latticekit.drafting.arms.BUDGET_AFTER` times. Until stop 45 each arm had
             the whole budget, so the lattice proposer's four other arms could lose four times it.
         plain_steps: a step in which no request has a draft runs as a step without speculation:
             vLLM's sampler, not its rejection sampler and speculative metadata, which vLLM 0.32

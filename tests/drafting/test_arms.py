@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from latticekit.drafting.arms import (
     ARM_DECAY,
+    BUDGET_AFTER,
     FIRST_PROBE,
     MAX_PROBE_INTERVAL,
     PROBE_BUDGET,
@@ -76,6 +77,18 @@ def test_an_outcome_decays_with_the_steps_since_the_arm_was_read() -> None:
     arm.probing = True
     probe_outcome(arm, wins=True)
     assert arm.interval == FIRST_PROBE
+
+
+def test_a_budget_holds_an_arm_back_only_once_it_was_read_a_few_times() -> None:
+    """An arm whose warm-up rated it at half the best's rate is probed at the doubling's
+    intervals until it has been read :data:`BUDGET_AFTER` times (two outcomes may be chance:
+    stop 54's lattice proposer's ``text`` at 2-3 requests was never read again after its
+    warm-up); only then does the budget's wait hold it back."""
+    chosen = run({"slow": 10.0, "best": 20.0}, 120, budget=PROBE_BUDGET)
+    at = [i for i, arm in enumerate(chosen) if arm == "slow"]
+    assert BUDGET_AFTER == 4 and at[:2] == [0, 1]  # the warm-up
+    assert at[2] <= 2 * WARMUP_STEPS + FIRST_PROBE and at[3] - at[2] == 2 * FIRST_PROBE  # two probes, doubling
+    assert at[4] - at[3] >= probe_wait(10.0, 20.0) > MAX_PROBE_INTERVAL  # then the budget's wait
 
 
 @settings(max_examples=100, deadline=None)
