@@ -26,7 +26,8 @@ is checked identical to vLLM without speculation. The engines:
 * ``lattice-medusa``: latticekit's lattice proposer (``LatticeProposer``) with the same heads,
   K = ``--k``, ``lm`` = ``--lm``;
 * ``lattice``: latticekit's lattice proposer with latticekit's shipped heads (7 draft heads),
-  at the concurrency levels of ``--lattice-at`` only.
+  at the concurrency levels of ``--lattice-at`` only; ``lattice-NAME`` (``--lattice-variant
+  NAME=JSON``): the same with these settings beside its own.
 * ``latticekit-NAME`` (``--variant NAME=JSON``): latticekit's n-gram proposer with those settings
   beside ``--settings``, to compare settings in the same run (``"stats": null``: without the
   stats file every other latticekit engine writes, so without its drafting milliseconds and
@@ -360,6 +361,9 @@ def main() -> None:
     p.add_argument("--variant", nargs="+", default=[], metavar="NAME=JSON",
                    help="more latticekit engines in the same run, engine 'latticekit-NAME' with these settings "
                         "beside --settings (to compare settings interleaved, prompt by prompt)")
+    p.add_argument("--lattice-variant", nargs="+", default=[], metavar="NAME=JSON",
+                   help="more lattice engines in the same run, engine 'lattice-NAME' with these settings beside "
+                        "the lattice engine's (at the levels of --lattice-at)")
     p.add_argument("--domains", nargs="+", default=list(DEFAULT_DOMAINS), choices=list(DOMAINS))
     p.add_argument("--medusa", default=str(ROOT / "cache" / "medusa-smollm2-h4"),
                    help="the Medusa checkpoint folder (vLLM's layout) of the medusa and lattice-medusa engines")
@@ -398,6 +402,14 @@ def main() -> None:
             raise SystemExit(f"--variant {variant!r}: NAME=JSON")
         settings[f"latticekit-{name}"] = {**lm, **json.loads(given)}
         args.engines.append(f"latticekit-{name}")
+    lattices = {"lattice"}  # the engines that run at the levels of --lattice-at alone
+    for variant in args.lattice_variant:
+        name, _, given = variant.partition("=")
+        if not name or not given or name == "medusa":
+            raise SystemExit(f"--lattice-variant {variant!r}: NAME=JSON, NAME not 'medusa'")
+        settings[f"lattice-{name}"] = {**settings["lattice"], **json.loads(given)}
+        args.engines.append(f"lattice-{name}")
+        lattices.add(f"lattice-{name}")
     # a variant with "stats": null writes no stats file (what a user who sets none runs): its
     # drafting milliseconds and arms are then not reported
     stats_paths = {name: out / f"proposer_stats-{name}.json" for name in settings
@@ -475,7 +487,7 @@ def main() -> None:
                                "engines": {k: v for k, v in specs.items()},
                                "latticekit_settings": {k: v for k, v in settings.items() if k in specs}, "runs": []}
     for phase, concurrency in enumerate(args.concurrency):
-        names = [n for n in engines if n != "lattice" or concurrency in args.lattice_at]
+        names = [n for n in engines if n not in lattices or concurrency in args.lattice_at]
         for domain, per_phase in phases.items():
             texts = per_phase[phase]
             size = concurrency * max(1, args.sustained)

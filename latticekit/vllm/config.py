@@ -72,6 +72,12 @@ class ProposerConfig:
         heads: draft heads for the lattice proposer (``LatticeProposer``): a latticekit heads
             file (``BlockHeads.save``) or a Medusa checkpoint folder (vLLM's or FasterDecoding's
             layout, :mod:`latticekit.heads.medusa`). None: the n-gram proposer.
+        vocabulary: where no ``lm`` gives the heads' candidates (its 8,192 most probable
+            tokens), what the lattice proposer's heads are projected on: ``"seen"``, the tokens
+            the engine has seen most in the texts of the requests it drafted for (prompts and
+            answers; at most 8,192) and each request's own, so that a token the engine never saw
+            is not drafted by the heads; or ``"full"``, the whole vocabulary (every head's exact
+            top k, a product as large as the target's logits).
         k: arcs per lattice position (each head's top k).
         p: lattice paths searched per request and step.
         alpha: the n-gram model's weight in the lattice search (``draft + alpha * n-gram``).
@@ -154,6 +160,7 @@ class ProposerConfig:
     context_costs: bool = False
     stats: Optional[str] = None
     heads: Optional[str] = None
+    vocabulary: str = "seen"
     k: int = 8
     p: int = 16
     alpha: float = 1.0
@@ -230,6 +237,9 @@ class ProposerConfig:
         if not isinstance(self.check_hidden, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: check_hidden must be true or false, "
                                       f"got {self.check_hidden!r}")
+        if self.vocabulary not in ("seen", "full"):
+            raise ProposerConfigError(f"latticekit vLLM proposer: vocabulary must be 'seen' or 'full', "
+                                      f"got {self.vocabulary!r}")
         if self.heads is not None:
             if not isinstance(self.heads, str) or not self.heads:
                 raise ProposerConfigError(f"latticekit vLLM proposer: heads must be a heads file or a Medusa "

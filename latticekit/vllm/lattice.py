@@ -7,17 +7,20 @@ Medusa checkpoint, or latticekit's own heads file) and, per request and step:
    logits gave that token) and runs the heads on it: head i >= 2 scores the token at t + i.
    The heads run once per step on the states of every request that drafts: the candidate
    vocabulary's rows are projected in one product for them all
-   (:func:`~latticekit.decoding.lattices.candidate_lattices`), or, without an n-gram model,
-   heads 2..d + 1 over the whole vocabulary for a chunk of rows at a time, d the deepest chain
-   a row may take (:func:`~latticekit.decoding.lattices.full_lattices`; on the CPU the heads'
-   blocks oneDNN-packed and their projection the engine's own product,
+   (:func:`~latticekit.decoding.lattices.candidate_lattices`), or, with ``vocabulary``
+   ``"full"`` and no n-gram model, heads 2..d + 1 over the whole vocabulary for a chunk of
+   rows at a time, d the deepest chain a row may take
+   (:func:`~latticekit.decoding.lattices.full_lattices`; on the CPU the heads' blocks
+   oneDNN-packed and their projection the engine's own product,
    :func:`~latticekit.vllm.heads.load_heads_for`: on the 2-core EPYC, 46 ms for 16 requests
    with SmolLM2's shipped heads, against 143 ms row by row; ``benchmarks/heads_batch.py``);
 2. builds the sausage lattice of each head's top k tokens (log-softmax scores), its root the
    token just emitted, over a candidate vocabulary as latticekit's own loop does
    (:class:`~latticekit.decoding.lattices.CandidateLattice`: the n-gram model's 8,192 most
-   probable tokens and every token of the request's text; a full projection of every head
-   costs as much as the target's own logits, about 21 ms for SmolLM2 on one core);
+   probable tokens, or without one (``vocabulary`` ``"seen"``, the default) the 8,192 tokens
+   the engine has seen most in the texts of the requests it drafted for, and every token of
+   the request's text; a full projection of every head costs as much as the target's own
+   logits, about 21 ms for SmolLM2 on one core);
 3. unites the lattice's p best paths under ``draft + alpha * n-gram`` (latticekit's exact
    search, the n-gram model conditioned on the request's text) with the text's own
    continuations under the n-gram cache model
@@ -56,6 +59,10 @@ from latticekit.vllm.proposer import NGramProposer
 
 __all__ = ["LatticeProposer", "hidden_rows"]
 
+#: ``vocabulary`` "seen": the heads' candidates are taken anew when the distinct tokens seen grew
+#: by this factor since they were last taken (and each time every request's source is rebuilt
+#: on them, so that a batch's rows share them).
+_VOCABULARY_GROWTH = 1.125
 #: Logits computations kept between two calls (a step's own, then one per request whose prompt
 #: logprobs it computed; more only where the engine ran steps without calling the proposer).
 _HIDDEN_CALLS = 64
@@ -109,7 +116,15 @@ class LatticeProposer(NGramProposer):
         self._lattices: list[Any] = []  # this step's lattice per row, None where not drafting from one
         # each request's lattice source (its candidate vocabulary holds the request's own tokens)
         self._sources: "weakref.WeakKeyDictionary[ChainDrafter, Any]" = weakref.WeakKeyDictionary()
-        self.counters |= {"lattice_rows": 0, "hidden_mismatch": 0, "hidden_checked": 0, "hidden_wrong": 0}
+        # the heads' candidate vocabulary: the lm's, or (vocabulary "seen") the tokens seen most,
+        # counted over every drafting request's text (each token once), or None: the whole vocabulary
+        self._vocabulary = lm_candidates(self.lm, CANDIDATE_TOKENS) if self.lm is not None else None
+        self._seen = np.zeros(self.vocab_size, dtype=np.int64) \
+            if self.lm is None and self.config.vocabulary == "seen" else None
+        self._counted: "weakref.WeakKeyDictionary[ChainDrafter, int]" = weakref.WeakKeyDictionary()
+        self._distinct = 0  # distinct tokens seen when the vocabulary was last taken
+        self.counters |= {"lattice_rows": 0, "hidden_mismatch": 0, "hidden_checked": 0, "hidden_wrong": 0,
+                          "vocabulary_taken": 0}
 
     def load_model(self, model: Any, *args: Any, **kwargs: Any) -> None:
         """Loads the heads onto the target's output projection and hooks the hidden states."""
@@ -173,6 +188,7 @@ class LatticeProposer(NGramProposer):
         from latticekit.decoding.lattices import CandidateLattice, FullLattice, candidate_lattices, full_lattices
 
         batch = hidden.index_select(0, torch.as_tensor(positions, device=hidden.device)).to(self.heads.lm_head.weight.dtype)
+        self._see(states)
         sources = [self._source(state) for state in states]
         with torch.inference_mode():
             if all(isinstance(source, CandidateLattice) for source in sources):
@@ -184,14 +200,34 @@ class LatticeProposer(NGramProposer):
             self._lattices[i] = lattice
         self.counters["lattice_rows"] += len(rows)
 
+    def _see(self, states: list[ChainDrafter]) -> None:
+        """Vocabulary "seen": counts the tokens of these requests' texts not counted yet, and takes
+        the :data:`CANDIDATE_TOKENS` seen most as the heads' candidates where the distinct tokens
+        seen grew by :data:`_VOCABULARY_GROWTH` since they were last taken (every request's
+        source then built anew on them)."""
+        if self._seen is None:
+            return
+        for state in states:
+            ids, counted = state.model.ids, self._counted.get(state, 0)
+            if len(ids) > counted:
+                tokens = np.asarray(ids[counted:], dtype=np.int64)
+                np.add.at(self._seen, tokens[(tokens >= 0) & (tokens < len(self._seen))], 1)
+                self._counted[state] = len(ids)
+        distinct = int(np.count_nonzero(self._seen))
+        if distinct and distinct >= _VOCABULARY_GROWTH * self._distinct:
+            ranked = np.argsort(-self._seen, kind="stable")[:min(distinct, CANDIDATE_TOKENS)]
+            self._vocabulary, self._distinct = np.sort(ranked), distinct
+            self._sources = weakref.WeakKeyDictionary()  # a batch's sources share their candidates
+            self.counters["vocabulary_taken"] += 1
+
     def _source(self, state: ChainDrafter) -> Any:
         """The request's lattice source (its candidate vocabulary holds the request's own tokens)."""
         source = self._sources.get(state)
         if source is None:
             from latticekit.decoding.lattices import lattice_source
 
-            vocabulary = lm_candidates(self.lm, CANDIDATE_TOKENS) if self.lm is not None else None
-            source = self._sources[state] = lattice_source(self.heads, self.config.k, self.vocab_size, vocabulary)
+            source = self._sources[state] = lattice_source(self.heads, self.config.k, self.vocab_size,
+                                                           self._vocabulary)
         return source
 
     def _check_hidden(self, hidden: Any, token: int) -> None:

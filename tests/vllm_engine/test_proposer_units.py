@@ -973,16 +973,19 @@ def test_a_long_rows_drafts_cost_more_and_are_cut_first() -> None:
     assert proposer._repaid([np.array([0.5])], [1], 0.0, 1.0, [0.0]) == ([1], 0.5)
 
 
-def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattice(tmp_path: Path) -> None:
+@pytest.mark.parametrize("vocabulary", ["seen", "full"])
+def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattice(tmp_path: Path,
+                                                                                  vocabulary: str) -> None:
     """One step of the lattice proposer as vLLM's runner drives it: the hidden states the hook
     kept (one row per request, none verified drafts), the heads run on the batch's rows, each
-    request's chain the one its own lattice gives (against the lattice built for it alone)."""
+    request's chain the one its own lattice gives (against the lattice built for it alone: over
+    the whole vocabulary, or over the tokens seen, here the two requests' texts)."""
     import weakref
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from latticekit.decoding.lattices import FullLattice
+    from latticekit.decoding.lattices import CandidateLattice, FullLattice
     from latticekit.heads.modules import BlockHeads
 
     torch.manual_seed(0)
@@ -992,7 +995,7 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     given = tmp_path / "heads.bin"
     given.write_bytes(b"")  # the setting names a file; the heads are put in place as load_model would
     proposer = LatticeProposer(engine_config(k=3, vocab=64), ProposerConfig(heads=str(given), step_costs=(0.1, 0.0),
-                                                                             k=4, p=4))
+                                                                             k=4, p=4, vocabulary=vocabulary))
     proposer.heads = heads
     runner = Runner()
     runner.input_batch = SimpleNamespace(req_ids=["a", "b"], spec_token_ids=[[], []])
@@ -1014,11 +1017,16 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     assert proposer.counters["lattice_rows"] == 2 and proposer.counters["errors"] == 0 and all(out)
     assert set(proposer.acceptance.models) == {"heads", "text", "memory"}  # estimates per candidate source
     assert proposer.counters["hidden_mismatch"] == 0
+    seen = np.unique(np.concatenate(texts))
+    assert proposer.counters["vocabulary_taken"] == (vocabulary == "seen")
     for r, text in enumerate(texts):
         alone = ChainDrafter(None, 64, AcceptanceModel.prior(trust="head+cache"), candidates=32, max_depth=12)
         alone.observe(text)
+        source: Any = FullLattice(heads, 4, 64) if vocabulary == "full" else CandidateLattice(heads, seen, 4)
         with torch.no_grad():
-            lattice, _ = FullLattice(heads, 4, 64)(hidden[r], text, entropy=False)
+            lattice, _ = source(hidden[r], text, entropy=False)
+        if vocabulary == "seen":
+            assert set(lattice.tokens[1:].ravel().tolist()) <= set(seen.tolist())
         chain, _ = alone.propose_lattice(3, lattice, uniform_lm(), 4, 0.0)
         assert out[r] == chain.tolist()
     logits(proposer, torch.randn(3, 32))  # rows that do not add up to the batch: n-grams alone, counted
@@ -1041,6 +1049,51 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     assert text_only.counters["lattice_rows"] == 0 and text_only.counters["steps_text"] == 1
     with pytest.raises(ProposerConfigError, match="'text'"):
         NGramProposer(engine_config(), ProposerConfig(arms=("model", "text")))
+
+
+def test_the_lattice_proposers_vocabulary_is_the_tokens_it_has_seen_most(tmp_path: Path) -> None:
+    """``vocabulary`` "seen" (no ``lm``): each drafting request's text is counted once, as it
+    grows; the vocabulary is taken anew where the distinct tokens seen grew by an eighth (every
+    request's lattice source then built anew, so that a batch's share it), at most
+    ``CANDIDATE_TOKENS`` tokens, those seen most; ids outside the vocabulary are not counted.
+    ``"full"`` and an ``lm`` count nothing."""
+    from latticekit.drafting.drafters.auto import CANDIDATE_TOKENS
+    from latticekit.vllm.lattice import _VOCABULARY_GROWTH
+
+    given = tmp_path / "heads.bin"
+    given.write_bytes(b"")
+    vocab = 20000
+    proposer = LatticeProposer(engine_config(k=3, vocab=vocab), ProposerConfig(heads=str(given)))
+
+    def request(text: list[int]) -> ChainDrafter:
+        state = ChainDrafter(None, vocab, AcceptanceModel.prior(), candidates=4, max_depth=4)
+        state.observe(text)
+        return state
+
+    a = request([1, 2, 3, 3])
+    proposer._see([a])
+    assert proposer._vocabulary is not None and proposer._vocabulary.tolist() == [1, 2, 3]
+    assert proposer._seen is not None and proposer._seen[3] == 2 and proposer.counters["vocabulary_taken"] == 1
+    a.observe([1, 2, 3, 3, 4])
+    proposer._see([a])  # 4 distinct >= 3 * 1.125: taken anew; the text's first tokens not counted again
+    assert proposer._vocabulary.tolist() == [1, 2, 3, 4] and proposer._seen[3] == 2
+    proposer._sources[a] = "a source"
+    proposer._see([a])  # nothing new: kept, and the sources with it
+    assert proposer.counters["vocabulary_taken"] == 2 and a in proposer._sources
+    b = request([5, vocab + 7])  # an id outside the vocabulary is not counted
+    proposer._see([b])  # 5 distinct >= 4 * 1.125
+    assert proposer._vocabulary.tolist() == [1, 2, 3, 4, 5] and a not in proposer._sources
+    assert _VOCABULARY_GROWTH * 5 > 5
+    many = list(range(100, 10100))
+    proposer._see([request(many + many[:CANDIDATE_TOKENS] * 2)])  # 8,192 tokens seen three times, the rest once
+    assert proposer._vocabulary.tolist() == many[:CANDIDATE_TOKENS]
+    for settings in ({"vocabulary": "full"}, {"lm": "embedded"}):
+        other = LatticeProposer(engine_config(k=3, vocab=49152), ProposerConfig(heads=str(given), **settings))
+        other._see([request([1, 2, 3])])
+        assert other._seen is None and other.counters["vocabulary_taken"] == 0
+        assert (other._vocabulary is None) == ("vocabulary" in settings)
+    with pytest.raises(ProposerConfigError, match="vocabulary must be 'seen' or 'full'"):
+        ProposerConfig(vocabulary="all")
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status (Linux)")
