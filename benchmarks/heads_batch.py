@@ -6,10 +6,12 @@ SmolLM2-135M-Instruct's shipped heads (7 draft heads over its 49,152 words) on s
 hidden states, ``--rows`` requests at a time, every head and (``--depths``) heads 2..d + 1
 alone; every row's lattice is checked equal to the one its row alone gives, but for the root
 (the row's last token alone, scored 0) and cut to d + 1 positions (tokens, widths; scores within
-1e-4). Median milliseconds of ``--repeats`` calls each way, interleaved, and the machine. Writes
+1e-4); and (``--candidates``) every head over that many candidate tokens and each row's own
+(the vLLM lattice proposer's vocabulary ``"seen"``), each row's lattice checked equal to its own
+alone. Median milliseconds of ``--repeats`` calls each way, interleaved, and the machine. Writes
 ``results/heads_batch.{json,md}``::
 
-    PYTHONPATH=. python benchmarks/heads_batch.py [--threads 2] [--rows 1 4 16] [--depths 1 2 4]
+    PYTHONPATH=. python benchmarks/heads_batch.py [--threads 2] [--rows 1 4 16] [--depths 1 2 4] [--candidates 8192]
 """
 
 from __future__ import annotations
@@ -46,12 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depths", type=int, nargs="*", default=[1, 2, 4], help="draft heads run (besides every one)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--unpacked", action="store_true", help="the heads' linears as torch runs them (F.linear)")
+    p.add_argument("--candidates", type=int, default=8192,
+                   help="also every head over this many candidate tokens and each row's own (candidate_lattices: "
+                        "the vLLM lattice proposer's vocabulary 'seen'); 0: not")
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     from latticekit._machine import machine
-    from latticekit.decoding.lattices import FullLattice, full_lattices
+    from latticekit.decoding.lattices import CandidateLattice, FullLattice, candidate_lattices, full_lattices
     from latticekit.loading import load_heads, load_target
 
     model, _, description = load_target("smollm2")
@@ -86,6 +91,21 @@ def main(argv: list[str] | None = None) -> int:
                    "together_ms": 1e3 * statistics.median(together[None][1:]),
                    "depth_ms": {str(d): 1e3 * statistics.median(together[d][1:]) for d in args.depths}}
             row["speedup"] = row["row_by_row_ms"] / row["together_ms"]
+            if args.candidates:  # seeded candidates: the product's size is what the time depends on
+                vocab = model.config.vocab_size
+                static = np.sort(np.random.default_rng(0).choice(vocab, min(args.candidates, vocab), replace=False))
+                sources = [CandidateLattice(heads, static, 8) for _ in range(rows)]
+                timed = []
+                for _ in range(args.repeats + 1):  # the first untimed (it gathers each row's own tokens)
+                    t0 = time.perf_counter()
+                    got = candidate_lattices(sources, hidden, ids)
+                    timed.append(time.perf_counter() - t0)
+                for j, lattice in enumerate(got):
+                    alone_lattice = CandidateLattice(heads, static, 8)(hidden[j], ids[j])[0]
+                    if not (np.array_equal(alone_lattice.tokens, lattice.tokens)
+                            and np.allclose(alone_lattice.scores, lattice.scores, atol=1e-4)):
+                        raise SystemExit(f"{rows} rows: a batched candidate lattice differs from its row's own")
+                row["candidates_ms"] = 1e3 * statistics.median(timed[1:])
             rows_out.append(row)
             print(f"{rows} rows: row by row {row['row_by_row_ms']:.1f} ms, together {row['together_ms']:.1f} ms "
                   f"({row['speedup']:.2f}x), at depths {row['depth_ms']}; lattices identical", file=sys.stderr)
@@ -105,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---|" + "---|" * len(args.depths)]
     lines += [f"| {r['rows']} | {r['row_by_row_ms']:.1f} | {r['together_ms']:.1f} | {r['speedup']:.2f}x | "
               + " | ".join(f"{r['depth_ms'][str(d)]:.1f}" for d in args.depths) + " |" for r in rows_out]
+    if args.candidates:
+        lines += ["", f"Every head over {args.candidates} candidate tokens and each row's own (`candidate_lattices`, "
+                  "the vLLM lattice proposer's vocabulary `seen`; each row's lattice equal to its own alone):", "",
+                  "| requests | candidates ms |", "|---|---|"]
+        lines += [f"| {r['rows']} | {r['candidates_ms']:.1f} |" for r in rows_out]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return 0
 

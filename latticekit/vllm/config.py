@@ -103,18 +103,16 @@ class ProposerConfig:
             and ``plain`` beside it at every load lost at one request (its warm-up, stop 43).
             ``text`` is the lattice proposer's
             alone: its n-grams without the heads (the heads not run), at the cost model's
-            allocation. ``LatticeProposer``'s is all five: the heads' cost is what ``plain`` and
-            ``text`` steps save, and where the heads do not repay it (a busy CPU) it drafts as
-            ``NGramProposer`` does.
+            allocation. ``LatticeProposer``'s is the same since stop 55 (its heads run at every
+            drafting step); until then all five, which starved the heads at one request.
         plain_at_cost: with ``plain`` among the arms, it is chosen only at loads (load buckets)
             where the fitted cost of a draft token, ``b``, is at least this share of what a row's
             token costs in a step without drafts, ``a / rows + b`` (a draft token must then be
             accepted at least that often to pay); elsewhere the cost model decides alone. None:
-            the proposer's own: ``NGramProposer``'s 1/3 (on the 2-core EPYC the share was
-            0.02 at one request, 0.3-0.5 at 8-15 and 0.6-0.9 at 16; on a GPU, its pass bound
-            by reading the weights, a draft token should cost a sliver of a row's),
-            ``LatticeProposer``'s 0 (``plain`` at every load: its heads cost what a plain step
-            saves). 0: at every load.
+            the proposer's own: 1/3 for both (on the 2-core EPYC the share was 0.02 at one
+            request, 0.3-0.5 at 8-15 and 0.6-0.9 at 16; on a GPU, its pass bound by reading the
+            weights, a draft token should cost a sliver of a row's; ``LatticeProposer``'s was 0
+            until stop 55). 0: at every load.
         closed_at_cost: in a closed batch, no drafting at loads where a draft token costs at least
             this share of a row's token (``plain_at_cost``'s share). A batch is closed where
             requests that finished while others went on mostly left their rows empty, rather than

@@ -14,9 +14,9 @@ length for the most expected tokens per second under the step costs it measures 
 engine's own steps (:func:`~latticekit.drafting.chains.allocate`): drafts shrink as the batch
 grows, down to none. The acceptance estimates are learnt per candidate source (the text's,
 the memory's, the heads'), and scaled by the draft tokens accepted over those expected. With
-``arms`` of more than one (this proposer's default is ``model`` and ``plain``, ``plain`` only at
-loads where a draft token costs at least ``plain_at_cost``, a third, of a row's token; the
-lattice proposer's are all five, at every load), whether to draft, and how eagerly, is learnt
+``arms`` of more than one (the default, the lattice proposer's too, is ``model`` and ``plain``,
+``plain`` only at loads where a draft token costs at least ``plain_at_cost``, a third, of a
+row's token), whether to draft, and how eagerly, is learnt
 from outcomes: per load bucket (the
 batch's rows, by powers of two) the arms ``plain`` (no drafting work at all), ``lean``,
 ``model`` and ``eager`` (a draft token priced at 4, 1 and 1/4 times the fitted cost), and the

@@ -790,7 +790,7 @@ def test_plain_is_chosen_only_where_a_draft_token_costs_the_share_set_of_a_rows_
     assert NGramProposer(engine_config(), ProposerConfig()).plain_at_cost == pytest.approx(1 / 3)
     assert NGramProposer(engine_config(), ProposerConfig()).arms == ("model", "plain")
     assert NGramProposer(engine_config(), ProposerConfig(plain_at_cost=0.0)).plain_at_cost == 0.0
-    assert LatticeProposer.default_plain_at_cost == 0.0
+    assert LatticeProposer.default_plain_at_cost == 1 / 3 and LatticeProposer.default_arms == ("model", "plain")
     for bad in (-0.1, 1.5, True, "half"):
         with pytest.raises(ProposerConfigError, match="plain_at_cost"):
             ProposerConfig(plain_at_cost=bad)
