@@ -189,7 +189,8 @@ class LatticeProposer(NGramProposer):
         from latticekit.decoding.lattices import CandidateLattice, FullLattice, candidate_lattices, full_lattices
 
         batch = hidden.index_select(0, torch.as_tensor(positions, device=hidden.device)).to(self.heads.lm_head.weight.dtype)
-        self._see(states)
+        if CandidateLattice.supports(self.heads):  # else every lattice is the whole vocabulary's
+            self._see(states)
         sources = [self._source(state) for state in states]
         with torch.inference_mode():
             if all(isinstance(source, CandidateLattice) for source in sources):

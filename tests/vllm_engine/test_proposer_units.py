@@ -973,13 +973,14 @@ def test_a_long_rows_drafts_cost_more_and_are_cut_first() -> None:
     assert proposer._repaid([np.array([0.5])], [1], 0.0, 1.0, [0.0]) == ([1], 0.5)
 
 
-@pytest.mark.parametrize("vocabulary", ["seen", "full"])
+@pytest.mark.parametrize("vocabulary", ["seen", "full", "seen, heads without head_states"])
 def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattice(tmp_path: Path,
                                                                                   vocabulary: str) -> None:
     """One step of the lattice proposer as vLLM's runner drives it: the hidden states the hook
     kept (one row per request, none verified drafts), the heads run on the batch's rows, each
     request's chain the one its own lattice gives (against the lattice built for it alone: over
-    the whole vocabulary, or over the tokens seen, here the two requests' texts)."""
+    the whole vocabulary, or over the tokens seen, here the two requests' texts; heads that
+    cannot be projected on candidates, over the whole vocabulary whatever the setting)."""
     import weakref
 
     import torch
@@ -994,9 +995,19 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     heads = BlockHeads.for_model(model, num_heads=4).eval()
     given = tmp_path / "heads.bin"
     given.write_bytes(b"")  # the setting names a file; the heads are put in place as load_model would
+    class Opaque(torch.nn.Module):  # the same heads, their states hidden: no candidate vocabulary
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.lm_head, self.num_heads = heads, heads.lm_head, heads.num_heads
+            self.token_conditioned = heads.token_conditioned
+
+        def forward(self, hidden: Any, next_token: Any = None) -> Any:
+            return self.inner(hidden, next_token=next_token)
+
     proposer = LatticeProposer(engine_config(k=3, vocab=64), ProposerConfig(heads=str(given), step_costs=(0.1, 0.0),
-                                                                             k=4, p=4, vocabulary=vocabulary))
-    proposer.heads = heads
+                                                                             k=4, p=4,
+                                                                             vocabulary=vocabulary.split(",")[0]))
+    proposer.heads = heads if "," not in vocabulary else Opaque()
     runner = Runner()
     runner.input_batch = SimpleNamespace(req_ids=["a", "b"], spec_token_ids=[[], []])
     runner.requests = {"a": SimpleNamespace(prompt_token_ids=[1, 2, 3]), "b": SimpleNamespace(prompt_token_ids=[4])}
@@ -1022,7 +1033,7 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     for r, text in enumerate(texts):
         alone = ChainDrafter(None, 64, AcceptanceModel.prior(trust="head+cache"), candidates=32, max_depth=12)
         alone.observe(text)
-        source: Any = FullLattice(heads, 4, 64) if vocabulary == "full" else CandidateLattice(heads, seen, 4)
+        source: Any = CandidateLattice(heads, seen, 4) if vocabulary == "seen" else FullLattice(heads, 4, 64)
         with torch.no_grad():
             lattice, _ = source(hidden[r], text, entropy=False)
         if vocabulary == "seen":
