@@ -77,7 +77,8 @@ class ProposerConfig:
             the engine has seen most in the texts of the requests it drafted for (prompts and
             answers; at most 8,192) and each request's own, so that a token the engine never saw
             is not drafted by the heads; or ``"full"``, the whole vocabulary (every head's exact
-            top k, a product as large as the target's logits).
+            top k, a product as large as the target's logits). Heads without one shared output
+            projection (``CandidateLattice.supports``) take the whole vocabulary either way.
         k: arcs per lattice position (each head's top k).
         p: lattice paths searched per request and step.
         alpha: the n-gram model's weight in the lattice search (``draft + alpha * n-gram``).
