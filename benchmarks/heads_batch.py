@@ -8,7 +8,8 @@ alone; every row's lattice is checked equal to the one its row alone gives, but 
 (the row's last token alone, scored 0) and cut to d + 1 positions (tokens, widths; scores within
 1e-4); and (``--candidates``) every head over that many candidate tokens and each row's own
 (the vLLM lattice proposer's vocabulary ``"seen"``), each row's lattice checked equal to its own
-alone. Median milliseconds of ``--repeats`` calls each way, interleaved, and the machine. Writes
+alone. Median milliseconds of ``--repeats`` calls each way (the full ones interleaved, the
+candidate ones after them), and the machine. Writes
 ``results/heads_batch.{json,md}``::
 
     PYTHONPATH=. python benchmarks/heads_batch.py [--threads 2] [--rows 1 4 16] [--depths 1 2 4] [--candidates 8192]
