@@ -366,7 +366,7 @@ class BatchCosts:
 
 
 def allocate(probabilities: Sequence[np.ndarray], a: float, b: float, overhead: float = 0.0,
-             weights: Optional[Sequence[float]] = None) -> list[int]:
+             weights: Optional[Sequence[float]] = None, values: Optional[Sequence[float]] = None) -> list[int]:
     """Each request's chain length for the most expected tokens per second of the batch.
 
     Args:
@@ -376,48 +376,58 @@ def allocate(probabilities: Sequence[np.ndarray], a: float, b: float, overhead: 
         overhead: seconds the step spends besides the pass (drafting itself).
         weights: per request, its query tokens' cost in units of ``b`` (a row's token costs
             ``b * weights[i]``, its own one included; by its context, :class:`CostFit`); None: 1.
+        values: per request, what one of its tokens is worth, its own one included (in a
+            closed batch, more for a request that may end the batch than for one that will
+            not: :func:`~latticekit.vllm.loads.closed_values`); the expected tokens are the
+            values' sum. None: 1.
 
     Returns:
         Per request, how many of its chain's tokens to verify (0: a plain step).
     """
-    return allocate_prices(probabilities, a, [b], overhead, weights)[0]
+    return allocate_prices(probabilities, a, [b], overhead, weights, values)[0]
 
 
 def allocate_prices(probabilities: Sequence[np.ndarray], a: float, prices: Sequence[float],
-                    overhead: float = 0.0, weights: Optional[Sequence[float]] = None) -> list[list[int]]:
+                    overhead: float = 0.0, weights: Optional[Sequence[float]] = None,
+                    values: Optional[Sequence[float]] = None) -> list[list[int]]:
     """:func:`allocate` at each of several prices ``b`` of a draft token, in one pass over the
-    positions sorted once: per price, the lengths ``allocate(probabilities, a, b, overhead, weights)``
-    gives (a higher price stops the same greedy allocation sooner).
+    positions sorted once: per price, the lengths ``allocate(probabilities, a, b, overhead, weights,
+    values)`` gives (a higher price stops the same greedy allocation sooner).
 
-    Positions are taken by their probability over their row's weight, highest first (within a
-    row, in order), while one more token raises the batch's expected tokens per second: the
-    greedy order of a ratio's maximum, each level's lengths the best the brute force finds."""
+    Positions are taken by their probability times their row's value over its weight, highest
+    first (within a row, in order), while one more token raises the batch's expected value per
+    second: the greedy order of a ratio's maximum, each level's lengths the best the brute force
+    finds."""
     rows = len(probabilities)
     unit = [1.0] * rows if weights is None else [float(x) for x in weights]
     if len(unit) != rows or any(not np.isfinite(x) or x < 0 for x in unit):
         raise ValueError(f"weights must be one finite number >= 0 per request, got {weights!r}")
+    worth = [1.0] * rows if values is None else [float(x) for x in values]
+    if len(worth) != rows or any(not np.isfinite(x) or x < 0 for x in worth):
+        raise ValueError(f"values must be one finite number >= 0 per request, got {values!r}")
     out = [[len(p) for p in probabilities] if b <= 0 else [len(p) if unit[i] == 0 else 0
                                                             for i, p in enumerate(probabilities)] for b in prices]
     # a token that costs nothing (or nothing is known yet that says it does): all of them
     active = [k for k, b in enumerate(prices) if b > 0]
     if not active:
         return out
-    expected = [float(rows) + sum(float(p.sum()) for p, x in zip(probabilities, unit) if x == 0)] * len(prices)
+    expected = [sum(worth) + sum(v * float(p.sum()) for p, x, v in zip(probabilities, unit, worth) if x == 0)] \
+        * len(prices)
     total = sum(unit)
     seconds = [a + overhead + b * total for b in prices]  # every request emits at least one token
-    order = sorted(((float(p[j]), i, j) for i, p in enumerate(probabilities) if unit[i] > 0 for j in range(len(p))),
-                   key=lambda item: (-item[0] / unit[item[1]], item[2]))
-    for prob, i, j in order:
+    order = sorted(((float(p[j]) * worth[i], i, j) for i, p in enumerate(probabilities) if unit[i] > 0
+                    for j in range(len(p))), key=lambda item: (-item[0] / unit[item[1]], item[2]))
+    for gain, i, j in order:
         for k in active:
             lengths = out[k]
             if j != lengths[i]:  # a position whose parent was not taken (ties): its chain stops here
                 continue
             price = prices[k] * unit[i]
-            if prob * seconds[k] <= price * expected[k]:  # one more token no longer raises tokens per second
+            if gain * seconds[k] <= price * expected[k]:  # one more token no longer raises value per second
                 active = [x for x in active if x != k]
                 continue
             lengths[i] += 1
-            expected[k] += prob
+            expected[k] += gain
             seconds[k] += price
         if not active:
             break

@@ -13,11 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, cast
 
+import numpy as np
+
 from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
 
 __all__ = ["find_runner", "load_lm", "dynamic_schedule", "scheduled_tokens", "request_answer", "engine_stats",
-           "plain_steps"]
+           "plain_steps", "attended_keys"]
 
 
 def find_runner() -> Any:
@@ -111,6 +113,16 @@ def scheduled_tokens(slot_mappings: Any) -> Optional[int]:
         if shape is not None and len(shape) >= 1:
             return int(shape[0])
     return None
+
+
+def attended_keys(lengths: Any, chains: list[list[int]]) -> float:
+    """The keys the next step's queries attend: per row, its query tokens (its last token and
+    its drafts) times its context (``lengths``, the rows' tokens)."""
+    try:
+        context = np.asarray(lengths[:len(chains)], dtype=np.float64)
+        return float(context @ np.array([1 + len(chain) for chain in chains], dtype=np.float64))
+    except Exception:  # a buffer not as vLLM hands it: the step's keys are not known
+        return 0.0
 
 
 def request_answer(request: Any) -> Optional[tuple[list[int], list[int]]]:

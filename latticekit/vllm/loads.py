@@ -11,7 +11,7 @@ from latticekit.drafting.arms import PROBE_BUDGET, ArmStats, choose_arm, probe_o
 from latticekit.drafting.chains import BatchCosts
 from latticekit.vllm.config import ARMS
 
-__all__ = ["Load", "Turnover", "load_bucket"]
+__all__ = ["Load", "Turnover", "closed_values", "load_bucket"]
 
 
 def load_bucket(rows: int) -> int:
@@ -127,7 +127,7 @@ class Turnover:
     The counts are decayed per request (:data:`decay`); the batch is closed where the decayed
     unreplaced requests are at least :data:`least` and more than half of all."""
 
-    __slots__ = ("replaced", "ended", "_awaiting", "_calls")
+    __slots__ = ("replaced", "ended", "at_length", "told", "_awaiting", "_calls")
 
     #: a finished request's row counts as taken if a request joins in the same call or the next 3
     window = 4
@@ -141,6 +141,8 @@ class Turnover:
         self.ended = 0.0  # decayed: finished requests told (replaced or not)
         self._awaiting: deque[list[int]] = deque()  # [call, requests] finished, their rows not yet taken
         self._calls = 0
+        self.at_length = 0.0  # decayed: finished requests that ended at their max_tokens ...
+        self.told = 0.0  # ... and those whose ending is known (:meth:`endings`)
 
     def observe(self, finished: int, joined: int, going_on: int) -> None:
         """One call: ``finished`` of the last call's requests finished, ``joined`` requests are
@@ -172,3 +174,39 @@ class Turnover:
         """Whether finished requests' rows have mostly been left empty lately."""
         unreplaced = self.ended - self.replaced
         return unreplaced >= self.least and unreplaced > self.replaced
+
+    def endings(self, at_length: int, other: int) -> None:
+        """Finished requests: ``at_length`` ended at their ``max_tokens``, ``other`` before it
+        (an end of sequence, a stop string)."""
+        for n, long in ((at_length, True), (other, False)):
+            d = self.decay ** n
+            self.at_length = d * self.at_length + (n if long else 0)
+            self.told = d * self.told + n
+
+    @property
+    def by_length(self) -> bool:
+        """Whether requests have mostly ended at their ``max_tokens`` lately: the tokens a
+        request has left then tell which request ends the batch (:func:`closed_values`)."""
+        return self.told >= self.least and self.at_length > self.told / 2
+
+
+def closed_values(left: Sequence[int], a: float, weights: Sequence[float], margin: int) -> list[float]:
+    """In a closed batch whose requests end at their ``max_tokens``: per row, what one of its
+    accepted tokens saves, over what it saves in an open batch (:func:`~latticekit.drafting.chains.allocate`'s
+    ``values``). A step costs ``a`` plus ``weights[i]`` per query token of row ``i``.
+
+    Where a freed row is taken at once, an accepted token saves a row's share of a step,
+    ``a / rows + weights[i]`` (:class:`Turnover`). Where freed rows are left empty, the batch
+    ends with the request that has the most tokens ``left``: a token accepted for another
+    request saves only its own later token, ``weights[i]``, and one accepted for each of the
+    ``m`` requests within ``margin`` tokens of the most (any of which may end the batch) saves
+    ``a / m + weights[i]``: when all ``m`` have one, the batch ends a step sooner. The values
+    add up to the rows' count, as in an open batch: the seconds saved are moved, not made."""
+    rows = len(left)
+    unit = (a + sum(weights)) / max(rows, 1)
+    if not rows or unit <= 0:
+        return [1.0] * rows
+    most = max(left)
+    ending = [n >= most - margin for n in left]
+    m = sum(ending)
+    return [((a / m if end else 0.0) + w) / unit for end, w in zip(ending, weights)]

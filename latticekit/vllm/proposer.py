@@ -31,19 +31,18 @@ less the fitted cost of the drafts it leaves out), so the arms are compared on t
 requests' steps. In a closed batch (finished requests' rows left empty, not taken by new
 requests: :class:`~latticekit.vllm.loads.Turnover`), at loads where a draft token costs at
 least ``closed_at_cost`` (a third) of a row's token, it does not draft at all: there an accepted
-token saves about what verifying it cost. With ``frugal`` (the default), a load whose drafted steps were expected to
-save fewer seconds than their drafting took drafts on only that share of its steps (at least 1
-in 8); the others do no drafting work. A chain stops where its request's ``max_tokens`` would
-(vLLM verifies a chain whole, and throws away what is accepted past it). Request state follows the batch: it
-is created when a request first appears, kept while a preempted request waits (bounded), and
-freed when the request finishes.
-With ``memory_tokens`` set, a finished request's output goes into the engine's memory of
-earlier answers (:class:`~latticekit.drafting.memory.AnswerMemory`), which every request drafts
-from beside its own text; vLLM calls the proposer from one thread.
-
-With ``plain_steps`` (the default), the runner prepares a step in which no request has a draft
-as a step without speculation (:func:`~latticekit.vllm.engine.plain_steps`), which vLLM itself
-does not.
+token saves about what verifying it cost; elsewhere, where requests end at their ``max_tokens``,
+only the requests that may end the batch draft (``closed_rows``). With ``frugal`` (the default), a
+load whose drafted steps were expected to save fewer seconds than their drafting took drafts on
+only that share of its steps (at least 1 in 8); the others do no drafting work. A chain stops
+where its request's ``max_tokens`` would (vLLM verifies a chain whole, and throws away what is
+accepted past it). Request state follows the batch: it is created when a request first appears,
+kept while a preempted request waits (bounded), and freed when the request finishes. With
+``memory_tokens`` set, a finished request's output goes into the engine's memory of earlier
+answers (:class:`~latticekit.drafting.memory.AnswerMemory`), which every request drafts from
+beside its own text; vLLM calls the proposer from one thread. With ``plain_steps`` (the
+default), the runner prepares a step in which no request has a draft as a step without
+speculation (:func:`~latticekit.vllm.engine.plain_steps`), which vLLM itself does not.
 
 It never takes the engine down: an exception becomes empty drafts for the rows it touched,
 logged once per kind with its cause and counted.
@@ -69,9 +68,9 @@ from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, alloca
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
 from latticekit.vllm.config import ARMS, ProposerConfig
-from latticekit.vllm.engine import (dynamic_schedule, find_runner, load_lm, plain_steps, request_answer,
-                                    scheduled_tokens)
-from latticekit.vllm.loads import Load, Turnover, load_bucket
+from latticekit.vllm.engine import (attended_keys, dynamic_schedule, find_runner, load_lm, plain_steps,
+                                    request_answer, scheduled_tokens)
+from latticekit.vllm.loads import Load, Turnover, closed_values, load_bucket
 
 __all__ = ["NGramProposer"]
 
@@ -183,7 +182,8 @@ class NGramProposer:
         self._last_ids: list[Any] = []  # the last call's request ids
         #: per request of the batch (memory on), the runner's state of it, read for its answer when it finishes
         self._held: "OrderedDict[Any, Any]" = OrderedDict()
-        self.turnover = Turnover()  # whether finished requests' rows are taken (closed_at_cost)
+        self.turnover = Turnover()  # whether finished requests' rows are taken (closed_at_cost, closed_rows)
+        self._left: dict[Any, int] = {}  # per request of the last call, the tokens it had left (closed_rows)
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0, "draft_seconds": 0.0, "errors": 0, "requests_started": 0,
                          "requests_finished": 0, "states_evicted": 0, "rows_capped": 0, "answers_from_runner": 0,
@@ -211,6 +211,8 @@ class NGramProposer:
             emitted = sum(len(s) for s in sampled_token_ids)
             accepted = emitted - sum(1 for s in sampled_token_ids if s)  # a row emits its accepted drafts and one
             keys = self._row_keys(rows)
+            left = ((key, self._tokens_left(key, int(n))) for key, n in zip(keys, num_tokens_no_spec[:rows]))
+            self._left = {key: n for key, n in left if n is not None}
             self._learn(pending, start, sampled_token_ids, keys, scheduled_tokens(slot_mappings))
             out, arm, expected, chains, contexts = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
                                                                  keys)
@@ -225,7 +227,7 @@ class NGramProposer:
                 self._load(load_bucket(rows)).drafted_step(self._saved, spent)
         drafts = sum(len(chain) for chain in out)
         self._verify_tokens = rows + drafts
-        self._verify_keys = self._keys(num_tokens_no_spec, out) if self.config.context_costs else 0.0
+        self._verify_keys = attended_keys(num_tokens_no_spec, out) if self.config.context_costs else 0.0
         self._pending = _Step(load_bucket(rows), arm, spent, expected, chains, contexts, tuple(keys))
         self.counters["calls"] += 1
         self.counters["rows"] += rows
@@ -349,16 +351,6 @@ class NGramProposer:
         fit = load.costs.fit() if load is not None else None
         return fit if fit is not None and fit.a > 0 else None
 
-    @staticmethod
-    def _keys(lengths: Any, out: list[list[int]]) -> float:
-        """The keys the next step's queries attend: per row, its query tokens (its last token
-        and its drafts) times its context."""
-        try:
-            context = np.asarray(lengths[:len(out)], dtype=np.float64)
-            return float(context @ np.array([1 + len(chain) for chain in out], dtype=np.float64))
-        except Exception:  # a buffer not as vLLM hands it: the step's keys are not known
-            return 0.0
-
     def _propose(self, sampled: list[list[int]], lengths: np.ndarray, buffer: np.ndarray,
                  keys: list[Any]) -> tuple[list[list[int]], str, float, dict[str, dict[Any, int]],
                                            Optional[dict[Any, int]]]:
@@ -406,37 +398,43 @@ class NGramProposer:
         # a row's query token costs b + c * its context (the keys it attends): the allocation's
         # weights, in seconds, with each level's price a multiple of them
         weights = [b + c * n for n in context]
+        values = None
+        if self.config.closed_rows and self.turnover.closed and self.turnover.by_length \
+                and all(key in self._left for key in keys):  # which rows may end the batch
+            values = closed_values([self._left[key] for key in keys], a, weights, self.k)
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
         lengths_by_arm: dict[str, dict[Any, int]] = {}
         # a heads step is the outcome of the heads' less eager levels too; a text step, of none but plain
         levels = (arm,) if arm == "text" else (arm, *(o for o in LEVELS if o in self.arms and LEVELS[o] > LEVELS[arm]))
         prices = [LEVELS["model"] if level == "text" else LEVELS[level] for level in levels]
         for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s,
-                                                                           weights)):
-            chosen, expected = self._repaid(probabilities, allocated, a, price, weights)
+                                                                           weights, values)):
+            chosen, expected, worth = self._repaid(probabilities, allocated, a, price, weights, values)
             lengths_by_arm[level] = {keys[i]: n for i, n in enumerate(chosen) if n}
             if level == arm:
                 out = [chain[:n].tolist() for chain, n in zip(chains, chosen)]
                 arm_expected = expected
-                # the seconds these chains are expected to save: their accepted tokens at the plain
-                # step's seconds per row, less the seconds their draft tokens add to the pass
-                self._saved = expected * (a + sum(weights)) / max(rows, 1) - price * sum(
+                # the seconds these chains are expected to save: their accepted tokens (by their rows'
+                # values) at the plain step's seconds per row, less the seconds their draft tokens add
+                self._saved = worth * (a + sum(weights)) / max(rows, 1) - price * sum(
                     w * n for w, n in zip(weights, chosen))
         drafting = {keys[i]: context[i] for i, chain in enumerate(chains) if len(chain)}
         return out, arm, arm_expected, lengths_by_arm, drafting
 
     def _repaid(self, probabilities: list[np.ndarray], chosen: list[int], a: float, price: float,
-                weights: list[float]) -> tuple[list[int], float]:
+                weights: list[float], values: Optional[list[float]] = None) -> tuple[list[int], float, float]:
         """The chain lengths a row's query token priced at ``price * weights[row]`` seconds
         allocated (``chosen``), or none unless the drafts repay the drafting too, against a step
-        that drafts nothing at all; and the accepted tokens they expect."""
-        expected = sum(float(p[:n].sum()) for p, n in zip(probabilities, chosen))
+        that drafts nothing at all; the accepted tokens they expect, and those by the rows' ``values``."""
         rows = len(probabilities)
+        values = values if values is not None else [1.0] * rows
+        expected = [float(p[:n].sum()) for p, n in zip(probabilities, chosen)]
+        worth = sum(v * e for v, e in zip(values, expected))
         plain = a + price * sum(weights)
         drafts = price * sum(w * n for w, n in zip(weights, chosen))
-        if not any(chosen) or plain > 0 and (rows + expected) / (plain + self._draft_s + drafts) <= rows / plain:
-            return [0] * rows, 0.0
-        return chosen, expected
+        if not any(chosen) or plain > 0 and (rows + worth) / (plain + self._draft_s + drafts) <= rows / plain:
+            return [0] * rows, 0.0, 0.0
+        return chosen, sum(expected), worth
 
     def _begin_step(self, sampled: list[list[int]], prepared: list[Optional[tuple[ChainDrafter, int]]],
                     arm: str) -> None:
@@ -501,6 +499,8 @@ class NGramProposer:
             if finished:  # the requests held that finished (a preempted request stays in runner.requests)
                 for key in [k for k in {**self._held, **self.states} if not isinstance(k, int) and k not in live]:
                     self._finish(key)
+            ended = [self._left[k] <= 0 for k in self._last_ids if k not in live and k in self._left]
+            self.turnover.endings(sum(ended), len(ended) - sum(ended))  # at max_tokens: none left at the end
             last = set(self._last_ids)
             going_on = sum(1 for key in req_ids if key in last)
             self.turnover.observe(finished, len(req_ids) - going_on, going_on)

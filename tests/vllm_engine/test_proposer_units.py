@@ -23,9 +23,10 @@ from latticekit.drafting.drafters.ngram import uniform_lm
 from latticekit.errors import ProposerConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.vllm import ENV, LATTICE_PROPOSER, LatticeProposer, NGramProposer, ProposerConfig, speculative_config
+from latticekit.vllm.engine import attended_keys
 from latticekit.vllm.lattice import hidden_rows
 from latticekit.vllm.config import ARMS
-from latticekit.vllm.loads import WARMUP_ORDER, Load, Turnover, load_bucket
+from latticekit.vllm.loads import WARMUP_ORDER, Load, Turnover, closed_values, load_bucket
 from latticekit.vllm.proposer import LEVELS, _Step
 from vllm_helpers import rss_mb
 
@@ -35,9 +36,10 @@ LEVEL_ARMS = tuple(arm for arm in ARMS if arm != "text")
 
 
 def objective(probabilities: list[np.ndarray], lengths: list[int], a: float, b: float, overhead: float,
-              weights: Optional[list[float]] = None) -> float:
+              weights: Optional[list[float]] = None, values: Optional[list[float]] = None) -> float:
     weights = [1.0] * len(probabilities) if weights is None else weights
-    expected = len(probabilities) + sum(float(p[:n].sum()) for p, n in zip(probabilities, lengths))
+    values = [1.0] * len(probabilities) if values is None else values
+    expected = sum(v * (1 + float(p[:n].sum())) for p, n, v in zip(probabilities, lengths, values))
     return expected / (a + overhead + b * sum(w * (1 + n) for w, n in zip(weights, lengths)))
 
 
@@ -78,6 +80,32 @@ def test_allocate_with_a_price_per_row_maximises_tokens_per_second_like_brute_fo
                                                                                           overhead)
     with pytest.raises(ValueError, match="weights"):
         allocate(probabilities, a, b, overhead, [-1.0] * len(probabilities))
+
+
+@settings(max_examples=300, deadline=None)
+@given(chains.flatmap(lambda ps: st.tuples(st.just(ps), st.lists(st.sampled_from([0.0, 0.2, 1.0, 4.0]) |
+                                                                 st.floats(0.0, 5.0),
+                                                                 min_size=len(ps), max_size=len(ps)))),
+       st.floats(0.01, 1.0), st.floats(0.001, 0.5), st.floats(0.0, 0.2), st.sampled_from([None, [0.5, 2.0, 1.0]]))
+def test_allocate_with_a_value_per_row_maximises_value_per_second_like_brute_force(
+        given_rows: tuple[list[np.ndarray], list[float]], a: float, b: float, overhead: float,
+        weights: Optional[list[float]]) -> None:
+    """A row's tokens worth ``values[i]`` each (a closed batch's rows: ``closed_values``): the
+    lengths are the brute force's best for the value per second, at each price in one pass."""
+    probabilities, values = given_rows
+    weights = None if weights is None else weights[:len(probabilities)]
+    got = allocate(probabilities, a, b, overhead, weights, values)
+    best = max(objective(probabilities, list(lengths), a, b, overhead, weights, values)
+               for lengths in itertools.product(*(range(len(p) + 1) for p in probabilities)))
+    assert objective(probabilities, got, a, b, overhead, weights, values) == pytest.approx(best, rel=1e-9, abs=1e-12)
+    assert all(n == 0 for n, v in zip(got, values) if v == 0)  # a row worth nothing drafts nothing
+    for price, lengths in zip((b, 4 * b), allocate_prices(probabilities, a, [b, 4 * b], overhead, weights, values)):
+        assert lengths == allocate(probabilities, a, price, overhead, weights, values)
+    ones = [1.0] * len(probabilities)
+    assert allocate(probabilities, a, b, overhead, weights, ones) == allocate(probabilities, a, b, overhead, weights)
+    for bad in ([-1.0] * len(probabilities), [float("nan")] * len(probabilities), ones + [1.0]):
+        with pytest.raises(ValueError, match="values"):
+            allocate(probabilities, a, b, overhead, weights, bad)
 
 
 @settings(max_examples=200, deadline=None)
@@ -839,6 +867,70 @@ def test_a_batch_is_closed_where_finished_requests_rows_are_left_empty() -> None
     assert not burst.closed
 
 
+def test_in_a_closed_batch_a_token_is_worth_what_it_saves() -> None:
+    """Where freed rows stay empty and requests end at their max_tokens, the rows within ``margin``
+    tokens of the most left share the step's fixed part; the others save their own tokens only."""
+    a, weights = 0.1, [0.01, 0.01, 0.02, 0.01]
+    values = closed_values([30, 27, 10, 25], a, weights, margin=4)
+    unit = (a + sum(weights)) / 4  # what a token saves in an open batch: a row's share of a step
+    assert values == pytest.approx([(a / 2 + 0.01) / unit, (a / 2 + 0.01) / unit, 0.02 / unit, 0.01 / unit])
+    assert sum(values) == pytest.approx(4)  # the seconds saved are moved between rows, not made
+    assert closed_values([5, 5, 5], a, [0.01] * 3, margin=0) == pytest.approx([1.0] * 3)  # all may end it
+    assert closed_values([9], a, [0.01], margin=4) == pytest.approx([1.0])
+    assert closed_values([], a, [], margin=4) == []
+    # which requests ended at their max_tokens: told, decayed, and a majority of at least ``least``
+    endings = Turnover()
+    endings.endings(3, 0)
+    assert not endings.by_length  # fewer than ``least`` told
+    endings.endings(1, 1)
+    assert endings.by_length and endings.told == pytest.approx(5, rel=0.05)
+    for _ in range(100):  # then requests end before it (an end of sequence)
+        endings.endings(0, 1)
+    assert not endings.by_length
+
+
+def test_in_a_closed_batch_by_length_only_the_requests_that_may_end_it_draft() -> None:
+    import weakref
+
+    def request(prompt: list[int]) -> Any:
+        return SimpleNamespace(prompt_token_ids=prompt, num_prompt_tokens=len(prompt),
+                               sampling_params=SimpleNamespace(max_tokens=40))
+
+    text = [5, 6, 7, 8, 9] * 20  # drafts a step accepts: every row copies its text
+    drafted = {}
+    for closed_rows, ended in ((True, 40), (False, 40), (True, 25)):  # ended: the tokens the six put out
+        proposer = NGramProposer(engine_config(k=4, max_model_len=128), ProposerConfig(step_costs=(0.1, 0.01),
+                                                                                        closed_rows=closed_rows))
+        runner = Runner()
+        proposer._runner = weakref.ref(runner)
+        batch = Batch(6, 128)
+        done = [f"e{i}" for i in range(6)]  # six requests that end: 8 prompt tokens and ``ended`` out
+        runner.requests = {key: request(text[:8]) for key in done}
+        for row in range(6):
+            batch.put(row, text[:8 + ended])
+        while done:  # they finish one a call, their rows left empty (nothing sampled: no drafts, no outcomes)
+            runner.input_batch.req_ids = list(done)
+            proposer.propose([[]] * len(done), batch.lengths[:len(done)], batch.ids[:len(done)])
+            runner.requests.pop(done.pop())
+        # four requests: r0 has 30 tokens left, the others 10 (their drafts were accepted more)
+        ids = ["r0", "r1", "r2", "r3"]
+        runner.requests = {key: request(text[:8]) for key in ids}
+        runner.input_batch.req_ids = ids
+        for row, out in enumerate((10, 30, 30, 30)):
+            batch.put(row, text[:8 + out])
+        drafted[closed_rows, ended] = proposer.propose([[text[7 + out]] for out in (10, 30, 30, 30)], batch.lengths[:4],
+                                                batch.ids[:4])
+        assert proposer.turnover.closed and proposer.turnover.told == pytest.approx(6, rel=0.1)  # told as the
+        assert proposer.turnover.by_length == (ended == 40)  # new batch came: none took the rows the six left
+    assert drafted[True, 40][0] and not any(drafted[True, 40][1:])  # r0 ends the batch: only it drafts
+    # every row's tokens alike (as in an open batch): every row drafts; so too where the requests
+    # ended before their max_tokens (the tokens left tell nothing then)
+    assert all(drafted[False, 40]) and all(drafted[True, 25])
+    assert ProposerConfig().closed_rows is True
+    with pytest.raises(ProposerConfigError, match="closed_rows"):
+        ProposerConfig(closed_rows="yes")  # type: ignore[arg-type]
+
+
 def test_in_a_closed_batch_no_drafting_where_a_draft_token_is_dear() -> None:
     import weakref
 
@@ -932,13 +1024,13 @@ def test_the_draft_tokens_an_arm_leaves_out_are_priced_by_their_rows_context() -
     assert arms["model"].seconds == pytest.approx(step - 2 * (b + c * 2000))
     assert arms["plain"].seconds == pytest.approx(step - 3 * (b + c * 2000) - 3 * (b + c * 100))
     assert proposer.costs.seconds(8, 4 * 2000 + 4 * 100) == pytest.approx(step)
-    assert NGramProposer._keys(np.array([2000, 100, 7]), [[1, 2, 3], [], [5]]) == 4 * 2000 + 100 + 2 * 7
+    assert attended_keys(np.array([2000, 100, 7]), [[1, 2, 3], [], [5]]) == 4 * 2000 + 100 + 2 * 7
     for context_costs in (True, False):  # a step through propose: its keys go into the next fit, or not
         flat = NGramProposer(engine_config(k=4, max_model_len=4096), ProposerConfig(context_costs=context_costs))
         buffer = np.zeros((2, 4096), dtype=np.int64)
         buffer[:, :300] = np.tile(np.arange(10), 30)
         out = flat.propose([[9], [9]], np.array([300, 120]), buffer)
-        assert flat._verify_keys == (NGramProposer._keys(np.array([300, 120]), out) if context_costs else 0.0)
+        assert flat._verify_keys == (attended_keys(np.array([300, 120]), out) if context_costs else 0.0)
         assert flat._verify_keys > 0 or not context_costs
 
 
@@ -970,7 +1062,7 @@ def test_a_long_rows_drafts_cost_more_and_are_cut_first() -> None:
     assert priced[0] > priced[1]
     assert CostFit(0.1, 0.002) == (0.1, 0.002, 0.0)
     proposer = NGramProposer(engine_config(), ProposerConfig())  # a step that costs nothing: no division by 0
-    assert proposer._repaid([np.array([0.5])], [1], 0.0, 1.0, [0.0]) == ([1], 0.5)
+    assert proposer._repaid([np.array([0.5])], [1], 0.0, 1.0, [0.0]) == ([1], 0.5, 0.5)
 
 
 @pytest.mark.parametrize("vocabulary", ["seen", "full", "seen, heads without head_states"])
