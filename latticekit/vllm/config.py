@@ -122,13 +122,13 @@ class ProposerConfig:
             its accepted drafts cost, and the fixed part of a step only for the request that ends
             the batch, the least likely to be one whose drafts were accepted. Default 1/3, both
             proposers; null: off.
-        closed_rows: in a closed batch whose requests have mostly ended at their ``max_tokens``
+        closed_margin: in a closed batch whose requests have mostly ended at their ``max_tokens``
             lately (so the tokens a request has left tell which one ends the batch), an accepted
             token is worth what it saves: the fixed part of a step, shared among the requests
-            within ``k`` tokens of the most left (any of them may end the batch), and its own
-            verification; a token of any other request saves only its own verification, so those
-            draft nothing (:func:`~latticekit.vllm.loads.closed_values`, the allocation's
-            ``values``). False: every request's tokens alike, as in an open batch.
+            within ``closed_margin`` tokens of the most left (any of them may end the batch), and
+            its own verification; a token of any other request saves only its own verification,
+            so those draft nothing (:func:`~latticekit.vllm.loads.closed_values`, the
+            allocation's ``values``). Null: every request's tokens alike, as in an open batch.
         frugal: draft on only as many steps as the drafting's own seconds are repaid on. Per
             load bucket the proposer keeps two running means over the steps it drafted on: the
             seconds its chains were expected to save (the accepted tokens its corrected
@@ -179,7 +179,7 @@ class ProposerConfig:
     arms: Optional[tuple[str, ...]] = None
     plain_at_cost: Optional[float] = None
     closed_at_cost: Optional[float] = 1 / 3
-    closed_rows: bool = True
+    closed_margin: Optional[int] = 8
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -235,9 +235,10 @@ class ProposerConfig:
                 self.closed_at_cost, (int, float)) or not 0 < self.closed_at_cost <= 1):
             raise ProposerConfigError(f"latticekit vLLM proposer: closed_at_cost must be a number in (0, 1] or "
                                       f"null, got {self.closed_at_cost!r}")
-        if not isinstance(self.closed_rows, bool):
-            raise ProposerConfigError(f"latticekit vLLM proposer: closed_rows must be true or false, "
-                                      f"got {self.closed_rows!r}")
+        if self.closed_margin is not None and (isinstance(self.closed_margin, bool) or not isinstance(
+                self.closed_margin, int) or self.closed_margin < 0):
+            raise ProposerConfigError(f"latticekit vLLM proposer: closed_margin must be an integer >= 0 or null, "
+                                      f"got {self.closed_margin!r}")
         if not isinstance(self.frugal, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: frugal must be true or false, got {self.frugal!r}")
         if isinstance(self.probe_budget, bool) or not isinstance(self.probe_budget, (int, float)) \

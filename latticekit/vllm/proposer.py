@@ -32,7 +32,7 @@ requests' steps. In a closed batch (finished requests' rows left empty, not take
 requests: :class:`~latticekit.vllm.loads.Turnover`), at loads where a draft token costs at
 least ``closed_at_cost`` (a third) of a row's token, it does not draft at all: there an accepted
 token saves about what verifying it cost; elsewhere, where requests end at their ``max_tokens``,
-only the requests that may end the batch draft (``closed_rows``). With ``frugal`` (the default), a
+only the requests that may end the batch draft (``closed_margin``). With ``frugal`` (the default), a
 load whose drafted steps were expected to save fewer seconds than their drafting took drafts on
 only that share of its steps (at least 1 in 8); the others do no drafting work. A chain stops
 where its request's ``max_tokens`` would (vLLM verifies a chain whole, and throws away what is
@@ -182,8 +182,8 @@ class NGramProposer:
         self._last_ids: list[Any] = []  # the last call's request ids
         #: per request of the batch (memory on), the runner's state of it, read for its answer when it finishes
         self._held: "OrderedDict[Any, Any]" = OrderedDict()
-        self.turnover = Turnover()  # whether finished requests' rows are taken (closed_at_cost, closed_rows)
-        self._left: dict[Any, int] = {}  # per request of the last call, the tokens it had left (closed_rows)
+        self.turnover = Turnover()  # whether finished requests' rows are taken (closed_at_cost, closed_margin)
+        self._left: dict[Any, int] = {}  # per request of the last call, the tokens it had left (closed_margin)
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0, "draft_seconds": 0.0, "errors": 0, "requests_started": 0,
                          "requests_finished": 0, "states_evicted": 0, "rows_capped": 0, "answers_from_runner": 0,
@@ -399,9 +399,9 @@ class NGramProposer:
         # weights, in seconds, with each level's price a multiple of them
         weights = [b + c * n for n in context]
         values = None
-        if self.config.closed_rows and self.turnover.closed and self.turnover.by_length \
+        if self.config.closed_margin is not None and self.turnover.closed and self.turnover.by_length \
                 and all(key in self._left for key in keys):  # which rows may end the batch
-            values = closed_values([self._left[key] for key in keys], a, weights, self.k)
+            values = closed_values([self._left[key] for key in keys], a, weights, self.config.closed_margin)
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
         lengths_by_arm: dict[str, dict[Any, int]] = {}
         # a heads step is the outcome of the heads' less eager levels too; a text step, of none but plain

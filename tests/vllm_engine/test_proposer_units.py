@@ -898,9 +898,9 @@ def test_in_a_closed_batch_by_length_only_the_requests_that_may_end_it_draft() -
 
     text = [5, 6, 7, 8, 9] * 20  # drafts a step accepts: every row copies its text
     drafted = {}
-    for closed_rows, ended in ((True, 40), (False, 40), (True, 25)):  # ended: the tokens the six put out
+    for margin, ended in ((8, 40), (None, 40), (8, 25)):  # ended: the tokens the six put out
         proposer = NGramProposer(engine_config(k=4, max_model_len=128), ProposerConfig(step_costs=(0.1, 0.01),
-                                                                                        closed_rows=closed_rows))
+                                                                                        closed_margin=margin))
         runner = Runner()
         proposer._runner = weakref.ref(runner)
         batch = Batch(6, 128)
@@ -918,17 +918,18 @@ def test_in_a_closed_batch_by_length_only_the_requests_that_may_end_it_draft() -
         runner.input_batch.req_ids = ids
         for row, out in enumerate((10, 30, 30, 30)):
             batch.put(row, text[:8 + out])
-        drafted[closed_rows, ended] = proposer.propose([[text[7 + out]] for out in (10, 30, 30, 30)], batch.lengths[:4],
+        drafted[margin, ended] = proposer.propose([[text[7 + out]] for out in (10, 30, 30, 30)], batch.lengths[:4],
                                                 batch.ids[:4])
         assert proposer.turnover.closed and proposer.turnover.told == pytest.approx(6, rel=0.1)  # told as the
         assert proposer.turnover.by_length == (ended == 40)  # new batch came: none took the rows the six left
-    assert drafted[True, 40][0] and not any(drafted[True, 40][1:])  # r0 ends the batch: only it drafts
+    assert drafted[8, 40][0] and not any(drafted[8, 40][1:])  # r0 ends the batch: only it drafts
     # every row's tokens alike (as in an open batch): every row drafts; so too where the requests
     # ended before their max_tokens (the tokens left tell nothing then)
-    assert all(drafted[False, 40]) and all(drafted[True, 25])
-    assert ProposerConfig().closed_rows is True
-    with pytest.raises(ProposerConfigError, match="closed_rows"):
-        ProposerConfig(closed_rows="yes")  # type: ignore[arg-type]
+    assert all(drafted[None, 40]) and all(drafted[8, 25])
+    assert ProposerConfig().closed_margin == 8
+    for bad in (-1, True, 1.5, "8"):
+        with pytest.raises(ProposerConfigError, match="closed_margin"):
+            ProposerConfig(closed_margin=bad)  # type: ignore[arg-type]
 
 
 def test_in_a_closed_batch_no_drafting_where_a_draft_token_is_dear() -> None:
