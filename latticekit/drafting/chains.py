@@ -364,6 +364,33 @@ class BatchCosts:
         a, b, c = self.coefficients()
         return a + b * tokens + c * keys
 
+    def drawn_to(self, prior: CostFit, spread: float = 0.5) -> Optional[CostFit]:
+        """These steps' fit of ``a + b * tokens``, its ``b`` drawn toward ``prior.b`` as far as
+        they leave it uncertain, and ``a`` through their mean: a bucket of loads' own steps
+        (few, of nearly one size) against the fit over every load (:meth:`coefficients`).
+
+        ``b`` is the mean of the steps' own least-squares slope and ``prior.b``, weighted by
+        their precisions: the slope's, the residual variance over the steps' decayed count
+        times their sizes' variance; the prior's, ``1 / (spread * prior.b) ** 2`` (a load's
+        price of a token may differ from the others' by about ``spread`` of it). Steps of
+        one size, or whose slope comes out below 0 (noise: a token cheaper than free), take
+        ``prior.b``. None before two steps, without a prior price, or where ``a`` comes out at
+        0 or below."""
+        w = self.w
+        if w < 2 or prior.b <= 0:
+            return None
+        mean_n, mean_t = self.xx[0][1] / w, self.xy[0] / w
+        var_n = self.xx[1][1] / w - mean_n * mean_n
+        b = prior.b
+        if var_n > 1e-9:
+            cov = self.xy[1] / w - mean_n * mean_t
+            own = cov / var_n
+            noise = max(self.yy / w - mean_t * mean_t - cov * own, 0.0) / (w * var_n)  # the slope's variance
+            trust = (spread * prior.b) ** 2
+            b = (own * trust + prior.b * noise) / (trust + noise) if own >= 0 else prior.b
+        a = mean_t - b * mean_n
+        return CostFit(a, b, 0.0) if a > 0 else None
+
 
 def allocate(probabilities: Sequence[np.ndarray], a: float, b: float, overhead: float = 0.0,
              weights: Optional[Sequence[float]] = None, values: Optional[Sequence[float]] = None) -> list[int]:

@@ -331,23 +331,23 @@ class NGramProposer:
     def _coefficients(self, bucket: int) -> CostFit:
         """The step costs ``(a, b, c)`` at a load bucket: its own fit where its steps tell ``a``
         from the rest, else the fit over every load. An engine's step need not be one line across
-        loads (a pass of a few query tokens may be bound by reading the weights, a busy one by
-        its tokens' compute); on vLLM's CPU build with SmolLM2 the fits per load came out within
-        4.8-6.2 ms a token, the fixed part growing from 129 ms at one request to 177 ms at 16.
-
-        A bucket's fit through the origin (no fixed part) is not taken: within one bucket the
-        steps vary by a few tokens, and where noise steepens their slope until the fixed part
-        comes out below 0 the fit puts the whole step on its tokens (at 2-3 requests: 14 ms a
-        token, about nine times the fit over every load), drafts nothing at that load, and so
-        never sees the larger steps that would correct it. (Where noise flattens the slope to 0
-        or below, :class:`~latticekit.drafting.chains.BatchCosts` itself takes no fit.)"""
+        loads (a pass of a few query tokens may be bound by reading the weights, a busy one by its
+        tokens' compute): on vLLM's CPU build with SmolLM2 the fixed part grew from 129 ms at one
+        request to 177 ms at 16. A bucket's fit through the origin is not taken: within a bucket
+        the steps vary by a few tokens, and where noise steepens their slope until the fixed part
+        comes out below 0 the fit puts the whole step on its tokens (at 2-3 requests: nine times
+        the fit over every load), drafts nothing there, and never sees the larger steps that would
+        correct it. With ``load_spread`` (the default), a bucket's price of a token is drawn toward
+        the fit over every load's as far as its own steps leave it uncertain
+        (:meth:`~latticekit.drafting.chains.BatchCosts.drawn_to`)."""
         fit = self._own_fit(bucket)
         return fit if fit is not None else self.costs.coefficients()
 
     def _own_fit(self, bucket: int) -> Optional[CostFit]:
-        """The load bucket's own fit of the step costs where :meth:`_coefficients` takes it (one
-        with a fixed part), else None."""
-        load = self.loads.get(bucket)
+        """The load bucket's own fit where :meth:`_coefficients` takes it (with a fixed part), else None."""
+        load, spread = self.loads.get(bucket), self.config.load_spread
+        if load is not None and spread is not None and not self.config.context_costs and self.costs.fitted:
+            return load.costs.drawn_to(self.costs.coefficients(), spread)
         fit = load.costs.fit() if load is not None else None
         return fit if fit is not None and fit.a > 0 else None
 

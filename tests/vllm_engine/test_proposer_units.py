@@ -284,21 +284,53 @@ def test_step_costs_are_fitted_per_load_where_the_engine_is_no_one_line() -> Non
     assert proposer._coefficients(1) == pytest.approx((0.12, 0.001, 0.0))  # and one request's own
     a, b, _ = proposer.costs.coefficients()  # the fit over every load: neither
     assert b > 2 * 0.001 and a < 0.12 - 0.02
-    for _ in range(20):  # two requests, always the same size of step: no line of their own, the fit over all
-        step(2, 2, 0.13)
+    for _ in range(20):  # two requests, always the same size of step: no line of their own; the price of a
+        step(2, 2, 0.13)  # token over every load, through their mean step (without load_spread: the fit over all)
     assert not proposer.loads[load_bucket(2)].costs.fitted
-    assert proposer._coefficients(load_bucket(2)) == proposer.costs.coefficients()
+    b = proposer.costs.coefficients().b
+    assert proposer._coefficients(load_bucket(2)) == pytest.approx((0.13 - 2 * b, b, 0.0))
     assert proposer.stats()["load_step_costs"] == {"1": pytest.approx([0.12, 0.001, 0.0]),
+                                                   "2": pytest.approx([0.13 - 2 * b, b, 0.0]),
                                                    "5": pytest.approx([0.05, 0.012, 0.0])}
     # three requests whose steps' seconds hide their tokens' slope in noise (a token cheaper than
     # free): the bucket has no fit of its own (before stop 46 its fit went through the origin, a
-    # step all per token, ~43 ms a token), and the fit over every load is taken
+    # step all per token, ~43 ms a token); the price over every load, through their mean step
     for _ in range(60):
         tokens = int(rng.integers(3, 6))
         step(3, tokens, 0.13 + float(rng.normal(0, 0.01)) - 0.004 * (tokens - 3))
     assert proposer.loads[load_bucket(3)].costs.fit() is None
-    assert "3" not in proposer.stats()["load_step_costs"]  # the stats show the fits taken
-    assert proposer._coefficients(load_bucket(3)) == proposer.costs.coefficients()
+    assert proposer._coefficients(load_bucket(3))[1:] == pytest.approx((proposer.costs.coefficients().b, 0.0))
+    own = NGramProposer(engine_config(), ProposerConfig(load_spread=None))  # the bucket's own fit alone
+    own.loads, own.costs = proposer.loads, proposer.costs
+    assert own._coefficients(load_bucket(3)) == own._coefficients(load_bucket(2)) == proposer.costs.coefficients()
+    assert set(own.stats()["load_step_costs"]) == {"1", "5"}  # the stats show the fits taken
+
+
+def test_a_loads_price_of_a_token_is_drawn_to_the_fit_over_every_load_as_far_as_its_steps_leave_it_open() -> None:
+    rng = np.random.default_rng(1)
+    prior = CostFit(0.03, 0.002)
+
+    def costs(sizes: list[int], slope: float, noise: float) -> BatchCosts:
+        fit = BatchCosts()
+        for n in sizes:
+            fit.add(n, 0.025 + slope * n + float(rng.normal(0, noise)))
+        return fit
+
+    wide = list(rng.integers(4, 40, 200))
+    exact = costs(wide, 0.004, 0.0).drawn_to(prior)  # exact steps of many sizes: their own slope
+    assert exact is not None and exact[:2] == pytest.approx((0.025, 0.004))
+    fit = costs(list(rng.integers(4, 7, 200)), 0.004, 0.004).drawn_to(prior)  # noisy, of a few sizes: between
+    assert fit is not None and 0.002 < fit.b < 0.004
+    assert costs(wide, 0.004, 0.004).drawn_to(prior).b == pytest.approx(0.004, rel=0.15)  # many sizes: its own
+    same = costs([5] * 50, 0.004, 0.0).drawn_to(prior)  # one size: the prior's price, through the mean step
+    assert same is not None and same[:2] == pytest.approx((0.045 - 5 * 0.002, 0.002))
+    falling = costs(wide, -0.0002, 0.0).drawn_to(CostFit(0.03, 0.0002))  # a token cheaper than free: the prior's
+    assert falling is not None and falling.b == 0.0002
+    assert costs([5], 0.004, 0.0).drawn_to(prior) is None  # one step
+    assert costs(wide, 0.004, 0.0).drawn_to(CostFit(0.03, 0.0)) is None  # no price to be drawn to
+    assert costs([40] * 50, 0.004, 0.0).drawn_to(CostFit(0.0, 0.01)) is None  # a fixed part below 0
+    with pytest.raises(ProposerConfigError, match="load_spread"):
+        ProposerConfig(load_spread=0)
 
 
 def test_chain_drafter_follows_the_repeated_text_and_learns() -> None:
