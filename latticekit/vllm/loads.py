@@ -1,6 +1,8 @@
 """What the vLLM proposer keeps per load (the batch's rows, by powers of two): its arms'
 outcomes, its own fit of the step costs, and what its drafting saved and took (``frugal``);
-and, over every load, whether a finished request's row is taken by another (:class:`Turnover`)."""
+and, over every load, whether a finished request's row is taken by another and whether requests
+end at their ``max_tokens`` (:class:`Turnover`), and what a token is worth in a closed batch
+(:func:`closed_values`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from latticekit.drafting.arms import PROBE_BUDGET, ArmStats, choose_arm, probe_o
 from latticekit.drafting.chains import BatchCosts
 from latticekit.vllm.config import ARMS
 
-__all__ = ["Load", "Turnover", "closed_values", "load_bucket"]
+__all__ = ["Load", "Turnover", "closed_values", "ending_rows", "load_bucket"]
 
 
 def load_bucket(rows: int) -> int:
@@ -125,7 +127,8 @@ class Turnover:
     next, looks the same from here as clients whose requests all ended together and who sent
     their next at once.
     The counts are decayed per request (:data:`decay`); the batch is closed where the decayed
-    unreplaced requests are at least :data:`least` and more than half of all."""
+    unreplaced requests are at least :data:`least` and more than half of all. It is also told
+    how the finished requests ended (:meth:`endings`): at their ``max_tokens`` or before."""
 
     __slots__ = ("replaced", "ended", "at_length", "told", "_awaiting", "_calls")
 
@@ -190,23 +193,29 @@ class Turnover:
         return self.told >= self.least and self.at_length > self.told / 2
 
 
-def closed_values(left: Sequence[int], a: float, weights: Sequence[float], margin: int) -> list[float]:
+def ending_rows(left: Sequence[int], margin: int) -> list[bool]:
+    """Per row, whether its request may end a closed batch whose requests end at their
+    ``max_tokens``: it has ``left`` tokens within ``margin`` of the most any request has."""
+    most = max(left, default=0)
+    return [n >= most - margin for n in left]
+
+
+def closed_values(ending: Sequence[bool], a: float, weights: Sequence[float]) -> list[float]:
     """In a closed batch whose requests end at their ``max_tokens``: per row, what one of its
     accepted tokens saves, over what it saves in an open batch (:func:`~latticekit.drafting.chains.allocate`'s
-    ``values``). A step costs ``a`` plus ``weights[i]`` per query token of row ``i``.
+    ``values``). A step costs ``a`` plus ``weights[i]`` per query token of row ``i``; ``ending``
+    tells the rows that may end the batch (:func:`ending_rows`).
 
     Where a freed row is taken at once, an accepted token saves a row's share of a step,
     ``a / rows + weights[i]`` (:class:`Turnover`). Where freed rows are left empty, the batch
-    ends with the request that has the most tokens ``left``: a token accepted for another
-    request saves only its own later token, ``weights[i]``, and one accepted for each of the
-    ``m`` requests within ``margin`` tokens of the most (any of which may end the batch) saves
-    ``a / m + weights[i]``: when all ``m`` have one, the batch ends a step sooner. The values
-    add up to the rows' count, as in an open batch: the seconds saved are moved, not made."""
-    rows = len(left)
+    ends with the request that has the most tokens left: a token accepted for a request that
+    will not end it saves only its own later token, ``weights[i]`` (so those draft nothing, and
+    the proposer does no drafting work for them), and one accepted for each of the ``m``
+    requests that may end it saves ``a / m + weights[i]``: when all ``m`` have one, the batch
+    ends a step sooner. The values add up to the rows' count, as in an open batch: the seconds
+    saved are moved, not made."""
+    rows, m = len(ending), sum(ending)
     unit = (a + sum(weights)) / max(rows, 1)
-    if not rows or unit <= 0:
+    if not rows or not m or unit <= 0:
         return [1.0] * rows
-    most = max(left)
-    ending = [n >= most - margin for n in left]
-    m = sum(ending)
     return [((a / m if end else 0.0) + w) / unit for end, w in zip(ending, weights)]

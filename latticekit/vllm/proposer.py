@@ -70,7 +70,7 @@ from latticekit.errors import ProposerConfigError
 from latticekit.vllm.config import ARMS, ProposerConfig
 from latticekit.vllm.engine import (attended_keys, dynamic_schedule, find_runner, load_lm, plain_steps,
                                     request_answer, scheduled_tokens)
-from latticekit.vllm.loads import Load, Turnover, closed_values, load_bucket
+from latticekit.vllm.loads import Load, Turnover, closed_values, ending_rows, load_bucket
 
 __all__ = ["NGramProposer"]
 
@@ -182,8 +182,8 @@ class NGramProposer:
         self._last_ids: list[Any] = []  # the last call's request ids
         #: per request of the batch (memory on), the runner's state of it, read for its answer when it finishes
         self._held: "OrderedDict[Any, Any]" = OrderedDict()
-        self.turnover = Turnover()  # whether finished requests' rows are taken (closed_at_cost, closed_margin)
-        self._left: dict[Any, int] = {}  # per request of the last call, the tokens it had left (closed_margin)
+        self.turnover = Turnover()  # whether finished requests' rows are taken, and how they ended (closed_*)
+        self._left: dict[Any, int] = {}  # per request of the last call, the tokens it had left
         self.counters = {"calls": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
                          "proposed_tokens": 0, "draft_seconds": 0.0, "errors": 0, "requests_started": 0,
                          "requests_finished": 0, "states_evicted": 0, "rows_capped": 0, "answers_from_runner": 0,
@@ -343,6 +343,13 @@ class NGramProposer:
         fit = self._own_fit(bucket)
         return fit if fit is not None else self.costs.coefficients()
 
+    def _ending(self, keys: list[Any]) -> Optional[list[bool]]:
+        """Per row, whether it may end a closed batch (:func:`~latticekit.vllm.loads.ending_rows`), or None."""
+        if self.config.closed_margin is None or not (self.turnover.closed and self.turnover.by_length) \
+                or any(key not in self._left for key in keys):
+            return None
+        return ending_rows([self._left[key] for key in keys], self.config.closed_margin)
+
     def _own_fit(self, bucket: int) -> Optional[CostFit]:
         """The load bucket's own fit where :meth:`_coefficients` takes it (with a fixed part), else None."""
         load, spread = self.loads.get(bucket), self.config.load_spread
@@ -367,8 +374,9 @@ class NGramProposer:
             return [[] for _ in range(rows)], arm, 0.0, {}, None
         cap = self._schedule[min(rows, len(self._schedule) - 1)] if self._schedule is not None else None
         prepared: list[Optional[tuple[ChainDrafter, int]]] = [None] * rows
-        for i in range(rows):
-            if sampled[i] and cap != 0:  # nothing sampled: a prefill chunk or a discarded row
+        ending = self._ending(keys)  # in a closed batch, the rows that may end it (the others draft nothing)
+        for i in range(rows):  # nothing sampled: a prefill chunk or a discarded row
+            if sampled[i] and cap != 0 and (ending is None or ending[i]):
                 try:
                     prepared[i] = self._row_state(keys[i], int(lengths[i]), buffer[i], len(sampled[i]), cap)
                 except Exception as exc:
@@ -398,10 +406,7 @@ class NGramProposer:
         # a row's query token costs b + c * its context (the keys it attends): the allocation's
         # weights, in seconds, with each level's price a multiple of them
         weights = [b + c * n for n in context]
-        values = None
-        if self.config.closed_margin is not None and self.turnover.closed and self.turnover.by_length \
-                and all(key in self._left for key in keys):  # which rows may end the batch
-            values = closed_values([self._left[key] for key in keys], a, weights, self.config.closed_margin)
+        values = closed_values(ending, a, weights) if ending is not None else None
         self.counters["proposed_tokens"] += sum(len(c) for c in chains)
         lengths_by_arm: dict[str, dict[Any, int]] = {}
         # a heads step is the outcome of the heads' less eager levels too; a text step, of none but plain
@@ -427,9 +432,8 @@ class NGramProposer:
         allocated (``chosen``), or none unless the drafts repay the drafting too, against a step
         that drafts nothing at all; the accepted tokens they expect, and those by the rows' ``values``."""
         rows = len(probabilities)
-        values = values if values is not None else [1.0] * rows
         expected = [float(p[:n].sum()) for p, n in zip(probabilities, chosen)]
-        worth = sum(v * e for v, e in zip(values, expected))
+        worth = sum(v * e for v, e in zip(values or [1.0] * rows, expected))
         plain = a + price * sum(weights)
         drafts = price * sum(w * n for w, n in zip(weights, chosen))
         if not any(chosen) or plain > 0 and (rows + worth) / (plain + self._draft_s + drafts) <= rows / plain:
@@ -501,8 +505,7 @@ class NGramProposer:
                     self._finish(key)
             ended = [self._left[k] <= 0 for k in self._last_ids if k not in live and k in self._left]
             self.turnover.endings(sum(ended), len(ended) - sum(ended))  # at max_tokens: none left at the end
-            last = set(self._last_ids)
-            going_on = sum(1 for key in req_ids if key in last)
+            going_on = len(set(req_ids) & set(self._last_ids))
             self.turnover.observe(finished, len(req_ids) - going_on, going_on)
             if self.memory is not None:  # the runner's state of each request, for its answer when it finishes
                 for key in req_ids:  # (an id the engine reuses is a new request: its new state)
@@ -544,11 +547,10 @@ class NGramProposer:
         return len(prompt) if prompt is not None else max(0, fallback)
 
     def _tokens_left(self, key: Any, length: int) -> Optional[int]:
-        """The tokens request ``key``, ``length`` tokens long, may still emit: its ``max_tokens``
-        less its output so far; None where the runner does not tell. A step emits its accepted
-        drafts and one token more, and vLLM 0.32's scheduler verifies a chain whole however few
-        of its tokens the request may still emit (it cuts drafts at ``max_model_len`` alone), so
-        a draft past ``left - 1`` is a query token that can only be thrown away."""
+        """The tokens request ``key``, ``length`` tokens long, may still emit (its ``max_tokens``
+        less its output so far), or None. A step emits its accepted drafts and one token more, and
+        vLLM 0.32 verifies a chain whole (it cuts drafts at ``max_model_len`` alone): a draft past
+        ``left - 1`` is a query token thrown away."""
         state = self._request(key)
         most = getattr(getattr(state, "sampling_params", None), "max_tokens", None)
         prompt = getattr(state, "num_prompt_tokens", None)
@@ -569,8 +571,7 @@ class NGramProposer:
     def stats(self) -> dict[str, Any]:
         """The counters, the fitted step costs and the request states held."""
         a, b, c = self.costs.coefficients()
-        memory = {"memory_tokens": len(self.memory), "memory_answers": self.memory.added} if self.memory is not None \
-            else {}
+        memory = {} if self.memory is None else {"memory_tokens": len(self.memory), "memory_answers": self.memory.added}
         arms = {str(bucket): {arm: [round(o.rate, 3), o.steps] for arm, o in load.arms.items()}
                 for bucket, load in sorted(self.loads.items())}
         # the load buckets' own fits where taken (:meth:`_coefficients`; elsewhere ``step_costs``)
@@ -580,10 +581,9 @@ class NGramProposer:
         frugal = {str(bucket): [round(load.share, 3), round(1e3 * load.saved, 3), round(1e3 * load.spent, 3)]
                   for bucket, load in sorted(self.loads.items()) if load.drafted}
         return {**self.counters, "step_costs": [a, b, c], "load_step_costs": load_costs, "frugal": frugal,
-                "states": len(self.states),
-                "pid": os.getpid(),
-                "correction": self.correction, "arms": arms,
-                "turnover": [round(self.turnover.replaced, 3), round(self.turnover.ended, 3), self.turnover.closed],
+                "states": len(self.states), "pid": os.getpid(), "correction": self.correction, "arms": arms,
+                "turnover": [round(self.turnover.replaced, 3), round(self.turnover.ended, 3), self.turnover.closed,
+                             self.turnover.by_length],
                 **memory}
 
     def _write_stats(self, now: float) -> None:

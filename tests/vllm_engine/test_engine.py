@@ -214,7 +214,7 @@ def test_the_proposer_tells_a_burst_whose_rows_are_left_empty_from_load_whose_ro
     base, drafted, stats = engines
     prompts = chat(base, QUESTIONS[:8])
     before = engine_stats(drafted, stats)
-    replaced, told, _ = before["turnover"]  # what the module's earlier tests left
+    replaced, told, _, _ = before["turnover"]  # what the module's earlier tests left
     # 8 requests at once, ending after 4, 8, ..., 32 tokens: each row is left empty
     for burst in range(3):
         for i, prompt in enumerate(prompts):
@@ -222,8 +222,9 @@ def test_the_proposer_tells_a_burst_whose_rows_are_left_empty_from_load_whose_ro
                                            vllm.SamplingParams(temperature=0, max_tokens=4 * (i + 1)))
         while drafted.llm_engine.has_unfinished_requests():
             drafted.llm_engine.step()
-    replaced_after, told_after, closed = engine_stats(drafted, stats)["turnover"]
+    replaced_after, told_after, closed, by_length = engine_stats(drafted, stats)["turnover"]
     assert closed and replaced_after <= replaced  # no row taken: the decayed count only shrank
+    assert by_length  # they ended at their max_tokens: the proposer's last call of each saw no token left
     assert (told_after - replaced_after) - Turnover.decay ** 21 * (told - replaced) >= 12  # rows left empty, told
     # 48 requests of 3 to 10 tokens kept 4 in flight, as the benchmark's --sustained keeps them:
     # each finished one's row is taken at once
@@ -240,7 +241,7 @@ def test_the_proposer_tells_a_burst_whose_rows_are_left_empty_from_load_whose_ro
                 done += 1
     assert done == 48
     after = engine_stats(drafted, stats)
-    replaced_after, told_after, closed = after["turnover"]
+    replaced_after, told_after, closed, _ = after["turnover"]
     assert not closed and replaced_after > told_after - replaced_after
     # every answer went into the memory of answers, drafted for or not (the closed burst drafted
     # nothing), read whole from the runner; the last one finished after the last call

@@ -26,7 +26,7 @@ from latticekit.vllm import ENV, LATTICE_PROPOSER, LatticeProposer, NGramPropose
 from latticekit.vllm.engine import attended_keys
 from latticekit.vllm.lattice import hidden_rows
 from latticekit.vllm.config import ARMS
-from latticekit.vllm.loads import WARMUP_ORDER, Load, Turnover, closed_values, load_bucket
+from latticekit.vllm.loads import WARMUP_ORDER, Load, Turnover, closed_values, ending_rows, load_bucket
 from latticekit.vllm.proposer import LEVELS, _Step
 from vllm_helpers import rss_mb
 
@@ -903,13 +903,15 @@ def test_in_a_closed_batch_a_token_is_worth_what_it_saves() -> None:
     """Where freed rows stay empty and requests end at their max_tokens, the rows within ``margin``
     tokens of the most left share the step's fixed part; the others save their own tokens only."""
     a, weights = 0.1, [0.01, 0.01, 0.02, 0.01]
-    values = closed_values([30, 27, 10, 25], a, weights, margin=4)
+    ending = ending_rows([30, 27, 10, 25], margin=4)
+    assert ending == [True, True, False, False]
+    values = closed_values(ending, a, weights)
     unit = (a + sum(weights)) / 4  # what a token saves in an open batch: a row's share of a step
     assert values == pytest.approx([(a / 2 + 0.01) / unit, (a / 2 + 0.01) / unit, 0.02 / unit, 0.01 / unit])
     assert sum(values) == pytest.approx(4)  # the seconds saved are moved between rows, not made
-    assert closed_values([5, 5, 5], a, [0.01] * 3, margin=0) == pytest.approx([1.0] * 3)  # all may end it
-    assert closed_values([9], a, [0.01], margin=4) == pytest.approx([1.0])
-    assert closed_values([], a, [], margin=4) == []
+    assert closed_values(ending_rows([5, 5, 5], margin=0), a, [0.01] * 3) == pytest.approx([1.0] * 3)  # all may
+    assert closed_values(ending_rows([9], margin=4), a, [0.01]) == pytest.approx([1.0])
+    assert ending_rows([], margin=4) == [] and closed_values([], a, []) == []
     # which requests ended at their max_tokens: told, decayed, and a majority of at least ``least``
     endings = Turnover()
     endings.endings(3, 0)
@@ -954,6 +956,8 @@ def test_in_a_closed_batch_by_length_only_the_requests_that_may_end_it_draft() -
                                                 batch.ids[:4])
         assert proposer.turnover.closed and proposer.turnover.told == pytest.approx(6, rel=0.1)  # told as the
         assert proposer.turnover.by_length == (ended == 40)  # new batch came: none took the rows the six left
+        # no drafting work for the requests that will not end the batch: their states not even synced
+        assert set(proposer.states) == ({"r0"} if (margin, ended) == (8, 40) else set(ids))
     assert drafted[8, 40][0] and not any(drafted[8, 40][1:])  # r0 ends the batch: only it drafts
     # every row's tokens alike (as in an open batch): every row drafts; so too where the requests
     # ended before their max_tokens (the tokens left tell nothing then)
