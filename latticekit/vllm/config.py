@@ -127,8 +127,9 @@ class ProposerConfig:
             token is worth what it saves: the fixed part of a step, shared among the requests
             within ``closed_margin`` tokens of the most left (any of them may end the batch), and
             its own verification; a token of any other request saves only its own verification,
-            so those draft nothing (:func:`~latticekit.vllm.loads.closed_values`, the
-            allocation's ``values``). Null: every request's tokens alike, as in an open batch.
+            so those draft nothing, and no drafting work is done for them
+            (:func:`~latticekit.vllm.loads.closed_values`, the allocation's ``values``). Null:
+            every request's tokens alike, as in an open batch.
         load_spread: how far a load bucket's price of a query token may differ from the fit over
             every load's, as a share of it: the bucket's own slope (its steps are few, and of a few
             sizes) is drawn toward the fit over every load's by their precisions, the prior's
