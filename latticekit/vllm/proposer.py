@@ -457,7 +457,7 @@ class NGramProposer:
         room = min(self.k, self.config.max_depth, self.max_model_len - length - 1)
         if cap is not None:  # vLLM's own schedule of speculative tokens by batch size
             room = min(room, cap)
-        left = self._tokens_left(key, length)
+        left = self._left.get(key)  # read from the runner at this call (propose)
         if left is not None and left - 1 < room:  # drafts past the request's max_tokens are never emitted
             room = left - 1
             self.counters["rows_capped"] += 1
