@@ -168,9 +168,12 @@ class Turnover:
                 self._awaiting.popleft()
 
     def _tell(self, requests: int, replaced: bool) -> None:
+        self.replaced, self.ended = self._count(self.replaced, self.ended, requests, replaced)
+
+    def _count(self, part: float, whole: float, requests: int, counted: bool) -> tuple[float, float]:
+        """Decayed counts, ``part`` of ``whole``, after ``requests`` more (in ``part`` too if ``counted``)."""
         d = self.decay ** requests
-        self.replaced = d * self.replaced + (requests if replaced else 0)
-        self.ended = d * self.ended + requests
+        return d * part + (requests if counted else 0), d * whole + requests
 
     @property
     def closed(self) -> bool:
@@ -182,9 +185,7 @@ class Turnover:
         """Finished requests: ``at_length`` ended at their ``max_tokens``, ``other`` before it
         (an end of sequence, a stop string)."""
         for n, long in ((at_length, True), (other, False)):
-            d = self.decay ** n
-            self.at_length = d * self.at_length + (n if long else 0)
-            self.told = d * self.told + n
+            self.at_length, self.told = self._count(self.at_length, self.told, n, long)
 
     @property
     def by_length(self) -> bool:
