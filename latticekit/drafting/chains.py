@@ -49,7 +49,8 @@ from latticekit.errors import DecoderConfigError
 from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
 
-__all__ = ["ChainDrafter", "BatchCosts", "CostFit", "allocate", "allocate_prices"]
+__all__ = ["ChainDrafter", "BatchCosts", "CostFit", "StepCurve", "allocate", "allocate_curve", "allocate_prices",
+           "curve_seconds"]
 
 
 class ChainDrafter:
@@ -458,4 +459,90 @@ def allocate_prices(probabilities: Sequence[np.ndarray], a: float, prices: Seque
             seconds[k] += price
         if not active:
             break
+    return out
+
+
+class StepCurve:
+    """The engine's step seconds per count of query tokens, where they are not one line.
+
+    A CPU's matrix kernels work in blocks of rows: on the 2-core EPYC (vLLM's CPU build,
+    SmolLM2-135M) a step of one request took 33 ms with no draft, 39 ms with one draft token
+    and 31-32 ms with two to five, then 36 ms with six; at four requests the third draft token
+    alone added 5 ms where the fit over the steps said 1.3 (``docs/vllm.md``, stop 57). A
+    GPU's are flat up to a tile and step there. A line prices every draft token alike; this
+    keeps, per count of query tokens, the decayed mean of the steps that had it, and predicts
+    a count's seconds as that mean drawn toward the line's by :data:`prior_steps` steps' weight
+    (a count seen rarely, or never, costs what the line says).
+    """
+
+    __slots__ = ("_seen",)
+
+    #: decay per step of the same count of query tokens (its mean weighs about 50 steps at most)
+    decay = 0.98
+    #: the line's prediction counts as this many steps (a count's mean takes over as its steps add up)
+    prior_steps = 3.0
+
+    def __init__(self) -> None:
+        self._seen: dict[int, list[float]] = {}  # query tokens -> [decayed steps, decayed seconds]
+
+    def add(self, tokens: int, seconds: float) -> None:
+        """One step: ``tokens`` query tokens took ``seconds``."""
+        if tokens < 1 or not np.isfinite(seconds) or seconds <= 0:
+            return
+        seen = self._seen.setdefault(int(tokens), [0.0, 0.0])
+        seen[0] = self.decay * seen[0] + 1.0
+        seen[1] = self.decay * seen[1] + seconds
+
+    def seconds(self, tokens: int, line: float) -> float:
+        """A step of ``tokens`` query tokens: its steps' mean drawn toward ``line`` (the fit's seconds)."""
+        steps, total = self._seen.get(int(tokens), (0.0, 0.0))
+        return (total + self.prior_steps * line) / (steps + self.prior_steps)
+
+    def between(self, first: int, last: int, a: float, b: float) -> list[float]:
+        """The seconds of steps of ``first`` to ``last`` query tokens (:meth:`seconds`, the line ``a + b * tokens``)."""
+        return [self.seconds(n, a + b * n) for n in range(first, last + 1)]
+
+    def means(self) -> dict[int, list[float]]:
+        """Per count of query tokens seen, its decayed steps and mean seconds."""
+        return {n: [round(w, 2), s / w] for n, (w, s) in sorted(self._seen.items()) if w > 0}
+
+
+def curve_seconds(steps: Sequence[float], drafts: int, price: float, overhead: float = 0.0) -> float:
+    """A step's seconds with ``drafts`` draft tokens, ``steps[d]`` its pass's with ``d`` of them,
+    at a level that counts what drafts add ``price`` times (a cautious level more, an eager one
+    less; what they save, as it is), and ``overhead`` (drafting) besides."""
+    added = steps[drafts] - steps[0]
+    return steps[0] + overhead + (price * added if added > 0 else added)
+
+
+def allocate_curve(probabilities: Sequence[np.ndarray], steps: Sequence[float], prices: Sequence[float],
+                   overhead: float = 0.0, values: Optional[Sequence[float]] = None) -> list[list[int]]:
+    """:func:`allocate_prices` where the step's seconds are a curve in its draft tokens, not a
+    line: ``steps[d]`` the pass's seconds with ``d`` draft tokens, for every ``d`` up to all the
+    chains' (:class:`StepCurve`), each request's query tokens alike.
+
+    The ``d`` draft tokens worth most are the ``d`` positions of the highest probability times
+    their row's value (a chain's probabilities do not increase, so they are prefixes); per
+    price, the lengths are those of the ``d`` with the highest expected value per second
+    (:func:`curve_seconds`; ties: the fewest drafts), every ``d`` weighed, since a curve's
+    ratio need not rise and then fall."""
+    rows = len(probabilities)
+    worth = [1.0] * rows if values is None else [float(x) for x in values]
+    if len(worth) != rows or any(not np.isfinite(x) or x < 0 for x in worth):
+        raise ValueError(f"values must be one finite number >= 0 per request, got {values!r}")
+    positions = sum(len(p) for p in probabilities)
+    if len(steps) <= positions or any(not np.isfinite(s) or s <= 0 for s in steps):
+        raise ValueError(f"steps must be {positions + 1} finite seconds > 0 (0 to every position drafted), "
+                         f"got {len(steps)}")
+    order = sorted(((float(p[j]) * worth[i], j, i) for i, p in enumerate(probabilities) for j in range(len(p))),
+                   key=lambda item: (-item[0], item[1]))
+    gains = np.concatenate(([sum(worth)], [gain for gain, _, _ in order])).cumsum()
+    out = []
+    for price in prices:
+        rates = [gains[d] / max(curve_seconds(steps, d, price, overhead), 1e-12) for d in range(positions + 1)]
+        best = int(np.argmax(rates))  # the first of the highest: the fewest drafts
+        lengths = [0] * rows
+        for _, _, i in order[:best]:
+            lengths[i] += 1
+        out.append(lengths)
     return out

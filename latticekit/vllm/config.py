@@ -138,6 +138,15 @@ class ProposerConfig:
             Null: the bucket's own fit alone where it has a fixed part (the lattice proposer's at
             4-7 requests, stop 55, priced a draft token at 0.38 of a row's token where the fit over
             every load said 0.23, and drafted nothing in a closed batch: 0.73x the best on code).
+        step_curve: price a step by its query tokens as its steps at this load have cost (a
+            curve, not a line): per load bucket, per count of query tokens, the decayed mean of
+            the steps that had it, drawn toward the fit's line by 3 steps' weight
+            (:class:`~latticekit.drafting.chains.StepCurve`), and the chains' lengths those of
+            the count of draft tokens with the most expected tokens per second
+            (:func:`~latticekit.drafting.chains.allocate_curve`). On the 2-core EPYC a step of
+            one request cost the same with two to five draft tokens as with none, and 15% more
+            with one; at four requests the third draft token added 5 ms where the line said 1.3
+            (docs/vllm.md, stop 57). Not with ``context_costs``. False: the line alone.
         frugal: draft on only as many steps as the drafting's own seconds are repaid on. Per
             load bucket the proposer keeps two running means over the steps it drafted on: the
             seconds its chains were expected to save (the accepted tokens its corrected
@@ -190,6 +199,7 @@ class ProposerConfig:
     closed_at_cost: Optional[float] = 1 / 3
     closed_margin: Optional[int] = 8
     load_spread: Optional[float] = 0.5
+    step_curve: bool = True
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -234,6 +244,9 @@ class ProposerConfig:
         if not isinstance(self.context_costs, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: context_costs must be true or false, "
                                       f"got {self.context_costs!r}")
+        if not isinstance(self.step_curve, bool):
+            raise ProposerConfigError(f"latticekit vLLM proposer: step_curve must be true or false, "
+                                      f"got {self.step_curve!r}")
         if not isinstance(self.plain_steps, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: plain_steps must be true or false, "
                                       f"got {self.plain_steps!r}")

@@ -19,7 +19,7 @@ from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
 
 __all__ = ["find_runner", "load_lm", "dynamic_schedule", "scheduled_tokens", "request_answer", "engine_stats",
-           "plain_steps", "attended_keys"]
+           "plain_steps", "attended_keys", "prompt_length", "tokens_left"]
 
 
 def find_runner() -> Any:
@@ -141,6 +141,24 @@ def request_answer(request: Any) -> Optional[tuple[list[int], list[int]]]:
         output = output[:next(i for i, token in enumerate(output) if token < 0)]
     prompt = getattr(request, "prompt_token_ids", None)
     return output, prompt if isinstance(prompt, list) else []
+
+
+def prompt_length(request: Any, fallback: int) -> int:
+    """The prompt's tokens of the runner's state of a request (``CachedRequestState``), else ``fallback``."""
+    prompt = getattr(request, "prompt_token_ids", None)
+    return len(prompt) if prompt is not None else max(0, fallback)
+
+
+def tokens_left(request: Any, length: int) -> Optional[int]:
+    """The tokens a request whose runner state is ``request``, ``length`` tokens long, may still
+    emit (its ``max_tokens`` less its output so far), or None. A step emits its accepted drafts
+    and one token more, and vLLM 0.32 verifies a chain whole (it cuts drafts at ``max_model_len``
+    alone): a draft past ``left - 1`` is a query token thrown away."""
+    most = getattr(getattr(request, "sampling_params", None), "max_tokens", None)
+    prompt = getattr(request, "num_prompt_tokens", None)
+    if not isinstance(most, int) or not isinstance(prompt, int):
+        return None
+    return most - (length - prompt)
 
 
 def engine_stats(llm: Any, path: Any) -> dict[str, Any]:

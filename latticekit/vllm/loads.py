@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from latticekit.drafting.arms import PROBE_BUDGET, ArmStats, choose_arm, probe_outcome
-from latticekit.drafting.chains import BatchCosts
+from latticekit.drafting.chains import BatchCosts, StepCurve
 from latticekit.vllm.config import ARMS
 
 __all__ = ["Load", "Turnover", "closed_values", "ending_rows", "load_bucket"]
@@ -36,10 +36,11 @@ WARMUP_ORDER = ("eager", "model", "lean", "plain", "text")
 
 
 class Load:
-    """The arms' outcomes at one load bucket, its steps, its own fit of the step costs, and
-    (``frugal``) what its drafting saved and took."""
+    """The arms' outcomes at one load bucket, its steps, its own fit of the step costs and its
+    steps' seconds by their query tokens (``step_curve``), and (``frugal``) what its drafting
+    saved and took."""
 
-    __slots__ = ("arms", "steps", "costs", "saved", "spent", "drafted", "credit", "budget")
+    __slots__ = ("arms", "steps", "costs", "curve", "saved", "spent", "drafted", "credit", "budget")
 
     def __init__(self, prior_ratio: float, arms: Sequence[str] = ARMS, budget: float = PROBE_BUDGET) -> None:
         self.arms = {arm: ArmStats() for arm in sorted(arms, key=WARMUP_ORDER.index)}
@@ -48,6 +49,7 @@ class Load:
         self.budget = budget / max(1, len(self.arms) - 1)
         self.steps = 0
         self.costs = BatchCosts(prior_ratio=prior_ratio)
+        self.curve = StepCurve()
         self.saved = self.spent = 0.0  # decayed means over drafted steps: seconds expected saved, seconds drafting
         self.drafted = 0  # steps drafted on
         self.credit = 0.0  # the share of steps drafted on, accrued

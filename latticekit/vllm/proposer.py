@@ -64,12 +64,13 @@ import numpy as np
 
 from latticekit._files import LatestWriter
 from latticekit.drafting.calibration import SourceAcceptance
-from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate_prices
+from latticekit.drafting.chains import (BatchCosts, ChainDrafter, CostFit, allocate_curve, allocate_prices,
+                                       curve_seconds)
 from latticekit.drafting.memory import AnswerMemory
 from latticekit.errors import ProposerConfigError
 from latticekit.vllm.config import ARMS, ProposerConfig
 from latticekit.vllm.engine import (attended_keys, dynamic_schedule, find_runner, load_lm, plain_steps,
-                                    request_answer, scheduled_tokens)
+                                    prompt_length, request_answer, scheduled_tokens, tokens_left)
 from latticekit.vllm.loads import Load, Turnover, closed_values, ending_rows, load_bucket
 
 __all__ = ["NGramProposer"]
@@ -211,7 +212,7 @@ class NGramProposer:
             emitted = sum(len(s) for s in sampled_token_ids)
             accepted = emitted - sum(1 for s in sampled_token_ids if s)  # a row emits its accepted drafts and one
             keys = self._row_keys(rows)
-            left = ((key, self._tokens_left(key, int(n))) for key, n in zip(keys, num_tokens_no_spec[:rows]))
+            left = ((key, tokens_left(self._request(key), int(n))) for key, n in zip(keys, num_tokens_no_spec[:rows]))
             self._left = {key: n for key, n in left if n is not None}
             self._learn(pending, start, sampled_token_ids, keys, scheduled_tokens(slot_mappings))
             out, arm, expected, chains, contexts = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
@@ -276,6 +277,7 @@ class NGramProposer:
             return
         load = self._load(pending.bucket)
         load.costs.add(tokens, engine_s, attended)
+        load.curve.add(tokens, engine_s)
         if pending.chains:
             accepted = {key: len(s) - 1 for key, s in zip(keys, sampled) if s}
             _, b, c = self._coefficients(pending.bucket)
@@ -412,31 +414,36 @@ class NGramProposer:
         # a heads step is the outcome of the heads' less eager levels too; a text step, of none but plain
         levels = (arm,) if arm == "text" else (arm, *(o for o in LEVELS if o in self.arms and LEVELS[o] > LEVELS[arm]))
         prices = [LEVELS["model"] if level == "text" else LEVELS[level] for level in levels]
-        for level, price, allocated in zip(levels, prices, allocate_prices(probabilities, a, prices, self._draft_s,
-                                                                           weights, values)):
-            chosen, expected, worth = self._repaid(probabilities, allocated, a, price, weights, values)
+        load = self.loads.get(load_bucket(rows))  # the step's seconds by its tokens (step_curve), else the line
+        steps = load.curve.between(rows, rows + sum(len(x) for x in chains), a, b) if load is not None and c == 0 \
+            and self.config.step_curve and self.config.step_costs is None else None
+        allocations = allocate_curve(probabilities, steps, prices, self._draft_s, values) if steps is not None \
+            else allocate_prices(probabilities, a, prices, self._draft_s, weights, values)
+        for level, price, allocated in zip(levels, prices, allocations):
+            if steps is not None:  # the plain step's seconds, and those the drafts add
+                plain, added = steps[0], curve_seconds(steps, sum(allocated), price) - steps[0]
+            else:
+                plain, added = a + price * sum(weights), price * sum(w * n for w, n in zip(weights, allocated))
+            chosen, expected, worth = self._repaid(probabilities, allocated, plain, added, values)
             lengths_by_arm[level] = {keys[i]: n for i, n in enumerate(chosen) if n}
             if level == arm:
                 out = [chain[:n].tolist() for chain, n in zip(chains, chosen)]
                 arm_expected = expected
                 # the seconds these chains are expected to save: their accepted tokens (by their rows'
                 # values) at the plain step's seconds per row, less the seconds their draft tokens add
-                self._saved = worth * (a + sum(weights)) / max(rows, 1) - price * sum(
-                    w * n for w, n in zip(weights, chosen))
+                self._saved = worth * plain / max(rows, 1) - (added if any(chosen) else 0.0)
         drafting = {keys[i]: context[i] for i, chain in enumerate(chains) if len(chain)}
         return out, arm, arm_expected, lengths_by_arm, drafting
 
-    def _repaid(self, probabilities: list[np.ndarray], chosen: list[int], a: float, price: float,
-                weights: list[float], values: Optional[list[float]] = None) -> tuple[list[int], float, float]:
-        """The chain lengths a row's query token priced at ``price * weights[row]`` seconds
-        allocated (``chosen``), or none unless the drafts repay the drafting too, against a step
-        that drafts nothing at all; the accepted tokens they expect, and those by the rows' ``values``."""
+    def _repaid(self, probabilities: list[np.ndarray], chosen: list[int], plain: float, added: float,
+                values: Optional[list[float]] = None) -> tuple[list[int], float, float]:
+        """The chain lengths allocated (``chosen``), or none unless the drafts repay the drafting
+        too, against a step that drafts nothing at all (``plain`` seconds; the drafts add
+        ``added``); the accepted tokens they expect, and those by the rows' ``values``."""
         rows = len(probabilities)
         expected = [float(p[:n].sum()) for p, n in zip(probabilities, chosen)]
         worth = sum(v * e for v, e in zip(values or [1.0] * rows, expected))
-        plain = a + price * sum(weights)
-        drafts = price * sum(w * n for w, n in zip(weights, chosen))
-        if not any(chosen) or plain > 0 and (rows + worth) / (plain + self._draft_s + drafts) <= rows / plain:
+        if not any(chosen) or plain > 0 and (rows + worth) / (plain + self._draft_s + added) <= rows / plain:
             return [0] * rows, 0.0, 0.0
         return chosen, sum(expected), worth
 
@@ -470,7 +477,7 @@ class NGramProposer:
             self.states.pop(key).remember()  # the row holds another text now (a row index key, reused)
             state = None
         if state is None:
-            prompt = self._prompt_length(key, length - emitted)
+            prompt = prompt_length(self._request(key), length - emitted)
             state = ChainDrafter(self.lm, self.vocab_size, self.acceptance, candidates=self.config.candidates,
                                  max_depth=self.config.max_depth, start=max(0, prompt - self.config.max_context),
                                  memory=self.memory, prompt_length=prompt)
@@ -542,22 +549,6 @@ class NGramProposer:
         runner = self._runner() if self._runner is not None else None
         return getattr(runner, "requests", {}).get(key) if runner is not None and not isinstance(key, int) else None
 
-    def _prompt_length(self, key: Any, fallback: int) -> int:
-        prompt = getattr(self._request(key), "prompt_token_ids", None)
-        return len(prompt) if prompt is not None else max(0, fallback)
-
-    def _tokens_left(self, key: Any, length: int) -> Optional[int]:
-        """The tokens request ``key``, ``length`` tokens long, may still emit (its ``max_tokens``
-        less its output so far), or None. A step emits its accepted drafts and one token more, and
-        vLLM 0.32 verifies a chain whole (it cuts drafts at ``max_model_len`` alone): a draft past
-        ``left - 1`` is a query token thrown away."""
-        state = self._request(key)
-        most = getattr(getattr(state, "sampling_params", None), "max_tokens", None)
-        prompt = getattr(state, "num_prompt_tokens", None)
-        if not isinstance(most, int) or not isinstance(prompt, int):
-            return None
-        return most - (length - prompt)
-
     # -- never the engine's problem -------------------------------------------------------------
 
     def _failed(self, where: str, exc: BaseException) -> None:
@@ -580,7 +571,10 @@ class NGramProposer:
         # per load bucket (frugal): the share of steps drafted on, and the means (ms) it comes from
         frugal = {str(bucket): [round(load.share, 3), round(1e3 * load.saved, 3), round(1e3 * load.spent, 3)]
                   for bucket, load in sorted(self.loads.items()) if load.drafted}
-        return {**self.counters, "step_costs": [a, b, c], "load_step_costs": load_costs, "frugal": frugal,
+        # per load bucket, per count of query tokens: its steps (decayed) and their mean ms (step_curve)
+        curves = {str(bucket): {str(n): [w, round(1e3 * s, 2)] for n, (w, s) in load.curve.means().items()}
+                  for bucket, load in sorted(self.loads.items())}
+        return {**self.counters, "step_costs": [a, b, c], "load_step_costs": load_costs, "curves": curves, "frugal": frugal,
                 "states": len(self.states), "pid": os.getpid(), "correction": self.correction, "arms": arms,
                 "turnover": [round(self.turnover.replaced, 3), round(self.turnover.ended, 3), self.turnover.closed,
                              self.turnover.by_length],

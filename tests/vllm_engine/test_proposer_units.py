@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import pytest
@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from latticekit.drafting.arms import PROBE_BUDGET
 from latticekit.drafting.calibration import AcceptanceModel
-from latticekit.drafting.chains import BatchCosts, ChainDrafter, CostFit, allocate, allocate_prices
+from latticekit.drafting.chains import (BatchCosts, ChainDrafter, CostFit, StepCurve, allocate, allocate_curve,
+                                       allocate_prices, curve_seconds)
 from latticekit.drafting.drafters.ngram import uniform_lm
 from latticekit.errors import ProposerConfigError
 from latticekit.lattice import SausageLattice
@@ -80,6 +81,100 @@ def test_allocate_with_a_price_per_row_maximises_tokens_per_second_like_brute_fo
                                                                                           overhead)
     with pytest.raises(ValueError, match="weights"):
         allocate(probabilities, a, b, overhead, [-1.0] * len(probabilities))
+
+
+@settings(max_examples=300, deadline=None)
+@given(chains.flatmap(lambda ps: st.tuples(
+    st.just(ps), st.lists(st.sampled_from([0.0, 1.0, 3.0]) | st.floats(0.0, 5.0), min_size=len(ps), max_size=len(ps)),
+    st.lists(st.floats(0.01, 1.0), min_size=sum(len(p) for p in ps) + 1, max_size=sum(len(p) for p in ps) + 1))),
+    st.floats(0.0, 0.2), st.sampled_from([1.0, 0.25, 4.0]), st.booleans())
+def test_allocate_on_a_curve_of_step_seconds_maximises_value_per_second_like_brute_force(
+        given_rows: tuple[list[np.ndarray], list[float], list[float]], overhead: float, price: float,
+        valued: bool) -> None:
+    """Where a step's seconds are a curve in its draft tokens (``steps[d]``, any shape: a CPU's
+    blocks make one draft token dearer than three), the lengths are the brute force's best value
+    per second; on a line, the greedy allocation's."""
+    probabilities, values, steps = given_rows
+    worth = values if valued else [1.0] * len(probabilities)
+
+    def rate(lengths: list[int]) -> float:
+        gained = sum(v * (1 + float(p[:n].sum())) for p, n, v in zip(probabilities, lengths, worth))
+        return gained / curve_seconds(steps, sum(lengths), price, overhead)
+
+    got = allocate_curve(probabilities, steps, [price], overhead, worth if valued else None)[0]
+    assert all(0 <= n <= len(p) for n, p in zip(got, probabilities))
+    best = max(rate(list(lengths)) for lengths in itertools.product(*(range(len(p) + 1) for p in probabilities)))
+    assert rate(got) == pytest.approx(best, rel=1e-9, abs=1e-12)
+    if valued:
+        # a row worth nothing drafts only where its tokens make the step cheaper than without them
+        useful = sum(n for n, v in zip(got, values) if v > 0)
+        assert all(n == 0 for n, v in zip(got, values) if v == 0) or steps[sum(got)] < steps[useful]
+    a, b, rows = steps[0], steps[-1] / 10, len(probabilities)  # a line: the greedy allocation's value per second
+    line = [a + b * d for d in range(len(steps))]
+    on_line = allocate_curve(probabilities, line, [1.0], overhead, worth)[0]
+    greedy = allocate(probabilities, a - b * rows, b, overhead, None, worth)
+    assert objective(probabilities, on_line, a - b * rows, b, overhead, None, worth) == pytest.approx(
+        objective(probabilities, greedy, a - b * rows, b, overhead, None, worth), rel=1e-9, abs=1e-12)
+    with pytest.raises(ValueError, match="steps"):
+        allocate_curve(probabilities, steps[:-1], [price], overhead)
+    with pytest.raises(ValueError, match="values"):
+        allocate_curve(probabilities, steps, [price], overhead, [-1.0] * rows)
+
+
+def test_a_step_curve_is_its_steps_mean_drawn_to_the_line() -> None:
+    curve = StepCurve()
+    assert curve.seconds(5, 0.04) == pytest.approx(0.04)  # a count never seen: the line's
+    for _ in range(200):
+        curve.add(2, 0.039)
+        curve.add(4, 0.031)
+    curve.add(0, 1.0)
+    curve.add(3, float("nan"))
+    curve.add(3, -1.0)  # no step
+    assert set(curve.means()) == {2, 4}
+    steps = (1 - StepCurve.decay ** 200) / (1 - StepCurve.decay)  # decayed: about 50
+    assert curve.seconds(2, 0.033) == pytest.approx((steps * 0.039 + 3 * 0.033) / (steps + 3))  # mostly their mean
+    assert curve.seconds(4, 0.035) == pytest.approx((steps * 0.031 + 3 * 0.035) / (steps + 3))
+    assert curve.means()[2][1] == pytest.approx(0.039)
+    fresh = StepCurve()
+    fresh.add(2, 0.05)  # one step against the line's three
+    assert fresh.seconds(2, 0.03) == pytest.approx((0.05 + 3 * 0.03) / 4)
+    assert fresh.between(1, 3, 0.02, 0.01) == [0.03, pytest.approx((0.05 + 3 * 0.04) / 4), pytest.approx(0.05)]
+
+
+def test_a_step_curve_drafts_the_lengths_that_pay_where_a_line_does_not() -> None:
+    """One request copying its prompt (with a twentieth of its tokens changed), its step 100 ms
+    with no draft or two to four, 150 ms with one, and 50 ms more per token past four (a CPU's
+    blocks): the curve learns which lengths pay and never drafts one token, where the line fitted
+    to the same steps prices every token alike and mostly stops drafting: twice the tokens a second."""
+    def seconds(tokens: int) -> float:
+        return 0.15 if tokens == 2 else 0.1 + 0.05 * max(0, tokens - 5)
+
+    rates: dict[bool, float] = {}
+    lengths: dict[bool, list[int]] = {}
+    for curved in (True, False):
+        proposer = NGramProposer(engine_config(k=8, max_model_len=4096, vocab=1000),
+                                 ProposerConfig(step_curve=curved, arms=["model"]))
+        clock = proposer.clock = Clock()
+        drafted: list[int] = []
+        emitted: list[int] = []
+        real = proposer.propose
+
+        def logged(sampled: list[list[int]], *args: Any, **kwargs: Any) -> list[list[int]]:
+            out = real(sampled, *args, **kwargs)
+            drafted.append(len(out[0]))
+            emitted.append(len(sampled[0]))
+            return out
+
+        proposer.propose = logged  # type: ignore[method-assign]
+        rng = np.random.default_rng(0)
+        copy = [int(t) for _ in range(30) for t in np.where(rng.random(60) < 0.05, rng.integers(0, 99, 60),
+                                                             np.arange(100, 160))]
+        drive(proposer, [copy], 70, 150, 0.0, 0.0, clock, seconds)
+        # the last 100 steps: the tokens each emitted (told at the next call) over their seconds
+        rates[curved] = sum(emitted[51:]) / sum(seconds(1 + n) for n in drafted[50:-1])
+        lengths[curved] = drafted[50:]
+    assert lengths[True].count(1) == 0 and lengths[False].count(0) > 50
+    assert rates[True] > 1.5 * rates[False]
 
 
 @settings(max_examples=300, deadline=None)
@@ -670,11 +765,11 @@ class TimedProposer(NGramProposer):
 
 
 def drive(proposer: NGramProposer, truths: list[list[int]], prompt: int, steps: int, a: float, b: float,
-          clock: Clock) -> list[str]:
+          clock: Clock, seconds: Optional[Callable[[int], float]] = None) -> list[str]:
     """``steps`` greedy steps of the rows whose whole texts are ``truths`` (the first ``prompt``
-    tokens given), each step's seconds ``a + b * query tokens`` on ``clock``: a step accepts the
-    longest prefix of a row's draft that its text continues with, and one token more. Returns
-    the arm of each step."""
+    tokens given), each step's seconds ``a + b * query tokens`` (or ``seconds(query tokens)``) on
+    ``clock``: a step accepts the longest prefix of a row's draft that its text continues with,
+    and one token more. Returns the arm of each step."""
     rows = len(truths)
     batch = Batch(rows, max(len(t) for t in truths) + 1)
     for r, text in enumerate(truths):
@@ -682,7 +777,8 @@ def drive(proposer: NGramProposer, truths: list[list[int]], prompt: int, steps: 
     drafts: list[list[int]] = [[] for _ in range(rows)]
     arms = []
     for _ in range(steps):
-        clock.now += a + b * (rows + sum(len(d) for d in drafts))
+        tokens = rows + sum(len(d) for d in drafts)
+        clock.now += seconds(tokens) if seconds is not None else a + b * tokens
         sampled = []
         for r, text in enumerate(truths):
             at = int(batch.lengths[r])
@@ -1099,7 +1195,7 @@ def test_a_long_rows_drafts_cost_more_and_are_cut_first() -> None:
     assert priced[0] > priced[1]
     assert CostFit(0.1, 0.002) == (0.1, 0.002, 0.0)
     proposer = NGramProposer(engine_config(), ProposerConfig())  # a step that costs nothing: no division by 0
-    assert proposer._repaid([np.array([0.5])], [1], 0.0, 1.0, [0.0]) == ([1], 0.5, 0.5)
+    assert proposer._repaid([np.array([0.5])], [1], 0.0, 0.0) == ([1], 0.5, 0.5)
 
 
 @pytest.mark.parametrize("vocabulary", ["seen", "full", "seen, heads without head_states"])
