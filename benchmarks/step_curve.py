@@ -64,6 +64,7 @@ def main() -> None:
     import vllm.envs
     from vllm.sampling_params import RequestOutputKind
 
+    from benchmarks import step_curve  # the module vLLM imports the proposer from (not this __main__)
     from benchmarks.vllm_speed import requests
     from latticekit._machine import machine
     from latticekit.loading import smollm2_hf_folder
@@ -84,7 +85,8 @@ def main() -> None:
         params = vllm.SamplingParams(temperature=0, max_tokens=args.steps * len(counts) + 8, ignore_eos=True)
         params.output_kind = RequestOutputKind.FINAL_ONLY
         ids = [f"rows{rows}-{i}" for i in range(rows)]
-        DRAFTS["d"] = 0
+        drafts = step_curve.DRAFTS
+        drafts["d"] = 0
         for i, request in enumerate(ids):
             engine.add_request(request, prompts[i], params)
         for _ in range(3):  # the prompts' prefill
@@ -92,13 +94,13 @@ def main() -> None:
         times: dict[int, list[float]] = {d: [] for d in counts}
         made: list[int] = []
         for n in range(args.steps * len(counts) + 1):
-            DRAFTS["d"] = counts[(n * stride) % len(counts)]
+            drafts["d"] = counts[(n * stride) % len(counts)]
             t0 = time.perf_counter()
             engine.step()
             seconds = time.perf_counter() - t0
             if made:  # this step verified the drafts the last step's call made
                 times[made[-1]].append(seconds)
-            made.append(DRAFTS["d"])
+            made.append(drafts["d"])
         engine.abort_request(ids)
         while engine.has_unfinished_requests():
             engine.step()
