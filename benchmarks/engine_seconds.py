@@ -1,0 +1,135 @@
+"""Where an engine's seconds go in lockstep: per engine, its steps' seconds, its proposer's
+``propose`` seconds, and the garbage collector's pauses while it stepped.
+
+The engines (``benchmarks/vllm_speed.py``'s: vLLM's CPU build, SmolLM2-135M-Instruct float32,
+``enforce_eager``, greedy) run in this process, each group of ``--concurrency`` chat prompts
+through all of them one step at a time in a shuffled order (as ``vllm_speed.py --lockstep``).
+An engine name ending in ``-2`` is a second engine of the same kind: two engines that do the
+same work tell how far engines differ by themselves (where their memory lies, say), which is
+the spread any comparison of two engines carries. ``latticekit-plain``: latticekit's n-gram
+proposer with ``arms`` ``["plain"]`` (its bookkeeping every step, never a draft). Every
+engine's outputs are checked identical to the first's.
+
+    python benchmarks/engine_seconds.py --engines empty-plain latticekit latticekit-plain empty-plain-2 \\
+        --concurrency 16 --groups 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--engines", nargs="+", required=True)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--groups", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--out", help="a JSON file of the figures")
+    args = p.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    sys.path.insert(0, str(ROOT.parent))
+    import vllm
+    import vllm.envs
+    from vllm.sampling_params import RequestOutputKind
+
+    from benchmarks.vllm_speed import in_process_drafter, requests
+    from latticekit._machine import machine
+    from latticekit.loading import smollm2_hf_folder
+    from latticekit.vllm import speculative_config
+
+    vllm.envs.disable_envs_cache()
+    kinds = {"none": None,
+             "empty-plain": {"method": "custom_class", "model": "benchmarks.vllm_speed.EmptyPlainProposer",
+                             "num_speculative_tokens": args.k},
+             "latticekit": speculative_config(args.k),
+             "latticekit-plain": speculative_config(args.k, arms=["plain"])}
+    names = args.engines
+    for name in names:
+        if name.removesuffix("-2") not in kinds:
+            raise SystemExit(f"engine {name!r}: one of {sorted(kinds)}, or one of them with -2")
+    engines = {}
+    for name in names:
+        spec = kinds[name.removesuffix("-2")]
+        engines[name] = vllm.LLM(model=str(smollm2_hf_folder()), dtype="float32", max_model_len=4096,
+                                 max_num_seqs=args.concurrency, enforce_eager=True, seed=0,
+                                 distributed_executor_backend="uni", **({"speculative_config": spec} if spec else {}))
+    stepping: list[str] = []  # the engine stepping now, if any
+    collected = {name: [0, 0.0] for name in names}  # collections while it stepped, and their seconds
+    started = [0.0]
+
+    def on_collect(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif stepping:
+            collected[stepping[0]][0] += 1
+            collected[stepping[0]][1] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(on_collect)
+    proposing = dict.fromkeys(names, 0.0)
+    for name in names:
+        drafter = in_process_drafter(engines[name])
+        if drafter is not None:
+            def timed(*a: Any, _propose: Any = drafter.propose, _name: str = name, **k: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return _propose(*a, **k)
+                finally:
+                    proposing[_name] += time.perf_counter() - t0
+            drafter.propose = timed
+    tok = engines[names[0]].get_tokenizer()
+    texts = requests(args.concurrency * args.groups + 1, ["chat"])["chat"]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+               for q in texts]
+    for llm in engines.values():  # warm-up on the prompt no group takes
+        llm.generate([prompts[-1]], vllm.SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    params = vllm.SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    params.output_kind = RequestOutputKind.FINAL_ONLY
+    seconds, steps = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
+    outputs: dict[str, dict[str, list[int]]] = {name: {} for name in names}
+    rng = random.Random(0)
+    for g in range(args.groups):
+        in_flight = dict.fromkeys(names, 0)
+        for name in names:
+            for i, prompt in enumerate(prompts[g * args.concurrency:(g + 1) * args.concurrency]):
+                engines[name].llm_engine.add_request(f"{name}-{g}-{i}", prompt, params)
+                in_flight[name] += 1
+        while any(in_flight.values()):
+            live = [name for name in names if in_flight[name]]
+            rng.shuffle(live)
+            for name in live:
+                stepping.append(name)
+                t0 = time.perf_counter()
+                finished = [out for out in engines[name].llm_engine.step() if out.finished]
+                seconds[name] += time.perf_counter() - t0
+                stepping.clear()
+                steps[name] += 1
+                in_flight[name] -= len(finished)
+                for out in finished:
+                    outputs[name][out.request_id[len(name) + 1:]] = list(out.outputs[0].token_ids)
+    figures = {name: {"steps": steps[name], "step_s": round(seconds[name], 4), "propose_s": round(proposing[name], 4),
+                      "engine_s": round(seconds[name] - proposing[name], 4), "gc": collected[name],
+                      "identical": outputs[name] == outputs[names[0]]} for name in names}
+    for name, f in figures.items():
+        print(f"{name}: {f['steps']} steps, {f['step_s']:.3f} s stepping, {f['propose_s']:.3f} s proposing, "
+              f"{f['engine_s']:.3f} s besides, {f['gc'][0]} collections ({1e3 * f['gc'][1]:.1f} ms), "
+              f"identical {f['identical']}", flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"machine": machine(), "args": vars(args), "vllm": vllm.__version__,
+                                              "engines": figures}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
