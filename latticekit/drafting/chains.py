@@ -466,13 +466,16 @@ class StepCurve:
     """The engine's step seconds per count of query tokens, where they are not one line.
 
     A CPU's matrix kernels work in blocks of rows: on the 2-core EPYC (vLLM's CPU build,
-    SmolLM2-135M) a step of one request took 33 ms with no draft, 39 ms with one draft token
-    and 31-32 ms with two to five, then 36 ms with six; at four requests the third draft token
-    alone added 5 ms where the fit over the steps said 1.3 (``docs/vllm.md``, stop 57). A
-    GPU's are flat up to a tile and step there. A line prices every draft token alike; this
-    keeps, per count of query tokens, the decayed mean of the steps that had it, and predicts
-    a count's seconds as that mean drawn toward the line's by :data:`prior_steps` steps' weight
-    (a count seen rarely, or never, costs what the line says).
+    SmolLM2-135M, ``benchmarks/step_curve.py``) a step of one request took 33.0 ms with no draft,
+    40.0 ms with one draft token and 32.4-33.0 ms with two to five, then 37.6 ms with six; at
+    four requests the third draft token alone added 7 ms where the fitted line priced a token
+    at 1.8 ms (``docs/vllm.md``, stop 57). A GPU's are flat up to a tile and step there.
+    A line prices every draft token alike; this keeps, per count of query tokens, the decayed
+    mean of the steps that had it, and predicts a count's seconds as that mean drawn toward the
+    line's by :data:`prior_steps` steps' weight (a count seen rarely, or never, costs what the
+    line says). ``generate`` measures its table of a step's seconds once per device, by a probe
+    (:class:`~latticekit.drafting.costs.StepCosts`); inside an engine there is no probe to run,
+    and a batch's rows vary, so the vLLM proposer learns this from the steps it sees, per load.
     """
 
     __slots__ = ("_seen",)

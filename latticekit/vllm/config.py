@@ -144,9 +144,9 @@ class ProposerConfig:
             (:class:`~latticekit.drafting.chains.StepCurve`), and the chains' lengths those of
             the count of draft tokens with the most expected tokens per second
             (:func:`~latticekit.drafting.chains.allocate_curve`). On the 2-core EPYC a step of
-            one request cost the same with two to five draft tokens as with none, and 15% more
-            with one; at four requests the third draft token added 5 ms where the line said 1.3
-            (docs/vllm.md, stop 57). Not with ``context_costs``. False: the line alone.
+            one request cost the same with two to five draft tokens as with none, and 21% more
+            with one; at four requests the third draft token added 7 ms where the line priced a
+            token at 1.8 (docs/vllm.md, stop 57). Not with ``context_costs``. False: the line alone.
         frugal: draft on only as many steps as the drafting's own seconds are repaid on. Per
             load bucket the proposer keeps two running means over the steps it drafted on: the
             seconds its chains were expected to save (the accepted tokens its corrected

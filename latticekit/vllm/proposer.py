@@ -574,11 +574,11 @@ class NGramProposer:
         # per load bucket, per count of query tokens: its steps (decayed) and their mean ms (step_curve)
         curves = {str(bucket): {str(n): [w, round(1e3 * s, 2)] for n, (w, s) in load.curve.means().items()}
                   for bucket, load in sorted(self.loads.items())}
-        return {**self.counters, "step_costs": [a, b, c], "load_step_costs": load_costs, "curves": curves, "frugal": frugal,
-                "states": len(self.states), "pid": os.getpid(), "correction": self.correction, "arms": arms,
+        return {**self.counters, "step_costs": [a, b, c], "load_step_costs": load_costs, "curves": curves,
+                "frugal": frugal, "states": len(self.states), "pid": os.getpid(), "correction": self.correction,
+                "arms": arms, **memory,
                 "turnover": [round(self.turnover.replaced, 3), round(self.turnover.ended, 3), self.turnover.closed,
-                             self.turnover.by_length],
-                **memory}
+                             self.turnover.by_length]}
 
     def _write_stats(self, now: float) -> None:
         """The stats file, rewritten off the engine's thread (waited for the first time, and where this call learnt
