@@ -393,6 +393,14 @@ class BatchCosts:
         return CostFit(a, b, 0.0) if a > 0 else None
 
 
+def _row_values(values: Optional[Sequence[float]], rows: int) -> list[float]:
+    """The allocation's ``values``, checked: one finite number >= 0 per request (None: 1 each)."""
+    worth = [1.0] * rows if values is None else [float(x) for x in values]
+    if len(worth) != rows or any(not np.isfinite(x) or x < 0 for x in worth):
+        raise ValueError(f"values must be one finite number >= 0 per request, got {values!r}")
+    return worth
+
+
 def allocate(probabilities: Sequence[np.ndarray], a: float, b: float, overhead: float = 0.0,
              weights: Optional[Sequence[float]] = None, values: Optional[Sequence[float]] = None) -> list[int]:
     """Each request's chain length for the most expected tokens per second of the batch.
@@ -430,9 +438,7 @@ def allocate_prices(probabilities: Sequence[np.ndarray], a: float, prices: Seque
     unit = [1.0] * rows if weights is None else [float(x) for x in weights]
     if len(unit) != rows or any(not np.isfinite(x) or x < 0 for x in unit):
         raise ValueError(f"weights must be one finite number >= 0 per request, got {weights!r}")
-    worth = [1.0] * rows if values is None else [float(x) for x in values]
-    if len(worth) != rows or any(not np.isfinite(x) or x < 0 for x in worth):
-        raise ValueError(f"values must be one finite number >= 0 per request, got {values!r}")
+    worth = _row_values(values, rows)
     out = [[len(p) for p in probabilities] if b <= 0 else [len(p) if unit[i] == 0 else 0
                                                             for i, p in enumerate(probabilities)] for b in prices]
     # a token that costs nothing (or nothing is known yet that says it does): all of them
@@ -530,9 +536,7 @@ def allocate_curve(probabilities: Sequence[np.ndarray], steps: Sequence[float], 
     (:func:`curve_seconds`; ties: the fewest drafts), every ``d`` weighed, since a curve's
     ratio need not rise and then fall."""
     rows = len(probabilities)
-    worth = [1.0] * rows if values is None else [float(x) for x in values]
-    if len(worth) != rows or any(not np.isfinite(x) or x < 0 for x in worth):
-        raise ValueError(f"values must be one finite number >= 0 per request, got {values!r}")
+    worth = _row_values(values, rows)
     positions = sum(len(p) for p in probabilities)
     if len(steps) <= positions or any(not np.isfinite(s) or s <= 0 for s in steps):
         raise ValueError(f"steps must be {positions + 1} finite seconds > 0 (0 to every position drafted), "
