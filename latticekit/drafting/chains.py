@@ -538,16 +538,18 @@ def allocate_curve(probabilities: Sequence[np.ndarray], steps: Sequence[float], 
     rows = len(probabilities)
     worth = _row_values(values, rows)
     positions = sum(len(p) for p in probabilities)
-    if len(steps) <= positions or any(not np.isfinite(s) or s <= 0 for s in steps):
+    pass_s = np.asarray(steps, dtype=np.float64)[:positions + 1]
+    if len(steps) <= positions or not np.all(np.isfinite(pass_s) & (pass_s > 0)):
         raise ValueError(f"steps must be {positions + 1} finite seconds > 0 (0 to every position drafted), "
                          f"got {len(steps)}")
     order = sorted(((float(p[j]) * worth[i], j, i) for i, p in enumerate(probabilities) for j in range(len(p))),
                    key=lambda item: (-item[0], item[1]))
     gains = np.concatenate(([sum(worth)], [gain for gain, _, _ in order])).cumsum()
+    added = pass_s - pass_s[0]
     out = []
-    for price in prices:
-        rates = [gains[d] / max(curve_seconds(steps, d, price, overhead), 1e-12) for d in range(positions + 1)]
-        best = int(np.argmax(rates))  # the first of the highest: the fewest drafts
+    for price in prices:  # curve_seconds at every count of drafts at once
+        seconds = pass_s[0] + overhead + np.where(added > 0, price * added, added)
+        best = int(np.argmax(gains / np.maximum(seconds, 1e-12)))  # the first of the highest: the fewest drafts
         lengths = [0] * rows
         for _, _, i in order[:best]:
             lengths[i] += 1
