@@ -3,7 +3,7 @@
 
 The engines (``benchmarks/vllm_speed.py``'s: vLLM's CPU build, SmolLM2-135M-Instruct float32,
 ``enforce_eager``, greedy) run in this process, each group of ``--concurrency`` chat prompts
-through all of them one step at a time in a shuffled order (as ``vllm_speed.py --lockstep``).
+through all of them one step at a time in a shuffled order (``vllm_speed.py``'s ``run_lockstep``).
 An engine name ending in ``-2`` is a second engine of the same kind: two engines that do the
 same work tell how far engines differ by themselves (where their memory lies, say), which is
 the spread any comparison of two engines carries. ``latticekit-plain``: latticekit's n-gram
@@ -20,7 +20,6 @@ import argparse
 import gc
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -42,9 +41,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT.parent))
     import vllm
     import vllm.envs
-    from vllm.sampling_params import RequestOutputKind
 
-    from benchmarks.vllm_speed import in_process_drafter, requests
+    from benchmarks.vllm_speed import EngineClock, in_process_drafter, requests, run_lockstep
     from latticekit._machine import machine
     from latticekit.loading import smollm2_hf_folder
     from latticekit.vllm import speculative_config
@@ -95,30 +93,38 @@ def main() -> None:
     for llm in engines.values():  # warm-up on the prompt no group takes
         llm.generate([prompts[-1]], vllm.SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
     params = vllm.SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    params.output_kind = RequestOutputKind.FINAL_ONLY
-    seconds, steps = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
-    outputs: dict[str, dict[str, list[int]]] = {name: {} for name in names}
-    rng = random.Random(0)
+    class Stepping(EngineClock):
+        """An engine's clock in :func:`~benchmarks.vllm_speed.run_lockstep`, resumed as the engine
+        steps and paused after: it also marks the engine stepping (the collector's pauses are put
+        on it) and counts its steps."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name, self.steps = name, 0
+
+        def resume(self) -> None:
+            super().resume()
+            stepping[:] = [self.name]
+            self.steps += 1
+
+        def pause(self) -> None:
+            super().pause()
+            stepping.clear()
+
+    steppers = {name: Stepping(name) for name in names}
+    clocks: dict[str, EngineClock] = dict(steppers)
+    seconds = dict.fromkeys(names, 0.0)
+    outputs: dict[str, list[list[int]]] = {name: [] for name in names}
     for g in range(args.groups):
-        in_flight = dict.fromkeys(names, 0)
-        for name in names:
-            for i, prompt in enumerate(prompts[g * args.concurrency:(g + 1) * args.concurrency]):
-                engines[name].llm_engine.add_request(f"{name}-{g}-{i}", prompt, params)
-                in_flight[name] += 1
-        while any(in_flight.values()):
-            live = [name for name in names if in_flight[name]]
-            rng.shuffle(live)
-            for name in live:
-                stepping.append(name)
-                t0 = time.perf_counter()
-                finished = [out for out in engines[name].llm_engine.step() if out.finished]
-                seconds[name] += time.perf_counter() - t0
-                stepping.clear()
-                steps[name] += 1
-                in_flight[name] -= len(finished)
-                for out in finished:
-                    outputs[name][out.request_id[len(name) + 1:]] = list(out.outputs[0].token_ids)
-    figures = {name: {"steps": steps[name], "step_s": round(seconds[name], 4), "propose_s": round(proposing[name], 4),
+        group = prompts[g * args.concurrency:(g + 1) * args.concurrency]
+        for name, (secs, outs) in run_lockstep(engines, names, group, params, len(group), clocks).items():
+            seconds[name] += secs
+            outputs[name] += outs
+        for stepper in steppers.values():  # run_lockstep resumes every clock as it returns: no step of theirs
+            stepper.steps -= 1
+        stepping.clear()
+    steps = {name: stepper.steps for name, stepper in steppers.items()}
+    figures: dict[str, dict[str, Any]] = {name: {"steps": steps[name], "step_s": round(seconds[name], 4), "propose_s": round(proposing[name], 4),
                       "engine_s": round(seconds[name] - proposing[name], 4), "gc": collected[name],
                       "identical": outputs[name] == outputs[names[0]]} for name in names}
     for name, f in figures.items():
