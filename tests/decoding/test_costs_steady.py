@@ -77,8 +77,13 @@ def test_the_probe_times_steady_state(slow_sights: int) -> None:
     for n, got, want in zip(trapped.nodes, trapped.seconds, steady.seconds):
         assert got == pytest.approx(want, abs=FIRST_S / 6), f"{n} nodes: {got * 1e3:.1f} ms, steady {want * 1e3:.1f} ms"
     assert all(s < STEADY_S + FIRST_S / 2 for s in trapped.seconds)
-    assert trapped.description["first_sight"] and trapped.description["first_pass_ratio"] > FIRST_SIGHT_RATIO
-    assert not steady.description["first_sight"]
+    trapped_ratio = trapped.description["first_pass_ratio"]
+    assert trapped.description["first_sight"] and trapped_ratio > FIRST_SIGHT_RATIO
+    # without the penalty the first passes come far nearer the steady ones: a first pass there
+    # is (STEADY_S + FIRST_S) / STEADY_S = 4 times a steady one, here about 1, but a loaded
+    # machine stretched one untimed sleep past FIRST_SIGHT_RATIO once (stop 57's 2-worker
+    # suite), so the bound is halfway between, not the absolute ratio
+    assert steady.description["first_pass_ratio"] < (1 + trapped_ratio) / 2
     retimed = trapped.description["retimed"]
     if slow_sights == 2:  # each shape's first timed call slept 4 times a steady one: all found
         assert set(retimed) == {str(n) for n in SIZES}
