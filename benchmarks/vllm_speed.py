@@ -74,7 +74,12 @@ though it ran alone.
 
 Every phase (concurrency level) gets prompts of its own: per domain, the held-out requests in
 id order are dealt out in the order of ``--concurrency``, ``--groups`` groups of ``concurrency``
-requests to each level, and the warm-up request is the next one after them all. No engine sees a prompt twice, so ``suffix``'s memory of past answers (and any
+requests to each level, and the warm-up request is the next one after them all. Before each
+level's groups of a domain, every engine takes a burst of as many copies of the next request
+(one per level, numbered so that they differ) at that level, outside the figures: an engine's first
+burst larger than any before it paid for it (its first prefill of 16 summary requests took up
+to 1.2 s longer than the same engine's later ones, by amounts that differed from engine to
+engine: ``results/vllm_speed/first-burst-58/``). No engine sees a prompt twice, so ``suffix``'s memory of past answers (and any
 cache of a proposer) never holds the answer to the request it drafts for, as in serving
 distinct requests.
 
@@ -306,10 +311,10 @@ def run_lockstep(engines: dict[str, Any], order: list[str], prompts: list[str], 
     return {name: (seconds[name], [outputs[name][i] for i in range(len(prompts))]) for name in order}
 
 
-def deal(texts: list[str], counts: list[int]) -> tuple[list[list[str]], str]:
-    """``texts`` dealt out in order: ``counts[i]`` distinct ones to phase ``i``, then one to warm up."""
+def deal(texts: list[str], counts: list[int]) -> tuple[list[list[str]], list[str]]:
+    """``texts`` dealt out in order: ``counts[i]`` distinct ones to phase ``i``, then the rest to warm up."""
     starts = [sum(counts[:i]) for i in range(len(counts) + 1)]
-    return [texts[a:b] for a, b in zip(starts, starts[1:])], texts[starts[-1]]
+    return [texts[a:b] for a, b in zip(starts, starts[1:])], texts[starts[-1]:]
 
 
 def spec_counters(llm: Any) -> dict[str, float]:
@@ -474,14 +479,21 @@ def main() -> None:
     tok = engines["none"].get_tokenizer()
     counts = phase_counts(args.concurrency, args.groups, args.sustained)
     phases: dict[str, list[list[str]]] = {}  # per domain, per phase: its own prompts (see the docstring)
-    warmups: dict[str, str] = {}
-    for d, qs in requests(sum(counts) + 1, args.domains).items():
-        phases[d], warmups[d] = deal([tok.apply_chat_template([{"role": "user", "content": q}],
-                                                              add_generation_prompt=True, tokenize=False)
-                                      for q in qs], counts)
+    # per domain, the requests no phase uses (their text, not templated): the first warms every
+    # engine up, then one per level its bursts (below)
+    warmups: dict[str, list[str]] = {}
+
+    def chat(q: str) -> str:
+        return str(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                           tokenize=False))
+
+    for d, qs in requests(sum(counts) + 1 + len(counts), args.domains).items():
+        phases[d], warmups[d] = deal(qs, counts)
+        phases[d] = [[chat(q) for q in texts] for texts in phases[d]]
     params = vllm.SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    warm_params = vllm.SamplingParams(temperature=0, max_tokens=8)
     for llm in engines.values():  # warm-up, outside the figures, on a prompt no phase uses
-        llm.generate([warmups[args.domains[0]]], vllm.SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+        llm.generate([chat(warmups[args.domains[0]][0])], warm_params, use_tqdm=False)
 
     results: dict[str, Any] = {"machine": machine(), "args": vars(args), "vllm": vllm.__version__,
                                "engines": {k: v for k, v in specs.items()},
@@ -492,6 +504,18 @@ def main() -> None:
             texts = per_phase[phase]
             size = concurrency * max(1, args.sustained)
             groups = [texts[i:i + size] for i in range(0, len(texts), size)]
+            # a burst at this level, outside the figures, through every engine: an engine's first
+            # burst of a larger batch than it had run took up to 1.2 s longer (16 summary
+            # requests' prefill: 2.4-3.4 s against 2.0-2.4 s after such a burst), by amounts that
+            # differed from engine to engine. Copies of a request of the level's own (no phase's,
+            # no other level's: no memory of earlier answers holds its answer), each numbered so
+            # that they share no more than the chat template's head
+            burst = [chat(f"Request {i + 1}. {warmups[domain][1 + phase]}") for i in range(concurrency)]
+            if args.lockstep:
+                run_lockstep(engines, names, burst, warm_params, concurrency, clocks)
+            else:
+                for name in names:
+                    engines[name].generate(burst, warm_params, use_tqdm=False)
             for g, group in enumerate(groups):
                 order = names[g % len(names):] + names[:g % len(names)]
                 row: dict[str, Any] = {"concurrency": concurrency, "domain": domain, "group": g, "engines": {}}

@@ -1,6 +1,7 @@
 """``benchmarks/vllm_speed.py`` gives every phase (concurrency level) prompts of its own and warms
-up on one no phase uses: a proposer with a memory of past answers (vLLM's ``suffix``) never
-drafts a request whose answer it has already seen."""
+up on requests no phase uses, one to start and one per level for its warm-up burst: a proposer
+with a memory of past answers (vLLM's ``suffix``) never drafts a request whose answer it has
+already seen."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ def test_phases_get_distinct_prompts():
     bench = vllm_speed_module()
     counts = bench.phase_counts([1, 4, 16], groups=3)
     assert counts == [3, 12, 48]
-    for domain, texts in bench.requests(sum(counts) + 1, list(bench.DOMAINS)).items():
-        phases, warmup = bench.deal(texts, counts)
+    for domain, texts in bench.requests(sum(counts) + 1 + len(counts), list(bench.DOMAINS)).items():
+        phases, warmups = bench.deal(texts, counts)
         assert [len(p) for p in phases] == counts, domain
-        used = [t for p in phases for t in p] + [warmup]
+        assert len(warmups) == 1 + len(counts), domain  # the engines' warm-up, then each level's burst
+        used = [t for p in phases for t in p] + warmups
         assert len(set(used)) == len(used), domain
         assert phases[0] == texts[:3], domain  # concurrency 1 keeps the first requests in id order
     assert bench.phase_counts([1, 16], groups=3, sustained=2) == [6, 96]  # a group of 2 x 16 kept 16 in flight
