@@ -77,9 +77,9 @@ id order are dealt out in the order of ``--concurrency``, ``--groups`` groups of
 requests to each level, and the warm-up request is the next one after them all. Before each
 level's groups of a domain, every engine takes a burst of as many copies of the next request
 (one per level, numbered so that they differ) at that level, outside the figures: an engine's first
-burst larger than any before it paid for it (its first prefill of 16 summary requests took up
-to 1.2 s longer than the same engine's later ones, by amounts that differed from engine to
-engine: ``results/vllm_speed/first-burst-58/``). No engine sees a prompt twice, so ``suffix``'s memory of past answers (and any
+burst larger than any before it paid for it, by amounts that differed from engine to engine
+(three engines' first prefill of 16 summary requests: 2.35-3.01 s; after such a burst,
+2.37-2.38 s: ``benchmarks/first_burst.py``, ``results/vllm_speed/first-burst-58/``). No engine sees a prompt twice, so ``suffix``'s memory of past answers (and any
 cache of a proposer) never holds the answer to the request it drafts for, as in serving
 distinct requests.
 
@@ -505,9 +505,8 @@ def main() -> None:
             size = concurrency * max(1, args.sustained)
             groups = [texts[i:i + size] for i in range(0, len(texts), size)]
             # a burst at this level, outside the figures, through every engine: an engine's first
-            # burst of a larger batch than it had run took up to 1.2 s longer (16 summary
-            # requests' prefill: 2.4-3.4 s against 2.0-2.4 s after such a burst), by amounts that
-            # differed from engine to engine. Copies of a request of the level's own (no phase's,
+            # burst larger than any it had run cost more, by amounts that differed from engine to
+            # engine (see the module docstring). Copies of a request of the level's own (no phase's,
             # no other level's: no memory of earlier answers holds its answer), each numbered so
             # that they share no more than the chat template's head
             burst = [chat(f"Request {i + 1}. {warmups[domain][1 + phase]}") for i in range(concurrency)]
