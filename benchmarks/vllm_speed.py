@@ -75,13 +75,14 @@ though it ran alone.
 Every phase (concurrency level) gets prompts of its own: per domain, the held-out requests in
 id order are dealt out in the order of ``--concurrency``, ``--groups`` groups of ``concurrency``
 requests to each level, and the warm-up request is the next one after them all. Before each
-level's groups of a domain, every engine takes a burst of as many copies of the next request
-(one per level, numbered so that they differ) at that level, outside the figures: an engine's first
-burst larger than any before it paid for it, by amounts that differed from engine to engine
-(three engines' first prefill of 16 summary requests: 2.35-3.01 s; after such a burst,
-2.37-2.38 s: ``benchmarks/first_burst.py``, ``results/vllm_speed/first-burst-58/``). No engine sees a prompt twice, so ``suffix``'s memory of past answers (and any
-cache of a proposer) never holds the answer to the request it drafts for, as in serving
-distinct requests.
+level's groups of a domain, every engine takes a burst of as many copies of the request after
+that (one per level, the copies numbered so that they differ) at that level, outside the
+figures: an engine's first burst larger than any before it paid for it, by amounts that
+differed from engine to engine (three engines' first prefill of 16 summary requests: 2.35-3.01
+s; after such a burst, 2.37-2.38 s: ``benchmarks/first_burst.py``,
+``results/vllm_speed/first-burst-58/``). No engine sees a group's prompt twice, or the warm-up's
+request in a group, so ``suffix``'s memory of past answers (and any cache of a proposer) never
+holds the answer to the request it drafts for, as in serving distinct requests.
 
 Per engine, domain and concurrency: output tokens/s, the median over groups of its ratio to
 no speculation with the spread (lowest and highest group), for latticekit's engines the median
