@@ -42,7 +42,7 @@ def main() -> None:
     import vllm
     import vllm.envs
 
-    from benchmarks.vllm_speed import EngineClock, in_process_drafter, requests, run_lockstep
+    from benchmarks.vllm_speed import EngineClock, chat_prompt, in_process_drafter, requests, run_lockstep
     from latticekit._machine import machine
     from latticekit.loading import smollm2_hf_folder
     from latticekit.vllm import speculative_config
@@ -88,8 +88,7 @@ def main() -> None:
             drafter.propose = timed
     tok = engines[names[0]].get_tokenizer()
     texts = requests(args.concurrency * args.groups + 1, ["chat"])["chat"]
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-               for q in texts]
+    prompts = [chat_prompt(tok, q) for q in texts]
     for llm in engines.values():  # warm-up on the prompt no group takes
         llm.generate([prompts[-1]], vllm.SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
     params = vllm.SamplingParams(temperature=0, max_tokens=args.max_tokens)

@@ -38,7 +38,7 @@ def main() -> None:
     import vllm.envs
     from vllm.sampling_params import RequestOutputKind
 
-    from benchmarks.vllm_speed import requests
+    from benchmarks.vllm_speed import burst_prompts, chat_prompt, requests
     from latticekit._machine import machine
     from latticekit.loading import smollm2_hf_folder
 
@@ -51,16 +51,11 @@ def main() -> None:
     tok = engines["A"].get_tokenizer()
     n = args.concurrency
     texts = requests(n * len(ORDERS) + 2, ["summary"])["summary"]
-
-    def chat(q: str) -> str:
-        return str(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                           tokenize=False))
-
     warm = vllm.SamplingParams(temperature=0, max_tokens=8)
     for llm in engines.values():
-        llm.generate([chat(texts[-1])], warm, use_tqdm=False)
-    if args.warm:
-        burst = [chat(f"Request {i + 1}. {texts[-2]}") for i in range(n)]
+        llm.generate([chat_prompt(tok, texts[-1])], warm, use_tqdm=False)
+    if args.warm:  # the burst vllm_speed.py runs before a level's groups
+        burst = burst_prompts(tok, texts[-2], n)
         for llm in engines.values():
             llm.generate(burst, warm, use_tqdm=False)
     params = vllm.SamplingParams(temperature=0, max_tokens=2)
@@ -71,7 +66,7 @@ def main() -> None:
         for name in order:
             engine = engines[name].llm_engine
             for i in range(n):
-                engine.add_request(f"{name}-{g}-{i}", chat(texts[g * n + i]), params)
+                engine.add_request(f"{name}-{g}-{i}", chat_prompt(tok, texts[g * n + i]), params)
             t0 = time.perf_counter()
             engine.step()
             prefill[name] = round(time.perf_counter() - t0, 3)

@@ -65,7 +65,7 @@ def main() -> None:
     from vllm.sampling_params import RequestOutputKind
 
     from benchmarks import step_curve  # the module vLLM imports the proposer from (not this __main__)
-    from benchmarks.vllm_speed import requests
+    from benchmarks.vllm_speed import chat_prompt, requests
     from latticekit._machine import machine
     from latticekit.loading import smollm2_hf_folder
 
@@ -75,8 +75,7 @@ def main() -> None:
                    speculative_config={"method": "custom_class", "model": "benchmarks.step_curve.FixedProposer",
                                        "num_speculative_tokens": args.k})
     tok = llm.get_tokenizer()
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-               for q in requests(max(args.rows), ["chat"])["chat"]]
+    prompts = [chat_prompt(tok, q) for q in requests(max(args.rows), ["chat"])["chat"]]
     counts = list(range(args.most + 1))
     stride = next(s for s in range(7, 100) if math.gcd(s, len(counts)) == 1)
     engine = llm.llm_engine

@@ -125,8 +125,7 @@ def main() -> None:
     per_group = args.concurrency * max(1, args.sustained)
     marks = []
     for domain, texts in vs.requests(sum(counts) + 1, args.domains).items():
-        phases, _ = vs.deal([tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                     tokenize=False) for q in texts], counts)
+        phases, _ = vs.deal([vs.chat_prompt(tok, q) for q in texts], counts)
         for g in range(args.groups):
             first = len(probe.POSITIONS)
             vs.run_lockstep({"e": llm}, ["e"], phases[0][g * per_group:(g + 1) * per_group], params,

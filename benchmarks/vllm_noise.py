@@ -48,7 +48,7 @@ def main() -> None:
 
     from latticekit._machine import machine
     from latticekit.loading import smollm2_hf_folder
-    from vllm_speed import requests, run_lockstep
+    from vllm_speed import chat_prompt, requests, run_lockstep
 
     vllm.envs.disable_envs_cache()
     common = dict(model=str(smollm2_hf_folder()), dtype="float32", max_model_len=4096, max_num_seqs=args.concurrency,
@@ -57,8 +57,7 @@ def main() -> None:
     engines = {"a": vllm.LLM(**common), "b": vllm.LLM(**common), "empty": vllm.LLM(**common, speculative_config=empty)}
     tok = engines["a"].get_tokenizer()
     texts = requests(args.concurrency * args.groups + 1, ["chat"])["chat"]
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-               for q in texts]
+    prompts = [chat_prompt(tok, q) for q in texts]
     params = vllm.SamplingParams(temperature=0, max_tokens=args.max_tokens)
     for llm in engines.values():  # warm-up on a prompt no group uses
         llm.generate([prompts[-1]], vllm.SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)

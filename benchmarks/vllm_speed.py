@@ -312,6 +312,18 @@ def run_lockstep(engines: dict[str, Any], order: list[str], prompts: list[str], 
     return {name: (seconds[name], [outputs[name][i] for i in range(len(prompts))]) for name in order}
 
 
+def chat_prompt(tok: Any, text: str) -> str:
+    """``text`` as one user turn through the model's chat template, ready for the answer."""
+    return str(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                       tokenize=False))
+
+
+def burst_prompts(tok: Any, text: str, n: int) -> list[str]:
+    """``n`` copies of the request ``text`` (:func:`chat_prompt`), each numbered so that they share
+    no more than the chat template's head: a warm-up burst at a level (see the module docstring)."""
+    return [chat_prompt(tok, f"Request {i + 1}. {text}") for i in range(n)]
+
+
 def deal(texts: list[str], counts: list[int]) -> tuple[list[list[str]], list[str]]:
     """``texts`` dealt out in order: ``counts[i]`` distinct ones to phase ``i``, then the rest to warm up."""
     starts = [sum(counts[:i]) for i in range(len(counts) + 1)]
@@ -483,18 +495,13 @@ def main() -> None:
     # per domain, the requests no phase uses (their text, not templated): the first warms every
     # engine up, then one per level its bursts (below)
     warmups: dict[str, list[str]] = {}
-
-    def chat(q: str) -> str:
-        return str(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                           tokenize=False))
-
     for d, qs in requests(sum(counts) + 1 + len(counts), args.domains).items():
         phases[d], warmups[d] = deal(qs, counts)
-        phases[d] = [[chat(q) for q in texts] for texts in phases[d]]
+        phases[d] = [[chat_prompt(tok, q) for q in texts] for texts in phases[d]]
     params = vllm.SamplingParams(temperature=0, max_tokens=args.max_tokens)
     warm_params = vllm.SamplingParams(temperature=0, max_tokens=8)
     for llm in engines.values():  # warm-up, outside the figures, on a prompt no phase uses
-        llm.generate([chat(warmups[args.domains[0]][0])], warm_params, use_tqdm=False)
+        llm.generate([chat_prompt(tok, warmups[args.domains[0]][0])], warm_params, use_tqdm=False)
 
     results: dict[str, Any] = {"machine": machine(), "args": vars(args), "vllm": vllm.__version__,
                                "engines": {k: v for k, v in specs.items()},
@@ -508,9 +515,8 @@ def main() -> None:
             # a burst at this level, outside the figures, through every engine: an engine's first
             # burst larger than any it had run cost more, by amounts that differed from engine to
             # engine (see the module docstring). Copies of a request of the level's own (no phase's,
-            # no other level's: no memory of earlier answers holds its answer), each numbered so
-            # that they share no more than the chat template's head
-            burst = [chat(f"Request {i + 1}. {warmups[domain][1 + phase]}") for i in range(concurrency)]
+            # no other level's: no memory of earlier answers holds its answer)
+            burst = burst_prompts(tok, warmups[domain][1 + phase], concurrency)
             if args.lockstep:
                 run_lockstep(engines, names, burst, warm_params, concurrency, clocks)
             else:
