@@ -10,7 +10,7 @@
 # The test environment itself holds the transformers vLLM's CPU build allows (<5.20), so the
 # newest allowed release needs an environment of its own.
 #
-#   .ci/transformers_matrix.sh            # oldest, then newest
+#   .ci/transformers_matrix.sh            # both venvs built at once, then the tests: oldest, newest
 #   .ci/transformers_matrix.sh oldest     # or: newest
 #   .ci/transformers_matrix.sh venv DIR   # only a venv in DIR over the test environment
 #                                         # (tests/test_ci_matrix.py checks it from a venv)
@@ -36,7 +36,9 @@ fi
 
 layered_venv() {  # layered_venv DIR: a new venv whose own site-packages come before the test environment's
     local venv=$1
-    "$PYTHON" -m venv --clear "$venv"
+    # no pip of its own (ensurepip took 5 s a venv): the test environment's pip, on the venv's
+    # path through the .pth file below, installs into the venv it runs in
+    "$PYTHON" -m venv --clear --without-pip "$venv"
     "$PYTHON" - "$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" <<'PY'
 import site, sys, sysconfig
 paths = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
@@ -47,25 +49,35 @@ with open(f"{sys.argv[1]}/zz_test_environment.pth", "w") as pth:
 PY
 }
 
-run() {  # run oldest|newest
-    local which=$1 venv="$ROOT/$1" want
-    want=$(sed -n 's/.*"\(transformers>=[0-9][0-9.]*,<[0-9][0-9.]*\)".*/\1/p' pyproject.toml | sort -u)
-    [[ $which == oldest ]] && want="transformers==$oldest"
-    local t0=$SECONDS
+want() {  # want oldest|newest: the transformers requirement its venv installs
+    if [[ $1 == oldest ]]; then
+        echo "transformers==$oldest"
+    else
+        sed -n 's/.*"\(transformers>=[0-9][0-9.]*,<[0-9][0-9.]*\)".*/\1/p' pyproject.toml | sort -u
+    fi
+}
+
+build() {  # build oldest|newest: its venv, with its own transformers
+    local venv="$ROOT/$1" want version t0=$SECONDS
+    want=$(want "$1")
     layered_venv "$venv"
     # --ignore-installed: the venv gets its own transformers (and what that release pins) even
     # where the test environment's would satisfy the requirement
     "$venv/bin/python" -m pip install -q --ignore-installed --no-deps "$want"
     "$venv/bin/python" -m pip install -q "$want"  # its dependencies, where the shared ones do not fit
-    local version
+    # the first import compiles the new transformers' modules (several seconds): here, side by side
     version=$("$venv/bin/python" -c "import torch, transformers; print(transformers.__version__)")
-    echo "== transformers $version ($which): venv built in $((SECONDS - t0)) s"
-    t0=$SECONDS
+    echo "== transformers $version ($1): venv built in $((SECONDS - t0)) s"
+}
+
+run_tests() {  # run_tests oldest|newest: the tests in its venv
+    local venv="$ROOT/$1" version t0=$SECONDS
+    version=$("$venv/bin/python" -c "import transformers; print(transformers.__version__)")
     # not the statistical tests (hundreds of seeded samples of a sampling law, half the
     # time): the main suite runs them; what differs here is transformers, which their models'
     # forward passes share with the greedy tests run here
     "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider -m "not statistical" "${TESTS[@]}"
-    echo "== transformers $version ($which): tests ran in $((SECONDS - t0)) s"
+    echo "== transformers $version ($1): tests ran in $((SECONDS - t0)) s"
 }
 
 if [[ ${1:-} == venv ]]; then
@@ -84,8 +96,27 @@ fi
 
 [[ $# -gt 0 ]] || set -- oldest newest
 for which in "$@"; do
-    case $which in
-        oldest|newest) run "$which" ;;
-        *) echo "usage: $0 [oldest] [newest]" >&2; exit 2 ;;
-    esac
+    [[ $which == oldest || $which == newest ]] || { echo "usage: $0 [oldest] [newest]" >&2; exit 2; }
+done
+# the venvs are built side by side (pip mostly waits on one core: 55 s one after the other, about
+# 30 s at once on a 2-core VM), each into a log that is shown once it is done; then the tests
+mkdir -p "$ROOT"
+t0=$SECONDS
+pids=()
+for which in "$@"; do
+    build "$which" >"$ROOT/$which.log" 2>&1 &
+    pids+=($!)
+done
+for i in "${!pids[@]}"; do
+    which=${*:i+1:1}
+    if ! wait "${pids[$i]}"; then
+        cat "$ROOT/$which.log" >&2
+        echo "$0: the $which venv ($(want "$which")) could not be built" >&2
+        exit 1
+    fi
+    cat "$ROOT/$which.log"
+done
+echo "== venvs ($*) built in $((SECONDS - t0)) s"
+for which in "$@"; do
+    run_tests "$which"
 done

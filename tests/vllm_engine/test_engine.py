@@ -276,14 +276,14 @@ def test_churn_and_hostile_requests_leave_the_engine_up_and_free_finished_reques
     # memory, added 0.1 MB a wave of 30; drafting, 200 MB over the first 600 requests and 120 MB
     # over the next 1,500 here, 97 MB over 210 requests on another machine). The proposer's own
     # memory across churn is test_proposer_units.py's.
-    wave(60)
+    wave(30)
     first = engine_stats(drafted, stats_path)
-    wave(150)
+    wave(90)
     with pytest.raises(Exception):  # an empty prompt is vLLM's to refuse; the engine stays up
         drafted.generate([{"prompt_token_ids": []}], few, use_tqdm=False)
-    wave(60)
+    wave(30)
     stats = engine_stats(drafted, stats_path)
-    assert stats["errors"] == 0 and stats["requests_started"] >= first["requests_started"] + 210
+    assert stats["errors"] == 0 and stats["requests_started"] >= first["requests_started"] + 120
     assert stats["states"] <= 16  # finished requests' states are freed
     assert stats["requests_finished"] - first["requests_finished"] >= \
         stats["requests_started"] - first["requests_started"] - 16
