@@ -98,7 +98,13 @@ only the last engine's metrics. Results: ``benchmarks/results/vllm_speed/``.
 Usage::
 
     PYTHONPATH=. python benchmarks/vllm_speed.py [--lockstep] [--concurrency 1 4 16] [--groups 3] \\
-        [--max-tokens 96] [--engines none empty vllm-ngram suffix latticekit lattice]
+        [--max-tokens 96] [--engines none empty vllm-ngram suffix latticekit lattice] [--replicate none]
+
+``--replicate`` adds a second engine of each kind named (``none-2``: the same settings), so
+that a run says what two like engines differ by: single groups of identical work have run up
+to 13-17% apart at 16 requests on the 2-core EPYC, and a ratio to ``none`` within that is not
+told from it. The report's last tables take every domain's groups at a level together: each
+engine's geometric mean over them with a bootstrap interval, and each twin over its engine.
 
 (``PYTHONPATH=.``: the ``empty`` engine's proposer is this file's :class:`EmptyProposer`,
 which vLLM's worker imports as ``benchmarks.vllm_speed.EmptyProposer``.)
@@ -115,6 +121,8 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+import numpy as np
 
 from latticekit.drafting.calibration import AcceptanceModel
 from latticekit.vllm import NGramProposer
@@ -324,6 +332,38 @@ def burst_prompts(tok: Any, text: str, n: int) -> list[str]:
     return [chat_prompt(tok, f"Request {i + 1}. {text}") for i in range(n)]
 
 
+def replica(name: str) -> str:
+    """The name of ``--replicate``'s like engine of ``name``."""
+    return f"{name}-2"
+
+
+def geometric_interval(ratios: list[float], rounds: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """The geometric mean of per-group ``ratios`` and its 90% interval, resampling the groups
+    (a seeded bootstrap)."""
+    logs = np.log(np.asarray(ratios, dtype=np.float64))
+    means = np.random.default_rng(seed).choice(logs, size=(rounds, len(logs))).mean(axis=1)
+    low, high = np.quantile(means, [0.05, 0.95])
+    return float(np.exp(logs.mean())), float(np.exp(low)), float(np.exp(high))
+
+
+def level_ratios(results: dict[str, Any]) -> dict[int, dict[str, dict[str, list[float]]]]:
+    """Per level, per engine, its per-group ratios over every domain's groups: to no speculation
+    (``none``), to the better of ``vllm-ngram`` and ``suffix`` (``best``), and to its
+    ``--replicate`` twin where it has one (``twin``: what like engines differ by)."""
+    levels: dict[int, dict[str, dict[str, list[float]]]] = {}
+    for run in results["runs"]:
+        speed = {n: e["tokens"] / e["seconds"] for n, e in run["engines"].items()}
+        rivals = [speed[n] for n in ("vllm-ngram", "suffix") if n in speed]
+        for name, s in speed.items():
+            got = levels.setdefault(run["concurrency"], {}).setdefault(name, {"none": [], "best": [], "twin": []})
+            got["none"].append(s / speed["none"])
+            if rivals:
+                got["best"].append(s / max(rivals))
+            if replica(name) in speed:
+                got["twin"].append(speed[replica(name)] / s)
+    return levels
+
+
 def deal(texts: list[str], counts: list[int]) -> tuple[list[list[str]], list[str]]:
     """``texts`` dealt out in order: ``counts[i]`` distinct ones to phase ``i``, then the rest to warm up."""
     starts = [sum(counts[:i]) for i in range(len(counts) + 1)]
@@ -382,6 +422,9 @@ def main() -> None:
     p.add_argument("--lattice-variant", nargs="+", default=[], metavar="NAME=JSON",
                    help="more lattice engines in the same run, engine 'lattice-NAME' with these settings beside "
                         "the lattice engine's (at the levels of --lattice-at)")
+    p.add_argument("--replicate", nargs="+", default=[], metavar="ENGINE",
+                   help="a second engine of each of these (ENGINE-2, the same settings), to measure what like "
+                        "engines differ by in the same run: the report's 'like engines' lines")
     p.add_argument("--domains", nargs="+", default=list(DEFAULT_DOMAINS), choices=list(DOMAINS))
     p.add_argument("--medusa", default=str(ROOT / "cache" / "medusa-smollm2-h4"),
                    help="the Medusa checkpoint folder (vLLM's layout) of the medusa and lattice-medusa engines")
@@ -455,6 +498,17 @@ def main() -> None:
             print(f"engine {name}: skipped, no Medusa checkpoint in {args.medusa} (benchmarks/medusa_heads.py)",
                   flush=True)
             del specs[name]
+    for name in args.replicate:  # a like engine: the same spec, settings and levels
+        if name not in specs:
+            raise SystemExit(f"--replicate {name}: not an engine of this run ({', '.join(specs)})")
+        twin = replica(name)
+        specs[twin] = specs[name]
+        if name in settings:
+            settings[twin] = settings[name]
+            if name in stats_paths:
+                stats_paths[twin] = out / f"proposer_stats-{twin}.json"
+        if name in lattices:
+            lattices.add(twin)
     common = dict(model=str(folder), dtype="float32", max_model_len=4096, max_num_seqs=max(args.concurrency),
                   enforce_eager=True, seed=0, disable_log_stats=False)  # about 3 GB an engine (its core and worker)
     if args.lockstep:  # every engine's core and worker in this process, so that one step at a time is its step
@@ -475,9 +529,9 @@ def main() -> None:
             given = {k: v for k, v in settings[name].items() if k != "stats"}
             spec = specs[name] = speculative_config(args.k, **given, **(
                 {"stats": str(stats_paths[name])} if name in stats_paths else {}))
-            if name == "latticekit-one-model":
+            if name in ("latticekit-one-model", replica("latticekit-one-model")):
                 spec["model"] = "benchmarks.vllm_speed.OneModelProposer"
-            if name == "latticekit-steps":
+            if name in ("latticekit-steps", replica("latticekit-steps")):
                 spec["model"] = "benchmarks.vllm_speed.StepLogProposer"
         engines[name] = vllm.LLM(**common, **({"speculative_config": spec} if spec else {}))
         if args.lockstep:
@@ -638,6 +692,32 @@ def markdown(summary: dict[str, Any], results: dict[str, Any]) -> str:
             lines.append(f"| {block['concurrency']} | {block['domain']} | {name} | {len(a['ratios'])} | "
                          f"{a['tokens_per_s']:.1f} | {a['median_group_speedup']:.3f} ({spread[0]:.2f}-{spread[1]:.2f}) | "
                          f"{best} | {per_call} | {a['ms_per_token']:.1f} | {draft} | {block['identical']} |")
+    lines += ["", "Over every domain's groups at a level: the geometric mean of the per-group ratios, its 90% "
+              "interval resampling the groups (bootstrap), and the groups the engine was ahead in. Like engines: "
+              "each `--replicate` twin over its engine, what two engines of one kind differ by in this run.", "",
+              "| concurrency | engine | groups | x none | ahead | x best of ngram, suffix | ahead |",
+              "|---|---|---|---|---|---|---|"]
+    twins = []
+    for level, engines in sorted(level_ratios(results).items()):
+        for name, got in engines.items():
+            if got["twin"]:
+                mean, low, high = geometric_interval(got["twin"])
+                twins.append(f"| {level} | {replica(name)} / {name} | {len(got['twin'])} | {mean:.3f} ({low:.3f}-{high:.3f}) "
+                             f"| {min(got['twin']):.3f}-{max(got['twin']):.3f} |")
+            if name == "none":
+                continue
+            cells = []
+            for key in ("none", "best"):
+                ratios = got[key]
+                if not ratios or key == "best" and name in ("vllm-ngram", "suffix"):
+                    cells += ["-", "-"]
+                    continue
+                mean, low, high = geometric_interval(ratios)
+                cells += [f"{mean:.3f} ({low:.3f}-{high:.3f})", f"{sum(r > 1 for r in ratios)}/{len(ratios)}"]
+            lines.append(f"| {level} | {name} | {len(got['none'])} | " + " | ".join(cells) + " |")
+    if twins:
+        lines += ["", "| concurrency | like engines | groups | geometric mean (90%) | lowest-highest group |",
+                  "|---|---|---|---|---|", *twins]
     return "\n".join(lines) + "\n"
 
 

@@ -5,6 +5,8 @@ already seen."""
 
 from __future__ import annotations
 
+import pytest
+
 from vllm_helpers import vllm_speed_module
 
 
@@ -36,3 +38,35 @@ def test_a_warm_up_burst_is_numbered_copies_of_its_request_through_the_chat_temp
     burst = bench.burst_prompts(tok, text, 16)
     assert len(burst) == len(set(burst)) == 16  # distinct prompts: no prefix cache serves one from another
     assert burst[0] == bench.chat_prompt(tok, f"Request 1. {text}") and all(text in p for p in burst)
+
+
+def test_the_report_takes_every_domains_groups_at_a_level_and_like_engines_against_each_other():
+    """The report's lines over every group of a level: the geometric mean of the per-group ratios,
+    a bootstrap interval that holds it (and is a point where every group agrees), the groups
+    ahead; a ``--replicate`` twin over its engine."""
+    import math
+
+    bench = vllm_speed_module()
+    speeds = [  # per group: tokens/s of each engine
+        {"none": 100.0, "none-2": 98.0, "vllm-ngram": 90.0, "suffix": 95.0, "latticekit": 110.0},
+        {"none": 120.0, "none-2": 123.0, "vllm-ngram": 130.0, "suffix": 100.0, "latticekit": 117.0},
+        {"none": 80.0, "none-2": 80.0, "vllm-ngram": 70.0, "suffix": 60.0, "latticekit": 84.0},
+    ]
+    runs = [{"concurrency": 16, "domain": domain, "group": 0, "identical": {},
+             "engines": {n: {"tokens": 1000, "seconds": 1000 / s, "accepted": 0} for n, s in group.items()}}
+            for domain, group in zip(("chat", "code", "summary"), speeds)]
+    runs.append({**runs[0], "concurrency": 1})  # another level: its own lines
+    levels = bench.level_ratios({"runs": runs})
+    assert sorted(levels) == [1, 16]
+    got = levels[16]["latticekit"]
+    assert got["none"] == pytest.approx([1.1, 117 / 120, 84 / 80])
+    assert got["best"] == pytest.approx([110 / 95, 117 / 130, 84 / 70])
+    assert levels[16]["none"]["twin"] == pytest.approx([0.98, 123 / 120, 1.0]) and not got["twin"]
+    mean, low, high = bench.geometric_interval(got["none"])
+    assert math.isclose(mean, math.prod(got["none"]) ** (1 / 3)) and low <= mean <= high
+    assert bench.geometric_interval([1.02] * 4) == pytest.approx((1.02, 1.02, 1.02))
+    report = bench.markdown({}, {"vllm": "0", "machine": {"cpu": "cpu", "isa": []}, "args": {}, "runs": runs})
+    line = next(row for row in report.splitlines() if row.startswith("| 16 | latticekit | 3 |"))
+    assert f"{mean:.3f} ({low:.3f}-{high:.3f}) | 2/3 |" in line
+    assert any(row.startswith("| 16 | none-2 / none | 3 |") for row in report.splitlines())
+    assert not any(row.startswith("| 16 | none |") for row in report.splitlines())  # the reference: no line
