@@ -98,8 +98,8 @@ fi
 for which in "$@"; do
     [[ $which == oldest || $which == newest ]] || { echo "usage: $0 [oldest] [newest]" >&2; exit 2; }
 done
-# the venvs are built side by side (pip mostly waits on one core: 55 s one after the other, about
-# 30 s at once on a 2-core VM), each into a log that is shown once it is done; then the tests
+# the venvs are built side by side (pip keeps about one core busy: 55 s one after the other,
+# 19-25 s at once on a 2-core VM), each into a log that is shown once it is done; then the tests
 mkdir -p "$ROOT"
 t0=$SECONDS
 pids=()
