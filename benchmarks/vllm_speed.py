@@ -346,21 +346,21 @@ def geometric_interval(ratios: list[float], rounds: int = 2000, seed: int = 0) -
     return float(np.exp(logs.mean())), float(np.exp(low)), float(np.exp(high))
 
 
-def level_ratios(results: dict[str, Any]) -> dict[int, dict[str, dict[str, list[float]]]]:
-    """Per level, per engine, its per-group ratios over every domain's groups: to no speculation
-    (``none``), to the better of ``vllm-ngram`` and ``suffix`` (``best``), and to its
-    ``--replicate`` twin where it has one (``twin``: what like engines differ by)."""
+def level_ratios(summary: dict[str, Any]) -> dict[int, dict[str, dict[str, list[float]]]]:
+    """Per level, per engine, its per-group ratios over every domain's groups (:func:`summarize`'s,
+    in group order): to no speculation (``none``), to the better of ``vllm-ngram`` and ``suffix``
+    (``best``), and of its ``--replicate`` twin to it (``twin``: what like engines differ by; both
+    ratios to the same group's ``none``)."""
     levels: dict[int, dict[str, dict[str, list[float]]]] = {}
-    for run in results["runs"]:
-        speed = {n: e["tokens"] / e["seconds"] for n, e in run["engines"].items()}
-        rivals = [speed[n] for n in ("vllm-ngram", "suffix") if n in speed]
-        for name, s in speed.items():
-            got = levels.setdefault(run["concurrency"], {}).setdefault(name, {"none": [], "best": [], "twin": []})
-            got["none"].append(s / speed["none"])
-            if rivals:
-                got["best"].append(s / max(rivals))
-            if replica(name) in speed:
-                got["twin"].append(speed[replica(name)] / s)
+    for key in sorted(summary, key=lambda k: (summary[k]["concurrency"], summary[k]["domain"])):
+        block = summary[key]
+        for name, agg in block["engines"].items():
+            got = levels.setdefault(block["concurrency"], {}).setdefault(name, {"none": [], "best": [], "twin": []})
+            got["none"] += agg["ratios"]
+            got["best"] += agg["vs_best"]
+            twin = block["engines"].get(replica(name))
+            if twin is not None:
+                got["twin"] += [t / r for t, r in zip(twin["ratios"], agg["ratios"])]
     return levels
 
 
@@ -698,7 +698,7 @@ def markdown(summary: dict[str, Any], results: dict[str, Any]) -> str:
               "| concurrency | engine | groups | x none | ahead | x best of ngram, suffix | ahead |",
               "|---|---|---|---|---|---|---|"]
     twins = []
-    for level, engines in sorted(level_ratios(results).items()):
+    for level, engines in sorted(level_ratios(summary).items()):
         for name, got in engines.items():
             if got["twin"]:
                 mean, low, high = geometric_interval(got["twin"])

@@ -56,7 +56,9 @@ def test_the_report_takes_every_domains_groups_at_a_level_and_like_engines_again
              "engines": {n: {"tokens": 1000, "seconds": 1000 / s, "accepted": 0} for n, s in group.items()}}
             for domain, group in zip(("chat", "code", "summary"), speeds)]
     runs.append({**runs[0], "concurrency": 1})  # another level: its own lines
-    levels = bench.level_ratios({"runs": runs})
+    results = {"vllm": "0", "machine": {"cpu": "cpu", "isa": []}, "args": {}, "runs": runs}
+    summary = bench.summarize(results)
+    levels = bench.level_ratios(summary)
     assert sorted(levels) == [1, 16]
     got = levels[16]["latticekit"]
     assert got["none"] == pytest.approx([1.1, 117 / 120, 84 / 80])
@@ -65,7 +67,7 @@ def test_the_report_takes_every_domains_groups_at_a_level_and_like_engines_again
     mean, low, high = bench.geometric_interval(got["none"])
     assert math.isclose(mean, math.prod(got["none"]) ** (1 / 3)) and low <= mean <= high
     assert bench.geometric_interval([1.02] * 4) == pytest.approx((1.02, 1.02, 1.02))
-    report = bench.markdown({}, {"vllm": "0", "machine": {"cpu": "cpu", "isa": []}, "args": {}, "runs": runs})
+    report = bench.markdown(summary, results)
     line = next(row for row in report.splitlines() if row.startswith("| 16 | latticekit | 3 |"))
     assert f"{mean:.3f} ({low:.3f}-{high:.3f}) | 2/3 |" in line
     assert any(row.startswith("| 16 | none-2 / none | 3 |") for row in report.splitlines())
