@@ -67,8 +67,9 @@ class ProposerConfig:
             (the median of 27 groups; 0.89x at 4 requests), and at 1.05x on held-out prompts
             at one request (docs/vllm.md).
         stats: a JSON file the proposer rewrites with its counters at most every half second while
-            it is called
-            (steps, drafted, accepted and proposed tokens, drafting seconds, errors, fitted costs).
+            it is called, and when it learns that requests finished, off the engine's thread
+            (steps, drafted, accepted and proposed tokens, drafting seconds, errors, fitted costs);
+            :func:`~latticekit.vllm.engine.engine_stats` reads it up to date.
         heads: draft heads for the lattice proposer (``LatticeProposer``): a latticekit heads
             file (``BlockHeads.save``) or a Medusa checkpoint folder (vLLM's or FasterDecoding's
             layout, :mod:`latticekit.heads.medusa`). None: the n-gram proposer.

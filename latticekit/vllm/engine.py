@@ -19,7 +19,7 @@ from latticekit.errors import ProposerConfigError
 from latticekit.ngram import NGramLM
 
 __all__ = ["find_runner", "load_lm", "dynamic_schedule", "scheduled_tokens", "request_answer", "engine_stats",
-           "plain_steps", "attended_keys", "prompt_length", "tokens_left"]
+           "stats_asked", "STATS_REQUEST", "plain_steps", "attended_keys", "prompt_length", "tokens_left"]
 
 
 def find_runner() -> Any:
@@ -161,12 +161,25 @@ def tokens_left(request: Any, length: int) -> Optional[int]:
     return most - (length - prompt)
 
 
+#: The ``extra_args`` key of :func:`engine_stats`' request: a call whose batch holds a request
+#: with it waits for its stats file's rewrite (no other call waits for the disk).
+STATS_REQUEST = "latticekit_stats"
+
+
 def engine_stats(llm: Any, path: Any) -> dict[str, Any]:
     """The counters of the proposer of ``llm`` (a ``vllm.LLM`` whose proposer writes ``stats``
-    to ``path``) after the requests it has run: the proposer rewrites the file at most every
-    half second, and whenever it learns that requests finished (at its next call), so one
-    request of one token brings the file up to date (that request's step counted too)."""
+    to ``path``) after the requests it has run. It sends one request of one token, marked
+    (:data:`STATS_REQUEST` in its ``extra_args``): the proposer's call for its step learns that
+    the earlier requests finished, is counted itself, and waits for that rewrite of the file,
+    which no other call does (the file is rewritten off the engine's thread)."""
     import vllm
 
-    llm.generate([{"prompt_token_ids": [1, 2]}], vllm.SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    params = vllm.SamplingParams(temperature=0, max_tokens=1, extra_args={STATS_REQUEST: True})
+    llm.generate([{"prompt_token_ids": [1, 2]}], params, use_tqdm=False)
     return cast(dict[str, Any], json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def stats_asked(request: Any) -> bool:
+    """Whether ``request`` (the runner's state of a request) is :func:`engine_stats`' request."""
+    extra = getattr(getattr(request, "sampling_params", None), "extra_args", None)
+    return isinstance(extra, dict) and bool(extra.get(STATS_REQUEST))

@@ -1399,21 +1399,33 @@ def test_request_churn_leaves_the_proposers_memory_flat() -> None:
 
 
 def test_the_stats_file_is_written_off_the_engines_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``stats``, a call hands the file to a writer thread of its own and does not wait
-    for the disk (``LatestWriter``); a call that learnt that requests finished waits for it, so
-    that one request brings the file up to date (``engine.engine_stats``). A failed write is
-    counted on the engine's thread."""
+    """With ``stats``, a call hands the file to a writer thread of its own and never waits for
+    the disk (``LatestWriter``), not even where it learnt that requests finished; only a call
+    whose batch holds ``engine_stats``' marked request waits for its rewrite, so that that
+    request brings the file up to date. A failed write is counted on the engine's thread."""
     import threading
     import time
+    import weakref
     from contextlib import contextmanager
 
     from latticekit import _files
+    from latticekit.vllm.engine import STATS_REQUEST
 
     path = tmp_path / "stats.json"
-    proposer = NGramProposer(engine_config(), ProposerConfig(stats=str(path)))
-    proposer._finished_now = True
-    proposer._write_stats(0.0)
-    assert json.loads(path.read_text())["calls"] == 0
+    proposer = NGramProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.0), stats=str(path)))
+    runner = Runner()
+    proposer._runner = weakref.ref(runner)
+    batch = Batch(1)
+    marked = SimpleNamespace(prompt_token_ids=[1, 2], sampling_params=SimpleNamespace(extra_args={STATS_REQUEST: True}))
+    plain = SimpleNamespace(prompt_token_ids=[1, 2], sampling_params=SimpleNamespace(extra_args=None))
+
+    def call(key: str, request: Any) -> None:
+        runner.input_batch.req_ids, runner.requests = [key], {key: request}
+        batch.put(0, [1, 2, 7])
+        proposer.propose([[7]], batch.lengths, batch.ids)
+
+    call("s0", marked)  # the first call: written, and waited for (the marked request)
+    assert json.loads(path.read_text())["calls"] == 1
     release, real = threading.Event(), _files.atomic_write
 
     @contextmanager
@@ -1423,17 +1435,16 @@ def test_the_stats_file_is_written_off_the_engines_thread(tmp_path: Path, monkey
             yield f
 
     monkeypatch.setattr(_files, "atomic_write", slow)
-    proposer.counters["calls"], proposer._finished_now = 7, False
     start = time.perf_counter()
-    proposer._write_stats(1.0)
-    assert time.perf_counter() - start < 1 and json.loads(path.read_text())["calls"] == 0  # handed, not written
+    call("a", plain)  # learns that s0 finished: rewritten, not waited for
+    call("b", plain)  # ... and a
+    assert time.perf_counter() - start < 1 and json.loads(path.read_text())["calls"] == 1  # handed, not written
     release.set()
-    proposer.counters["calls"], proposer._finished_now = 8, True
-    proposer._write_stats(2.0)
-    assert json.loads(path.read_text())["calls"] == 8 and proposer.stats()["errors"] == 0
+    call("s1", marked)  # learns that b finished, and waits for its own rewrite
+    assert json.loads(path.read_text())["calls"] == 4 and proposer.stats()["errors"] == 0
     # a write that fails is counted by the engine's thread, at the call that waits for it or the next
     monkeypatch.setattr(_files, "atomic_write", real)
     path.unlink()
     path.mkdir()  # a folder where the file should be
-    proposer._write_stats(3.0)
+    call("s2", marked)
     assert proposer.stats()["errors"] == 1 and path.is_dir()
