@@ -1,5 +1,7 @@
 """Where an engine's seconds go in lockstep: per engine, its steps' seconds, its proposer's
-``propose`` seconds, and the garbage collector's pauses while it stepped.
+``propose`` seconds (and its calls over 2 ms), the parts of vLLM's step (``PARTS``: the
+scheduler, the model's forward, sampling with the proposer's call, the scheduler's update), and
+the garbage collector's pauses while it stepped.
 
 The engines (``benchmarks/vllm_speed.py``'s: vLLM's CPU build, SmolLM2-135M-Instruct float32,
 ``enforce_eager``, greedy) run in this process, each group of ``--concurrency`` chat prompts
@@ -11,7 +13,7 @@ proposer with ``arms`` ``["plain"]`` (its bookkeeping every step, never a draft)
 engine's outputs are checked identical to the first's.
 
     python benchmarks/engine_seconds.py --engines empty-plain latticekit latticekit-plain empty-plain-2 \\
-        --concurrency 16 --groups 3
+        --concurrency 16 --groups 3 [--stats FOLDER]
 """
 
 from __future__ import annotations
@@ -23,9 +25,32 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent
+#: The parts of a step timed: (where, method) on vLLM 0.32's in-process engine core
+#: (``EngineCore.step``), the proposer's call within ``sample_tokens``.
+PARTS = {"schedule": ("scheduler", "schedule"), "execute": ("model_executor", "execute_model"),
+         "sample": ("model_executor", "sample_tokens"), "update": ("scheduler", "update_from_output"),
+         "drafts": ("model_executor", "take_draft_token_ids")}
+#: A ``propose`` call slower than this is counted apart (seconds).
+SLOW_CALL = 0.002
+
+
+def time_parts(core: Any, name: str, stepping: list[str], parts: dict[str, dict[str, float]]) -> None:
+    """Wraps ``core``'s (an in-process ``EngineCore``) :data:`PARTS` so that their seconds add to
+    ``parts[name]`` while ``name`` steps."""
+    for part, (owner, method) in PARTS.items():
+        obj = getattr(core, owner)
+
+        def timed(*a: Any, _f: Any = getattr(obj, method), _part: str = part, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                if stepping == [name]:
+                    parts[name][_part] += time.perf_counter() - t0
+        setattr(obj, method, timed)
 
 
 def main() -> None:
@@ -36,9 +61,16 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--out", help="a JSON file of the figures")
+    p.add_argument("--malloc", choices=("tcmalloc", "glibc"), default="tcmalloc",
+                   help="the engines' allocator, as in vllm_speed.py (tcmalloc preloaded by default)")
+    p.add_argument("--stats", help="a folder: each latticekit engine writes its stats file there, as in "
+                   "vllm_speed.py (none by default)")
     args = p.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     sys.path.insert(0, str(ROOT.parent))
+    from benchmarks.vllm_speed import allocator, use_malloc
+
+    use_malloc(args.malloc)
     import vllm
     import vllm.envs
 
@@ -51,8 +83,7 @@ def main() -> None:
     kinds = {"none": None,
              "empty-plain": {"method": "custom_class", "model": "benchmarks.vllm_speed.EmptyPlainProposer",
                              "num_speculative_tokens": args.k},
-             "latticekit": speculative_config(args.k),
-             "latticekit-plain": speculative_config(args.k, arms=["plain"])}
+             "latticekit": {}, "latticekit-plain": {"arms": ["plain"]}}
     names = args.engines
     for name in names:
         if name.removesuffix("-2") not in kinds:
@@ -60,6 +91,9 @@ def main() -> None:
     engines = {}
     for name in names:
         spec = kinds[name.removesuffix("-2")]
+        if name.startswith("latticekit"):
+            stats = {"stats": str(Path(args.stats) / f"proposer_stats-{name}.json")} if args.stats else {}
+            spec = speculative_config(args.k, **cast(dict[str, Any], spec), **stats)
         engines[name] = vllm.LLM(model=str(smollm2_hf_folder()), dtype="float32", max_model_len=4096,
                                  max_num_seqs=args.concurrency, enforce_eager=True, seed=0,
                                  distributed_executor_backend="uni", **({"speculative_config": spec} if spec else {}))
@@ -76,7 +110,10 @@ def main() -> None:
 
     gc.callbacks.append(on_collect)
     proposing = dict.fromkeys(names, 0.0)
+    slow: dict[str, list[float]] = {name: [] for name in names}  # propose calls over SLOW_CALL
+    parts = {name: dict.fromkeys(PARTS, 0.0) for name in names}
     for name in names:
+        time_parts(engines[name].llm_engine.engine_core.engine_core, name, stepping, parts)
         drafter = in_process_drafter(engines[name])
         if drafter is not None:
             def timed(*a: Any, _propose: Any = drafter.propose, _name: str = name, **k: Any) -> Any:
@@ -84,7 +121,10 @@ def main() -> None:
                 try:
                     return _propose(*a, **k)
                 finally:
-                    proposing[_name] += time.perf_counter() - t0
+                    spent = time.perf_counter() - t0
+                    proposing[_name] += spent
+                    if spent > SLOW_CALL:
+                        slow[_name].append(spent)
             drafter.propose = timed
     tok = engines[names[0]].get_tokenizer()
     texts = requests(args.concurrency * args.groups + 1, ["chat"])["chat"]
@@ -125,14 +165,18 @@ def main() -> None:
     steps = {name: stepper.steps for name, stepper in steppers.items()}
     figures: dict[str, dict[str, Any]] = {name: {"steps": steps[name], "step_s": round(seconds[name], 4), "propose_s": round(proposing[name], 4),
                       "engine_s": round(seconds[name] - proposing[name], 4), "gc": collected[name],
+                      "parts_s": {part: round(v, 4) for part, v in parts[name].items()},
+                      "slow_calls": [len(slow[name]), round(sum(slow[name]), 4), round(max(slow[name], default=0.0), 4)],
                       "identical": outputs[name] == outputs[names[0]]} for name in names}
     for name, f in figures.items():
         print(f"{name}: {f['steps']} steps, {f['step_s']:.3f} s stepping, {f['propose_s']:.3f} s proposing, "
               f"{f['engine_s']:.3f} s besides, {f['gc'][0]} collections ({1e3 * f['gc'][1]:.1f} ms), "
-              f"identical {f['identical']}", flush=True)
+              f"identical {f['identical']}; parts (s) {f['parts_s']}; propose calls over {1e3 * SLOW_CALL:.0f} ms: "
+              f"{f['slow_calls'][0]}, {f['slow_calls'][1]:.3f} s, the longest {1e3 * f['slow_calls'][2]:.1f} ms", flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"machine": machine(), "args": vars(args), "vllm": vllm.__version__,
+                                              "malloc": allocator(),
                                               "engines": figures}, indent=1))
 
 

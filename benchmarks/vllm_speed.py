@@ -106,6 +106,14 @@ to 13-17% apart at 16 requests on the 2-core EPYC, and a ratio to ``none`` withi
 told from it. The report's last tables take every domain's groups at a level together: each
 engine's geometric mean over them with a bootstrap interval, and each twin over its engine.
 
+The engines allocate with tcmalloc (``--malloc tcmalloc``, the default), as vLLM's CPU
+installation guide asks of a server (``LD_PRELOAD``; vLLM warns at start without it): the
+benchmark starts itself again with it preloaded, and stops where it is not installed (Debian:
+``apt-get install libtcmalloc-minimal4``). With glibc's allocator (``--malloc glibc``, every run
+before stop 60) the model's forward took about 4,000 minor page faults a step at 16 requests,
+and ran about 8% slower (``benchmarks/engine_seconds.py``, docs/vllm.md, stop 60). The report
+names the allocator.
+
 (``PYTHONPATH=.``: the ``empty`` engine's proposer is this file's :class:`EmptyProposer`,
 which vLLM's worker imports as ``benchmarks.vllm_speed.EmptyProposer``.)
 """
@@ -118,6 +126,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -130,6 +139,9 @@ from latticekit.vllm import NGramProposer
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine: 16 requests of 1.4k tokens fit
 
 ROOT = Path(__file__).resolve().parent
+#: Where tcmalloc lies on Debian and Ubuntu (``libtcmalloc-minimal4``, ``libgoogle-perftools4``) and elsewhere.
+TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+            "/usr/lib64/libtcmalloc_minimal.so.4", "/usr/lib64/libtcmalloc.so.4", "/usr/lib/libtcmalloc_minimal.so.4")
 ENGINES = ("none", "empty", "empty-plain", "vllm-ngram", "suffix", "latticekit", "latticekit-one-model",
            "latticekit-steps", "medusa", "lattice-medusa", "lattice")
 DOMAINS = {
@@ -397,6 +409,27 @@ def suffix_decoding_missing() -> str | None:
     return None
 
 
+def allocator() -> str:
+    """The tcmalloc library this process has loaded, or ``"glibc"``."""
+    maps = Path("/proc/self/maps")
+    lines = maps.read_text().splitlines() if maps.exists() else []
+    return next((line.split()[-1] for line in lines if "tcmalloc" in line), "glibc")
+
+
+def use_malloc(kind: str) -> None:
+    """With ``kind`` ``"tcmalloc"``: starts this process again with tcmalloc preloaded where it
+    is not loaded yet (:data:`TCMALLOC`); stops where it is not installed. ``"glibc"``: nothing."""
+    if kind != "tcmalloc" or allocator() != "glibc":
+        return
+    found = next((path for path in TCMALLOC if Path(path).exists()), None)
+    if found is None:
+        raise SystemExit("--malloc tcmalloc: tcmalloc is not installed (Debian: apt-get install libtcmalloc-minimal4); "
+                         "or --malloc glibc")
+    preload = os.environ.get("LD_PRELOAD")
+    env = {**os.environ, "LD_PRELOAD": found + (f":{preload}" if preload else "")}
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--summarize", metavar="JSON", help="only rewrite the report of a results file")
@@ -428,8 +461,12 @@ def main() -> None:
     p.add_argument("--domains", nargs="+", default=list(DEFAULT_DOMAINS), choices=list(DOMAINS))
     p.add_argument("--medusa", default=str(ROOT / "cache" / "medusa-smollm2-h4"),
                    help="the Medusa checkpoint folder (vLLM's layout) of the medusa and lattice-medusa engines")
+    p.add_argument("--malloc", choices=("tcmalloc", "glibc"), default="tcmalloc",
+                   help="the engines' allocator: tcmalloc preloaded, as vLLM's CPU guide asks (the default), or glibc's")
     p.add_argument("--out", default=str(ROOT / "results" / "vllm_speed"))
     args = p.parse_args()
+    if not args.summarize:
+        use_malloc(args.malloc)
     if args.summarize:
         results = json.loads(Path(args.summarize).read_text())
         results.pop("summary", None)
@@ -558,7 +595,7 @@ def main() -> None:
         llm.generate([chat_prompt(tok, warmups[args.domains[0]][0])], warm_params, use_tqdm=False)
 
     results: dict[str, Any] = {"machine": machine(), "args": vars(args), "vllm": vllm.__version__,
-                               "engines": {k: v for k, v in specs.items()},
+                               "malloc": allocator(), "engines": {k: v for k, v in specs.items()},
                                "latticekit_settings": {k: v for k, v in settings.items() if k in specs}, "runs": []}
     for phase, concurrency in enumerate(args.concurrency):
         names = [n for n in engines if n not in lattices or concurrency in args.lattice_at]
@@ -675,6 +712,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
 def markdown(summary: dict[str, Any], results: dict[str, Any]) -> str:
     lines = [f"# vLLM speed: {results['vllm']} on {results['machine']['cpu']} ({', '.join(results['machine']['isa'])})",
              "", f"`{json.dumps(results['args'])}`", "",
+             *([f"Allocator: {results['malloc']}.", ""] if "malloc" in results else []),
              "Ratios per group of prompts (each engine ran the same group, interleaved): the median over "
              "groups, the lowest and highest in brackets. x best: over the better of vllm-ngram and suffix in "
              "that group.", "",

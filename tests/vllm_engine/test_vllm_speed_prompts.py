@@ -72,3 +72,32 @@ def test_the_report_takes_every_domains_groups_at_a_level_and_like_engines_again
     assert f"{mean:.3f} ({low:.3f}-{high:.3f}) | 2/3 |" in line
     assert any(row.startswith("| 16 | none-2 / none | 3 |") for row in report.splitlines())
     assert not any(row.startswith("| 16 | none |") for row in report.splitlines())  # the reference: no line
+
+
+def test_the_engines_allocator_is_tcmalloc_unless_told_and_a_missing_one_stops_the_run(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """``--malloc tcmalloc`` (the default) starts the benchmark again with tcmalloc preloaded,
+    and stops, naming the package, where it is not installed; ``glibc`` leaves the process as
+    it is. The report names the allocator a run had."""
+    import os
+
+    bench = vllm_speed_module()
+    started: list[tuple[str, list[str], dict[str, str]]] = []
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: started.append((path, argv, env)))
+    monkeypatch.setattr(bench, "allocator", lambda: "glibc")
+    bench.use_malloc("glibc")
+    assert started == []
+    library = tmp_path / "libtcmalloc_minimal.so.4"
+    library.write_bytes(b"")
+    monkeypatch.setattr(bench, "TCMALLOC", (str(tmp_path / "absent.so"), str(library)))
+    monkeypatch.setenv("LD_PRELOAD", "/other.so")
+    bench.use_malloc("tcmalloc")
+    assert len(started) == 1 and started[0][2]["LD_PRELOAD"] == f"{library}:/other.so"
+    monkeypatch.setattr(bench, "TCMALLOC", (str(tmp_path / "absent.so"),))
+    with pytest.raises(SystemExit, match="libtcmalloc-minimal4"):
+        bench.use_malloc("tcmalloc")
+    monkeypatch.setattr(bench, "allocator", lambda: str(library))  # loaded already: nothing to do
+    bench.use_malloc("tcmalloc")
+    assert len(started) == 1
+    results = {"vllm": "0", "machine": {"cpu": "cpu", "isa": []}, "args": {}, "malloc": str(library)}
+    assert f"Allocator: {library}." in bench.markdown({}, results)
