@@ -1,7 +1,7 @@
 """Where an engine's seconds go in lockstep: per engine, its steps' seconds, its proposer's
 ``propose`` seconds (and its calls over 2 ms), the parts of vLLM's step (``PARTS``: the
-scheduler, the model's forward, sampling with the proposer's call, the scheduler's update), and
-the garbage collector's pauses while it stepped.
+scheduler, the model's forward, sampling with the proposer's call, the scheduler's update) with
+the process's minor page faults in each, and the garbage collector's pauses while it stepped.
 
 The engines (``benchmarks/vllm_speed.py``'s: vLLM's CPU build, SmolLM2-135M-Instruct float32,
 ``enforce_eager``, greedy) run in this process, each group of ``--concurrency`` chat prompts
@@ -22,6 +22,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -37,19 +38,22 @@ PARTS = {"schedule": ("scheduler", "schedule"), "execute": ("model_executor", "e
 SLOW_CALL = 0.002
 
 
-def time_parts(core: Any, name: str, stepping: list[str], parts: dict[str, dict[str, float]]) -> None:
+def time_parts(core: Any, name: str, stepping: list[str], parts: dict[str, dict[str, float]],
+               faults: dict[str, dict[str, int]]) -> None:
     """Wraps ``core``'s (an in-process ``EngineCore``) :data:`PARTS` so that their seconds add to
-    ``parts[name]`` while ``name`` steps."""
+    ``parts[name]``, and the process's minor page faults in them to ``faults[name]``, while
+    ``name`` steps."""
     for part, (owner, method) in PARTS.items():
         obj = getattr(core, owner)
 
         def timed(*a: Any, _f: Any = getattr(obj, method), _part: str = part, **k: Any) -> Any:
-            t0 = time.perf_counter()
+            t0, f0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             try:
                 return _f(*a, **k)
             finally:
                 if stepping == [name]:
                     parts[name][_part] += time.perf_counter() - t0
+                    faults[name][_part] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
         setattr(obj, method, timed)
 
 
@@ -112,8 +116,9 @@ def main() -> None:
     proposing = dict.fromkeys(names, 0.0)
     slow: dict[str, list[float]] = {name: [] for name in names}  # propose calls over SLOW_CALL
     parts = {name: dict.fromkeys(PARTS, 0.0) for name in names}
+    faults = {name: dict.fromkeys(PARTS, 0) for name in names}
     for name in names:
-        time_parts(engines[name].llm_engine.engine_core.engine_core, name, stepping, parts)
+        time_parts(engines[name].llm_engine.engine_core.engine_core, name, stepping, parts, faults)
         drafter = in_process_drafter(engines[name])
         if drafter is not None:
             def timed(*a: Any, _propose: Any = drafter.propose, _name: str = name, **k: Any) -> Any:
@@ -165,13 +170,13 @@ def main() -> None:
     steps = {name: stepper.steps for name, stepper in steppers.items()}
     figures: dict[str, dict[str, Any]] = {name: {"steps": steps[name], "step_s": round(seconds[name], 4), "propose_s": round(proposing[name], 4),
                       "engine_s": round(seconds[name] - proposing[name], 4), "gc": collected[name],
-                      "parts_s": {part: round(v, 4) for part, v in parts[name].items()},
+                      "parts_s": {part: round(v, 4) for part, v in parts[name].items()}, "faults": faults[name],
                       "slow_calls": [len(slow[name]), round(sum(slow[name]), 4), round(max(slow[name], default=0.0), 4)],
                       "identical": outputs[name] == outputs[names[0]]} for name in names}
     for name, f in figures.items():
         print(f"{name}: {f['steps']} steps, {f['step_s']:.3f} s stepping, {f['propose_s']:.3f} s proposing, "
               f"{f['engine_s']:.3f} s besides, {f['gc'][0]} collections ({1e3 * f['gc'][1]:.1f} ms), "
-              f"identical {f['identical']}; parts (s) {f['parts_s']}; propose calls over {1e3 * SLOW_CALL:.0f} ms: "
+              f"identical {f['identical']}; parts (s) {f['parts_s']}, their minor page faults {f['faults']}; propose calls over {1e3 * SLOW_CALL:.0f} ms: "
               f"{f['slow_calls'][0]}, {f['slow_calls'][1]:.3f} s, the longest {1e3 * f['slow_calls'][2]:.1f} ms", flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
