@@ -4,8 +4,9 @@ scheduler, the model's forward, sampling with the proposer's call, the scheduler
 the process's minor page faults in each, and the garbage collector's pauses while it stepped.
 
 The engines (``benchmarks/vllm_speed.py``'s: vLLM's CPU build, SmolLM2-135M-Instruct float32,
-``enforce_eager``, greedy) run in this process, each group of ``--concurrency`` chat prompts
-through all of them one step at a time in a shuffled order (``vllm_speed.py``'s ``run_lockstep``).
+``enforce_eager``, greedy) run in this process, each group of ``--concurrency`` prompts of one
+domain (``--domain``, chat by default) through all of them one step at a time in a shuffled
+order (``vllm_speed.py``'s ``run_lockstep``).
 An engine name ending in ``-2`` is a second engine of the same kind: two engines that do the
 same work tell how far engines differ by themselves (where their memory lies, say), which is
 the spread any comparison of two engines carries. ``latticekit-plain``: latticekit's n-gram
@@ -13,7 +14,7 @@ proposer with ``arms`` ``["plain"]`` (its bookkeeping every step, never a draft)
 engine's outputs are checked identical to the first's.
 
     python benchmarks/engine_seconds.py --engines empty-plain latticekit latticekit-plain empty-plain-2 \\
-        --concurrency 16 --groups 3 [--stats FOLDER]
+        --concurrency 16 --groups 3 [--domain code] [--stats FOLDER] [--malloc glibc]
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--groups", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--domain", default="chat", help="vllm_speed.py's domain of the prompts (chat: short ones)")
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--out", help="a JSON file of the figures")
     p.add_argument("--malloc", choices=("tcmalloc", "glibc"), default="tcmalloc",
@@ -132,7 +134,7 @@ def main() -> None:
                         slow[_name].append(spent)
             drafter.propose = timed
     tok = engines[names[0]].get_tokenizer()
-    texts = requests(args.concurrency * args.groups + 1, ["chat"])["chat"]
+    texts = requests(args.concurrency * args.groups + 1, [args.domain])[args.domain]
     prompts = [chat_prompt(tok, q) for q in texts]
     for llm in engines.values():  # warm-up on the prompt no group takes
         llm.generate([prompts[-1]], vllm.SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
