@@ -14,7 +14,7 @@ proposer with ``arms`` ``["plain"]`` (its bookkeeping every step, never a draft)
 engine's outputs are checked identical to the first's.
 
     python benchmarks/engine_seconds.py --engines empty-plain latticekit latticekit-plain empty-plain-2 \\
-        --concurrency 16 --groups 3 [--domain code] [--stats FOLDER] [--malloc glibc]
+        --concurrency 16 --groups 3 [--domain code] [--stats FOLDER] [--malloc tcmalloc]
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def main() -> None:
     p.add_argument("--domain", default="chat", help="vllm_speed.py's domain of the prompts (chat: short ones)")
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--out", help="a JSON file of the figures")
-    p.add_argument("--malloc", choices=("tcmalloc", "glibc"), default="tcmalloc",
-                   help="the engines' allocator, as in vllm_speed.py (tcmalloc preloaded by default)")
+    p.add_argument("--malloc", choices=("glibc", "tcmalloc"), default="glibc",
+                   help="the engines' allocator, as in vllm_speed.py (glibc's by default, or tcmalloc preloaded)")
     p.add_argument("--stats", help="a folder: each latticekit engine writes its stats file there, as in "
                    "vllm_speed.py (none by default)")
     args = p.parse_args()

@@ -106,13 +106,15 @@ to 13-17% apart at 16 requests on the 2-core EPYC, and a ratio to ``none`` withi
 told from it. The report's last tables take every domain's groups at a level together: each
 engine's geometric mean over them with a bootstrap interval, and each twin over its engine.
 
-The engines allocate with tcmalloc (``--malloc tcmalloc``, the default), as vLLM's CPU
-installation guide asks of a server (``LD_PRELOAD``; vLLM warns at start without it): the
-benchmark starts itself again with it preloaded, and stops where it is not installed (Debian:
-``apt-get install libtcmalloc-minimal4``). With glibc's allocator (``--malloc glibc``, every run
-before stop 60) the model's forward took about 4,000 minor page faults a step at 16 requests,
-and ran about 8% slower (``benchmarks/engine_seconds.py``, docs/vllm.md, stop 60). The report
-names the allocator.
+The engines allocate with glibc's allocator unless told (``--malloc glibc``, as every run
+before stop 60). ``--malloc tcmalloc`` allocates with tcmalloc, as vLLM's CPU installation
+guide asks of a server (``LD_PRELOAD``; vLLM warns at start without it): the benchmark starts
+itself again with it preloaded, and stops where it is not installed (Debian: ``apt-get install
+libtcmalloc-minimal4``). With glibc's, the model's forward took 240,000-530,000 minor page faults
+in three groups of 16 code requests (long prompts), with tcmalloc 7,000-26,000, and ran
+4-6% faster with tcmalloc there and 7% slower on chat (runs alternated, one process each:
+``benchmarks/engine_seconds.py``, docs/vllm.md, stop 60): not a gain this machine tells apart
+from its drift between runs, so not the default. The report names the allocator.
 
 (``PYTHONPATH=.``: the ``empty`` engine's proposer is this file's :class:`EmptyProposer`,
 which vLLM's worker imports as ``benchmarks.vllm_speed.EmptyProposer``.)
@@ -461,8 +463,8 @@ def main() -> None:
     p.add_argument("--domains", nargs="+", default=list(DEFAULT_DOMAINS), choices=list(DOMAINS))
     p.add_argument("--medusa", default=str(ROOT / "cache" / "medusa-smollm2-h4"),
                    help="the Medusa checkpoint folder (vLLM's layout) of the medusa and lattice-medusa engines")
-    p.add_argument("--malloc", choices=("tcmalloc", "glibc"), default="tcmalloc",
-                   help="the engines' allocator: tcmalloc preloaded, as vLLM's CPU guide asks (the default), or glibc's")
+    p.add_argument("--malloc", choices=("glibc", "tcmalloc"), default="glibc",
+                   help="the engines' allocator: glibc's (the default), or tcmalloc preloaded, as vLLM's CPU guide asks")
     p.add_argument("--out", default=str(ROOT / "results" / "vllm_speed"))
     args = p.parse_args()
     if not args.summarize:

@@ -74,11 +74,11 @@ def test_the_report_takes_every_domains_groups_at_a_level_and_like_engines_again
     assert not any(row.startswith("| 16 | none |") for row in report.splitlines())  # the reference: no line
 
 
-def test_the_engines_allocator_is_tcmalloc_unless_told_and_a_missing_one_stops_the_run(
+def test_tcmalloc_when_asked_starts_the_run_again_with_it_and_a_missing_one_stops_the_run(
         monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    """``--malloc tcmalloc`` (the default) starts the benchmark again with tcmalloc preloaded,
-    and stops, naming the package, where it is not installed; ``glibc`` leaves the process as
-    it is. The report names the allocator a run had."""
+    """``--malloc tcmalloc`` starts the benchmark again with tcmalloc preloaded, and stops,
+    naming the package, where it is not installed; ``glibc`` (the default) leaves the process
+    as it is. The report names the allocator a run had."""
     import os
 
     bench = vllm_speed_module()
