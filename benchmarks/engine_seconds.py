@@ -173,13 +173,15 @@ def main() -> None:
     figures: dict[str, dict[str, Any]] = {name: {"steps": steps[name], "step_s": round(seconds[name], 4), "propose_s": round(proposing[name], 4),
                       "engine_s": round(seconds[name] - proposing[name], 4), "gc": collected[name],
                       "parts_s": {part: round(v, 4) for part, v in parts[name].items()}, "faults": faults[name],
-                      "slow_calls": [len(slow[name]), round(sum(slow[name]), 4), round(max(slow[name], default=0.0), 4)],
+                      "slow_calls": [len(slow[name]), round(sum(slow[name]), 4),
+                                     round(max(slow[name], default=0.0), 4)],
                       "identical": outputs[name] == outputs[names[0]]} for name in names}
     for name, f in figures.items():
         print(f"{name}: {f['steps']} steps, {f['step_s']:.3f} s stepping, {f['propose_s']:.3f} s proposing, "
               f"{f['engine_s']:.3f} s besides, {f['gc'][0]} collections ({1e3 * f['gc'][1]:.1f} ms), "
-              f"identical {f['identical']}; parts (s) {f['parts_s']}, their minor page faults {f['faults']}; propose calls over {1e3 * SLOW_CALL:.0f} ms: "
-              f"{f['slow_calls'][0]}, {f['slow_calls'][1]:.3f} s, the longest {1e3 * f['slow_calls'][2]:.1f} ms", flush=True)
+              f"identical {f['identical']}; parts (s) {f['parts_s']}, their minor page faults {f['faults']}; "
+              f"propose calls over {1e3 * SLOW_CALL:.0f} ms: {f['slow_calls'][0]}, {f['slow_calls'][1]:.3f} s, "
+              f"the longest {1e3 * f['slow_calls'][2]:.1f} ms", flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"machine": machine(), "args": vars(args), "vllm": vllm.__version__,

@@ -467,8 +467,6 @@ def main() -> None:
                    help="the engines' allocator: glibc's (the default), or tcmalloc preloaded, as vLLM's CPU guide asks")
     p.add_argument("--out", default=str(ROOT / "results" / "vllm_speed"))
     args = p.parse_args()
-    if not args.summarize:
-        use_malloc(args.malloc)
     if args.summarize:
         results = json.loads(Path(args.summarize).read_text())
         results.pop("summary", None)
@@ -479,6 +477,7 @@ def main() -> None:
         plot(summary, out / "vllm_speed.png")
         return
 
+    use_malloc(args.malloc)
     import vllm
 
     from latticekit._machine import machine
