@@ -27,7 +27,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 #: The parts of a step timed: (where, method) on vLLM 0.32's in-process engine core
@@ -86,20 +86,22 @@ def main() -> None:
     from latticekit.vllm import speculative_config
 
     vllm.envs.disable_envs_cache()
-    kinds = {"none": None,
-             "empty-plain": {"method": "custom_class", "model": "benchmarks.vllm_speed.EmptyPlainProposer",
-                             "num_speculative_tokens": args.k},
-             "latticekit": {}, "latticekit-plain": {"arms": ["plain"]}}
+    specs: dict[str, Any] = {"none": None,
+                             "empty-plain": {"method": "custom_class",
+                                             "model": "benchmarks.vllm_speed.EmptyPlainProposer",
+                                             "num_speculative_tokens": args.k}}
+    settings: dict[str, dict[str, Any]] = {"latticekit": {}, "latticekit-plain": {"arms": ["plain"]}}
     names = args.engines
     for name in names:
-        if name.removesuffix("-2") not in kinds:
-            raise SystemExit(f"engine {name!r}: one of {sorted(kinds)}, or one of them with -2")
+        if name.removesuffix("-2") not in {**specs, **settings}:
+            raise SystemExit(f"engine {name!r}: one of {sorted({**specs, **settings})}, or one of them with -2")
     engines = {}
     for name in names:
-        spec = kinds[name.removesuffix("-2")]
-        if name.startswith("latticekit"):
+        kind = name.removesuffix("-2")
+        spec = specs.get(kind)
+        if kind in settings:  # latticekit's, with a stats file of its own where asked
             stats = {"stats": str(Path(args.stats) / f"proposer_stats-{name}.json")} if args.stats else {}
-            spec = speculative_config(args.k, **cast(dict[str, Any], spec), **stats)
+            spec = speculative_config(args.k, **settings[kind], **stats)
         engines[name] = vllm.LLM(model=str(smollm2_hf_folder()), dtype="float32", max_model_len=4096,
                                  max_num_seqs=args.concurrency, enforce_eager=True, seed=0,
                                  distributed_executor_backend="uni", **({"speculative_config": spec} if spec else {}))

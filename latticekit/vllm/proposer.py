@@ -498,7 +498,7 @@ class NGramProposer:
     def _row_keys(self, rows: int) -> list[Any]:
         """Each row's request id where the runner tells it (states then follow requests that move
         rows, pause and resume), else the row index (a state whose text a row no longer extends
-        starts afresh). Frees the states of requests that finished."""
+        starts afresh). Frees the states of requests that finished; sets ``_finished_now`` and ``_stats_asked``."""
         runner = self._runner() if self._runner is not None else None
         batch = getattr(runner, "input_batch", None)
         req_ids = list(getattr(batch, "req_ids", []) or [])[:rows]
