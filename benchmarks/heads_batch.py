@@ -8,11 +8,13 @@ alone; every row's lattice is checked equal to the one its row alone gives, but 
 (the row's last token alone, scored 0) and cut to d + 1 positions (tokens, widths; scores within
 1e-4); and (``--candidates``) every head over that many candidate tokens and each row's own
 (the vLLM lattice proposer's vocabulary ``"seen"``), each row's lattice checked equal to its own
-alone. Median milliseconds of ``--repeats`` calls each way (the full ones interleaved, the
-candidate ones after them), and the machine. Writes
+alone; and (``--blocks``) the heads' blocks fused (``BlockHeads.fuse``, as the vLLM lattice
+proposer and ``prepare_heads`` run them) against one by one, from cold caches. Median
+milliseconds of ``--repeats`` calls each way (the full ones interleaved, the candidate ones after
+them, ``--blocks``' interleaved, 4 x ``--repeats`` each), and the machine. Writes
 ``results/heads_batch.{json,md}``::
 
-    PYTHONPATH=. python benchmarks/heads_batch.py [--threads 2] [--rows 1 4 16] [--depths 1 2 4] [--candidates 8192]
+    PYTHONPATH=. python benchmarks/heads_batch.py [--threads 2] [--rows 1 4 16] [--depths 1 2 4] [--candidates 8192] [--blocks]
 """
 
 from __future__ import annotations
@@ -42,6 +44,35 @@ def same(want: Any, got: Any, root: int, depth: Optional[int]) -> bool:
             and np.allclose(want.scores[1:h], got.scores[1:], atol=1e-4))
 
 
+def blocks_cold(heads: Any, hidden: torch.Tensor, ids: list[list[int]], vocab: int, candidates: int,
+                repeats: int) -> dict[str, float]:
+    """Median ms of ``head_states`` and of the candidate lattices with the heads' blocks fused
+    and one by one, interleaved, each call after a 256 MB buffer was written (cold caches)."""
+    from latticekit.decoding.lattices import CandidateLattice, candidate_lattices
+
+    static = np.sort(np.random.default_rng(0).choice(vocab, min(candidates, vocab), replace=False))
+    sources = [CandidateLattice(heads, static, 8) for _ in range(len(hidden))]
+    candidate_lattices(sources, hidden, ids)  # each row's own tokens gathered once
+    flush = torch.zeros(64 * 2**20)
+    fused = heads.fuse().fused
+    times: dict[str, list[float]] = {}
+    for i in range(repeats + 1):  # the first of each untimed
+        for way in ("blocks", "fused"):
+            heads.fused = fused if way == "fused" else None
+            for what, call in (("states", lambda: heads.head_states(hidden)),
+                               ("lattices", lambda: candidate_lattices(sources, hidden, ids))):
+                flush.add_(1.0)
+                t0 = time.perf_counter()
+                call()
+                if i:
+                    times.setdefault(f"{what}_{way}_ms", []).append(1e3 * (time.perf_counter() - t0))
+    heads.fused = None
+    alone = heads.head_states(hidden)
+    heads.fused = fused
+    difference = float((heads.head_states(hidden) - alone).abs().max())
+    return {name: statistics.median(values) for name, values in times.items()} | {"fused_difference": difference}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
@@ -52,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidates", type=int, default=8192,
                    help="also every head over this many candidate tokens and each row's own (candidate_lattices: "
                         "the vLLM lattice proposer's vocabulary 'seen'); 0: not")
+    p.add_argument("--blocks", action="store_true",
+                   help="also the heads' blocks fused (BlockHeads.fuse, as the lattice proposer and prepare_heads "
+                        "run them) against one by one, from cold caches: head_states, and the candidate lattices")
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -107,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                             and np.allclose(alone_lattice.scores, lattice.scores, atol=1e-4)):
                         raise SystemExit(f"{rows} rows: a batched candidate lattice differs from its row's own")
                 row["candidates_ms"] = 1e3 * statistics.median(timed[1:])
+            if args.blocks:
+                row |= blocks_cold(heads, hidden, ids, model.config.vocab_size, args.candidates or 8192,
+                                   4 * args.repeats)
             rows_out.append(row)
             print(f"{rows} rows: row by row {row['row_by_row_ms']:.1f} ms, together {row['together_ms']:.1f} ms "
                   f"({row['speedup']:.2f}x), at depths {row['depth_ms']}; lattices identical", file=sys.stderr)
@@ -126,6 +163,16 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---|" + "---|" * len(args.depths)]
     lines += [f"| {r['rows']} | {r['row_by_row_ms']:.1f} | {r['together_ms']:.1f} | {r['speedup']:.2f}x | "
               + " | ".join(f"{r['depth_ms'][str(d)]:.1f}" for d in args.depths) + " |" for r in rows_out]
+    if args.blocks:
+        lines += ["", "The heads' blocks fused (`BlockHeads.fuse`: one product per layer for every head) against "
+                  "one by one, each call after 256 MB were written (the caches cold, as after the target's forward); "
+                  "median ms, `head_states` and the candidate lattices (over 8,192 candidates); the states agree "
+                  "to float rounding (largest difference in the last column):", "",
+                  "| requests | states one by one | states fused | lattices one by one | lattices fused | "
+                  "largest difference |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['rows']} | {r['states_blocks_ms']:.2f} | {r['states_fused_ms']:.2f} | "
+                  f"{r['lattices_blocks_ms']:.2f} | {r['lattices_fused_ms']:.2f} | {r['fused_difference']:.1e} |"
+                  for r in rows_out]
     if args.candidates:
         lines += ["", f"Every head over {args.candidates} candidate tokens and each row's own (`candidate_lattices`, "
                   "the vLLM lattice proposer's vocabulary `seen`; each row's lattice equal to its own alone):", "",

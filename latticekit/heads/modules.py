@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from latticekit._files import atomic_write, check_weights, read_tagged_safetensors
 from latticekit.errors import HeadsFormatError, HeadsMismatchError
 from latticekit.heads.fingerprint import lm_head_fingerprint
-from latticekit.heads.layers import LAYER_KINDS, _head_block
+from latticekit.heads.layers import LAYER_KINDS, FusedBlocks, _head_block
 
 if TYPE_CHECKING:
     class _Projection(nn.Module):
@@ -176,6 +176,8 @@ class BlockHeads(nn.Module):
                                          device=weight.device, dtype=weight.dtype)
             nn.init.zeros_(self.token_input.weight)
         self.metadata: dict[str, Any] = dict(metadata or {})
+        #: the blocks fused for inference (:meth:`fuse`), or None: one block at a time
+        self.fused: Optional[FusedBlocks] = None
 
     @classmethod
     def for_model(cls, model: Any, num_heads: int = 8, *, layer: str = "mlp", num_layers: int = 1,
@@ -223,14 +225,35 @@ class BlockHeads(nn.Module):
             raise HeadsMismatchError(
                 f"hidden has last dimension {hidden.shape[-1]}, the heads expect {self.hidden_size}"
             )
+        fused = self.fused if self.fused is not None and self.blocks and self.fused.serves(hidden) else None
         if self.token_input is None:
+            if fused is not None:
+                rows = hidden.reshape(-1, self.hidden_size)
+                return torch.cat([rows.unsqueeze(1), fused(rows)], dim=1).reshape(*hidden.shape[:-1], self.num_heads,
+                                                                                  self.hidden_size)
             return torch.stack([hidden] + [block(hidden) for block in self.blocks], dim=-2)
         if next_token is None:
             next_token = self.lm_head(hidden).argmax(dim=-1)
         mapped = self.token_input(self._token_vectors(next_token, hidden))
         mapped = mapped.reshape(*hidden.shape[:-1], self.num_heads - 1, self.hidden_size)
+        if fused is not None:
+            rows = hidden.reshape(-1, self.hidden_size)
+            offsets = mapped.reshape(-1, self.num_heads - 1, self.hidden_size).transpose(0, 1)
+            return torch.cat([rows.unsqueeze(1), fused(rows, offsets)], dim=1).reshape(
+                *hidden.shape[:-1], self.num_heads, self.hidden_size)
         return torch.stack([hidden] + [block(hidden + mapped[..., i, :]) for i, block in enumerate(self.blocks)],
                            dim=-2)
+
+    def fuse(self, wrap: Optional[Callable[[nn.Linear], nn.Module]] = None) -> "BlockHeads":
+        """Computes every head's block in one batched product per layer from now on
+        (:class:`~latticekit.heads.layers.FusedBlocks`: their weights stacked), for inference; a
+        change of the blocks' weights after it, or a call that wants their gradients, takes the
+        blocks one by one. ``wrap``: what computes the first layer's fused linear
+        (:func:`latticekit.torch.prepare_heads` packs it on the CPU). Fused anew only where the
+        weights changed; returns the heads."""
+        if self.blocks and (self.fused is None or not self.fused.current()):
+            self.fused = FusedBlocks(list(self.blocks), self.layer, wrap)
+        return self
 
     def _token_vectors(self, next_token: Union[Tensor, int], hidden: Tensor) -> Tensor:
         """The output projection's rows for ``next_token``, shaped like ``hidden``."""

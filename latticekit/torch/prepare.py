@@ -39,8 +39,8 @@ from typing import Any, ContextManager, Optional, cast
 import torch
 from torch import nn
 
-__all__ = ["PackedLinear", "Preparation", "pack_linears", "prepare_target", "prepare_heads", "grouped_sdpa", "ATTENTION",
-           "CUDA_SDPA_BACKENDS", "sdpa_backends", "sdpa_context"]
+__all__ = ["PackedLinear", "Preparation", "pack_linears", "fuse_heads", "prepare_target", "prepare_heads", "grouped_sdpa",
+           "ATTENTION", "CUDA_SDPA_BACKENDS", "sdpa_backends", "sdpa_context"]
 
 #: The attention implementation name prepared HF models use (registered with transformers).
 ATTENTION = "latticekit_sdpa"
@@ -193,6 +193,14 @@ def pack_linears(root: nn.Module) -> None:
                 setattr(module, name, replaced[id(child)])
 
 
+def fuse_heads(heads: nn.Module) -> None:
+    """Heads with ``fuse`` (:class:`latticekit.heads.BlockHeads`) compute every head's block in
+    one product per layer, the first layer's packed where :func:`pack_linears` packs a linear."""
+    fuse = getattr(heads, "fuse", None)
+    if callable(fuse):
+        fuse(lambda linear: PackedLinear(linear) if _can_pack(linear.weight) else linear)
+
+
 def grouped_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: Optional[torch.Tensor], **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention, with grouped-query attention under a shared custom mask
@@ -262,9 +270,10 @@ def _grouped_query(config: Any) -> bool:
 
 @torch.no_grad()
 def prepare_heads(heads: nn.Module, model: Any) -> nn.Module:
-    """Draft heads prepared like their target: their linears packed (CPU), and an output
-    projection shared with the target's (``heads.lm_head``) pointed at the target's prepared
-    one. Idempotent; returns ``heads`` (changed in place).
+    """Draft heads prepared like their target: their linears packed (CPU), every head's block
+    computed in one product per layer (:meth:`latticekit.heads.BlockHeads.fuse`, any device),
+    and an output projection shared with the target's (``heads.lm_head``) pointed at the
+    target's prepared one. Idempotent; returns ``heads`` (changed in place).
 
     Args:
         heads: e.g. :class:`latticekit.heads.BlockHeads`.
@@ -280,6 +289,7 @@ def prepare_heads(heads: nn.Module, model: Any) -> nn.Module:
     if isinstance(head, PackedLinear) and own is not None and getattr(own, "weight", None) is head.weight:
         heads.lm_head = head
     pack_linears(heads)
+    fuse_heads(heads)
     prep.heads.add(id(heads))
     return heads
 

@@ -221,3 +221,45 @@ def test_a_batchs_lattices_are_each_rows_own(conditioned: bool, kind: str, depth
         np.testing.assert_array_equal(g.tokens, w.tokens)
         np.testing.assert_array_equal(g.widths, w.widths)
         np.testing.assert_allclose(g.scores, w.scores, atol=1e-5)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=st.integers(1, 12), static_size=st.integers(1, 40), rows=st.integers(1, 4), seed=st.integers(0, 2**16),
+       text_length=st.integers(1, 30))
+def test_candidate_lattices_rank_every_rows_candidates_as_one_log_softmax(k: int, static_size: int, rows: int,
+                                                                          seed: int, text_length: int) -> None:
+    """The batch's static top k merged with each row's own text tokens (``candidate_lattices``)
+    against brute force: per row, every head's log-softmax over its candidates (the static ids
+    and its text's), ranked whole, top k."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = tiny_llama()
+    heads = BlockHeads.for_model(model, num_heads=4)
+    with torch.no_grad():
+        for p in heads.blocks.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    static = rng.choice(64, static_size, replace=False)
+    texts = [rng.integers(0, 64, text_length).tolist() for _ in range(rows)]
+    hidden = torch.randn(rows, model.config.hidden_size, generator=gen)
+    from latticekit.decoding.lattices import candidate_lattices
+
+    with torch.no_grad():
+        got = candidate_lattices([CandidateLattice(heads, static, k) for _ in texts], hidden, texts)
+        logits = heads(hidden).float()
+    for i, (text, lattice) in enumerate(zip(texts, got)):
+        candidates = np.array(sorted(set(static.tolist()) | set(text)))
+        logprobs = torch.log_softmax(logits[i][:, candidates], dim=-1).numpy()
+        width = min(k, len(candidates))
+        assert lattice.tokens[0, 0] == text[-1] and lattice.widths[0] == 1
+        for row in range(1, 4):
+            order = np.argsort(-logprobs[row], kind="stable")[:width]
+            assert lattice.widths[row] == width
+            np.testing.assert_allclose(lattice.scores[row, :width], logprobs[row, order], atol=1e-5)
+            # distinct candidates, each scored its own log-probability (so the top k, ties in any order)
+            tokens = lattice.tokens[row, :width]
+            assert len(set(tokens.tolist())) == width and np.isin(tokens, candidates).all()
+            np.testing.assert_allclose(logprobs[row, np.searchsorted(candidates, tokens)], lattice.scores[row, :width],
+                                       atol=1e-5)

@@ -289,3 +289,58 @@ def test_v1_heads_load_on_smollm2_and_keep_the_models_own_head():
     assert logits.shape == (1, 6, 8, 49152)
     torch.testing.assert_close(logits[..., 0, :], out.logits, rtol=1e-4, atol=1e-4)
     assert not torch.equal(logits[..., 1:, :], v2_logits[..., 1:, :])  # other heads, not a copy of v2
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(layer=st.sampled_from(["mlp", "medusa"]), num_layers=st.integers(1, 3), num_heads=st.integers(2, 6),
+       conditioned=st.booleans(), bias=st.booleans(), shape=st.sampled_from([(1,), (3,), (2, 5)]),
+       seed=st.integers(0, 2**16), packed=st.booleans())
+def test_fused_blocks_compute_what_the_blocks_compute_one_by_one(layer, num_layers, num_heads, conditioned, bias,
+                                                                  shape, seed, packed):
+    """``fuse`` (one product per layer for every head; oneDNN-packed as ``prepare_heads``
+    packs them) against each block run alone, for every layer kind and depth, with and
+    without the next token; and a weight changed after fusing (unpacked) is never read stale,
+    nor a gradient lost."""
+    from latticekit.torch.prepare import fuse_heads, pack_linears
+
+    gen = torch.Generator().manual_seed(seed)
+    lm_head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+    heads = BlockHeads(lm_head, num_heads, 48, layer=layer, num_layers=num_layers, layer_bias=bias,
+                       token_conditioned=conditioned)
+    with torch.no_grad():
+        for p in [*heads.parameters()]:
+            p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+    if packed:
+        pack_linears(heads)
+    hidden = torch.randn(*shape, HIDDEN, generator=gen)
+    token = torch.randint(0, VOCAB, shape, generator=gen) if conditioned else None
+    with torch.no_grad():
+        want = heads.head_states(hidden, token)
+        if packed:  # as prepare_heads does: the first layer's fused linear packed too
+            fuse_heads(heads)
+            assert type(heads.fused._shared).__name__ == "PackedLinear"
+        else:
+            assert heads.fuse() is heads
+        assert heads.fused is not None
+        got = heads.head_states(hidden, token)
+        assert got.shape == want.shape == (*shape, num_heads, HIDDEN)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got[..., 0, :], hidden)
+        if packed:  # a PackedLinear's own packed copy is for inference: it is not repacked either
+            return
+        block = heads.blocks[-1]
+        first = block[0] if isinstance(block, torch.nn.Sequential) else block
+        linear = first.linear if layer == "medusa" else first.down
+        linear.weight.add_(1.0)  # in place after fusing: the fused copy no longer serves
+        assert not heads.fused.current()
+        changed = heads.head_states(hidden, token)
+        assert not torch.allclose(changed[..., -1, :], want[..., -1, :])
+        heads.fuse()  # fused anew on the new weights
+        torch.testing.assert_close(heads.head_states(hidden, token), changed, rtol=1e-4, atol=1e-4)
+    # gradients flow through the blocks, never through the fused copy
+    hidden.requires_grad_(True)
+    heads.head_states(hidden, token).sum().backward()
+    assert linear.weight.grad is not None and hidden.grad is not None
