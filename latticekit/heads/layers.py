@@ -67,8 +67,11 @@ class FusedBlocks:
     Head by head, ``h`` draft heads of one row cost ``2 h`` products of one row each (an ``mlp``
     layer's up and down): each reads its weight from memory and pays its own call. Fused, the
     first layer's products of every head (one input, the hidden state, unless the heads read
-    the next token) are one product over the heads' stacked weights (oneDNN-packed on the CPU, by ``prepare_heads``),
-    and each later product one ``baddbmm`` over the heads. On the 2-core EPYC, SmolLM2's shipped
+    the next token) are one product over the heads' stacked weights (oneDNN-packed on the CPU
+    by ``prepare_heads``), and each later product one ``baddbmm`` over the heads. The stacked
+    copies hold as many bytes again as the blocks, and the packed copy as many as the first
+    layer's (for SmolLM2's shipped heads in float32, 18.6 and 9.3 MB). On the 2-core EPYC,
+    SmolLM2's shipped
     heads (7 one-layer ``mlp`` blocks, 576 wide) took 3.2 ms for one row from cold caches against
     4.9 ms head by head, 4.0 against 5.6 for four rows, 5.5 against 7.9 for sixteen; the
     lattices over 8,192 candidates, 7.5 against 9.1 ms for one row (``benchmarks/heads_batch.py
@@ -76,8 +79,8 @@ class FusedBlocks:
     rounding (3.8e-6 there).
 
     The weights are copied (stacked) when fused; :meth:`serves` says whether the copy still
-    holds the blocks' weights (the same tensors, not changed in place since), so heads trained
-    on after fusing fall back to their blocks rather than use stale weights.
+    holds the blocks' weights (the same tensors, not changed in place nor moved since), so heads
+    trained on or moved after fusing fall back to their blocks rather than use stale weights.
 
     Args:
         blocks: the heads' blocks (one per draft head): each a layer of kind ``layer``, or an
@@ -94,7 +97,7 @@ class FusedBlocks:
         stacks = [list(block) if isinstance(block, nn.Sequential) else [block] for block in blocks]
         names = ("up", "down") if layer == "mlp" else ("linear",)
         self.layer = layer
-        self._sources: list[tuple[nn.Module, str, torch.Tensor, int]] = []
+        self._sources: list[tuple[nn.Module, str, torch.Tensor, int, int]] = []
         # per layer, per product: the heads' weights transposed and stacked (heads, in, out) and
         # their biases (heads, 1, out)
         self._products: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
@@ -117,12 +120,14 @@ class FusedBlocks:
             shared.weight.copy_(first.transpose(1, 2).reshape(heads * out, width))
             shared.bias.copy_(bias.reshape(heads * out))
             shared.requires_grad_(False)
+            # the first layer's stacked weights, for heads that read the next token: a view of it
+            self._products[0][0] = (shared.weight.view(heads, out, width).transpose(1, 2), bias)
             self._shared = wrap(shared) if wrap is not None else shared
         self.dtype, self.device = first.dtype, first.device
 
     def _source(self, module: nn.Module, name: str) -> Tensor:
         tensor = getattr(module, name)
-        self._sources.append((module, name, tensor, tensor._version))
+        self._sources.append((module, name, tensor, tensor._version, tensor.data_ptr()))
         return tensor.detach()
 
     def serves(self, hidden: Tensor) -> bool:
@@ -132,12 +137,13 @@ class FusedBlocks:
         if hidden.dtype != self.dtype or hidden.device != self.device or not self.current():
             return False
         return not torch.is_grad_enabled() or not (hidden.requires_grad
-                                                   or any(tensor.requires_grad for _, _, tensor, _ in self._sources))
+                                                   or any(source[2].requires_grad for source in self._sources))
 
     def current(self) -> bool:
-        """Whether the blocks still hold the weights fused: the same tensors, unchanged since."""
-        return all(getattr(module, name) is tensor and tensor._version == version
-                   for module, name, tensor, version in self._sources)
+        """Whether the blocks still hold the weights fused: the same tensors, unchanged since
+        (not written in place, their data not replaced, as ``module.to`` replaces it)."""
+        return all(getattr(module, name) is tensor and tensor._version == version and tensor.data_ptr() == pointer
+                   for module, name, tensor, version, pointer in self._sources)
 
     def __call__(self, hidden: Tensor, offsets: Optional[Tensor] = None) -> Tensor:
         """Every head's block on ``hidden`` `(n, d)`: `(n, heads, d)`. ``offsets`` `(heads, n, d)`:

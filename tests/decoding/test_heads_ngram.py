@@ -8,12 +8,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import latticekit as lk
 from decoding_helpers import ARPA, PeekingHeads, RandomHeads, hidden_states, tiny_llama
 from latticekit.decoding import DecoderConfig, decode, greedy_decode
 from latticekit.decoding.costs import StepCosts
-from latticekit.decoding.lattices import CandidateLattice, FullLattice, united
+from latticekit.decoding.lattices import CandidateLattice, FullLattice, candidate_lattices, united
 from latticekit.heads import BlockHeads
 
 PROMPT = [3, 17, 42, 8, 25, 60, 11]
@@ -188,7 +190,7 @@ def test_a_batchs_lattices_are_each_rows_own(conditioned: bool, kind: str, depth
     ``depth``, runs heads 2..depth + 1 alone; heads with a logit scale (``full-scaled``) run
     whole and are cut."""
     from latticekit.decoding import lattices
-    from latticekit.decoding.lattices import candidate_lattices, full_lattices
+    from latticekit.decoding.lattices import full_lattices
 
     if kind == "candidates" and depth is not None:
         pytest.skip("candidate_lattices takes no depth")
@@ -223,17 +225,14 @@ def test_a_batchs_lattices_are_each_rows_own(conditioned: bool, kind: str, depth
         np.testing.assert_allclose(g.scores, w.scores, atol=1e-5)
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
-
-
 @settings(max_examples=40, deadline=None)
 @given(k=st.integers(1, 12), static_size=st.integers(1, 40), rows=st.integers(1, 4), seed=st.integers(0, 2**16),
        text_length=st.integers(1, 30))
 def test_candidate_lattices_rank_every_rows_candidates_as_one_log_softmax(k: int, static_size: int, rows: int,
                                                                           seed: int, text_length: int) -> None:
-    """The batch's static top k merged with each row's own text tokens (``candidate_lattices``)
-    against brute force: per row, every head's log-softmax over its candidates (the static ids
-    and its text's), ranked whole, top k."""
+    """``candidate_lattices`` (the static candidates projected for the batch at once, each row's
+    own text tokens for it alone) against brute force: per row, every head's log-softmax over
+    its candidates (the static ids and its text's), ranked whole, top k."""
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = tiny_llama()
@@ -244,8 +243,6 @@ def test_candidate_lattices_rank_every_rows_candidates_as_one_log_softmax(k: int
     static = rng.choice(64, static_size, replace=False)
     texts = [rng.integers(0, 64, text_length).tolist() for _ in range(rows)]
     hidden = torch.randn(rows, model.config.hidden_size, generator=gen)
-    from latticekit.decoding.lattices import candidate_lattices
-
     with torch.no_grad():
         got = candidate_lattices([CandidateLattice(heads, static, k) for _ in texts], hidden, texts)
         logits = heads(hidden).float()

@@ -16,6 +16,8 @@ transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)  # the test models are tiny: one thread is fastest, and immune to a busy machine
 
 from heads_helpers import HIDDEN, VOCAB, final_hidden, tiny_llama  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from latticekit.errors import LatticeKitError  # noqa: E402
 from latticekit.heads import (  # noqa: E402
     DEFAULT_HEADS_PATH,
@@ -291,9 +293,6 @@ def test_v1_heads_load_on_smollm2_and_keep_the_models_own_head():
     assert not torch.equal(logits[..., 1:, :], v2_logits[..., 1:, :])  # other heads, not a copy of v2
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
-
-
 @settings(max_examples=40, deadline=None)
 @given(layer=st.sampled_from(["mlp", "medusa"]), num_layers=st.integers(1, 3), num_heads=st.integers(2, 6),
        conditioned=st.booleans(), bias=st.booleans(), shape=st.sampled_from([(1,), (3,), (2, 5)]),
@@ -340,6 +339,9 @@ def test_fused_blocks_compute_what_the_blocks_compute_one_by_one(layer, num_laye
         assert not torch.allclose(changed[..., -1, :], want[..., -1, :])
         heads.fuse()  # fused anew on the new weights
         torch.testing.assert_close(heads.head_states(hidden, token), changed, rtol=1e-4, atol=1e-4)
+        linear.weight.data = linear.weight.data.clone()  # its data replaced, as module.to replaces it
+        assert not heads.fused.current()
+        assert heads.fuse().fused.current()
     # gradients flow through the blocks, never through the fused copy
     hidden.requires_grad_(True)
     heads.head_states(hidden, token).sum().backward()
