@@ -72,10 +72,10 @@ class FusedBlocks:
     copies hold as many bytes again as the blocks, and the packed copy as many as the first
     layer's (for SmolLM2's shipped heads in float32, 18.6 and 9.3 MB). On the 2-core EPYC,
     SmolLM2's shipped heads (7 one-layer ``mlp`` blocks, 576 wide) took 3.2 ms for one row from
-    cold caches against 4.9 ms head by head, 4.0 against 5.6 for four rows, 5.5 against 7.9 for sixteen; the
-    lattices over 8,192 candidates, 7.5 against 9.1 ms for one row (``benchmarks/heads_batch.py
-    --blocks``, stop 61). The same arithmetic, its sums in another order: outputs agree to float
-    rounding (3.8e-6 there).
+    cold caches against 4.9 ms head by head, 4.0 against 5.6 for four rows, 5.5 against 7.9 for
+    sixteen; the lattices over 8,192 candidates, 7.5 against 9.1 ms for one row
+    (``benchmarks/heads_batch.py --blocks``, stop 61). The same arithmetic, its sums in another
+    order: outputs agree to float rounding (3.8e-6 there).
 
     The weights are copied (stacked) when fused; :meth:`serves` says whether the copy still
     holds the blocks' weights (the same tensors, not changed in place nor moved since), so heads
