@@ -113,7 +113,7 @@ class FusedBlocks:
                 self._products.append(products)
             first, bias = self._products[0][0]
             heads, width, out = first.shape
-            self.heads, self.width = heads, width
+            self.heads = heads
             # the first product of every head over one shared input, as one linear layer
             shared = nn.Linear(width, heads * out, device=first.device, dtype=first.dtype)
             shared.weight.copy_(first.transpose(1, 2).reshape(heads * out, width))

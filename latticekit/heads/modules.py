@@ -225,22 +225,19 @@ class BlockHeads(nn.Module):
             raise HeadsMismatchError(
                 f"hidden has last dimension {hidden.shape[-1]}, the heads expect {self.hidden_size}"
             )
-        fused = self.fused if self.fused is not None and self.blocks and self.fused.serves(hidden) else None
-        if self.token_input is None:
-            if fused is not None:
-                rows = hidden.reshape(-1, self.hidden_size)
-                return torch.cat([rows.unsqueeze(1), fused(rows)], dim=1).reshape(*hidden.shape[:-1], self.num_heads,
-                                                                                  self.hidden_size)
-            return torch.stack([hidden] + [block(hidden) for block in self.blocks], dim=-2)
-        if next_token is None:
-            next_token = self.lm_head(hidden).argmax(dim=-1)
-        mapped = self.token_input(self._token_vectors(next_token, hidden))
-        mapped = mapped.reshape(*hidden.shape[:-1], self.num_heads - 1, self.hidden_size)
-        if fused is not None:
+        mapped = None  # token-conditioned heads: head i reads hidden + mapped[..., i - 2, :]
+        if self.token_input is not None:
+            if next_token is None:
+                next_token = self.lm_head(hidden).argmax(dim=-1)
+            mapped = self.token_input(self._token_vectors(next_token, hidden))
+            mapped = mapped.reshape(*hidden.shape[:-1], self.num_heads - 1, self.hidden_size)
+        if self.fused is not None and self.blocks and self.fused.serves(hidden):
             rows = hidden.reshape(-1, self.hidden_size)
-            offsets = mapped.reshape(-1, self.num_heads - 1, self.hidden_size).transpose(0, 1)
-            return torch.cat([rows.unsqueeze(1), fused(rows, offsets)], dim=1).reshape(
+            offsets = None if mapped is None else mapped.reshape(-1, self.num_heads - 1, self.hidden_size).transpose(0, 1)
+            return torch.cat([rows.unsqueeze(1), self.fused(rows, offsets)], dim=1).reshape(
                 *hidden.shape[:-1], self.num_heads, self.hidden_size)
+        if mapped is None:
+            return torch.stack([hidden] + [block(hidden) for block in self.blocks], dim=-2)
         return torch.stack([hidden] + [block(hidden + mapped[..., i, :]) for i, block in enumerate(self.blocks)],
                            dim=-2)
 
