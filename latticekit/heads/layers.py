@@ -8,6 +8,8 @@ import torch
 from torch import Tensor
 from torch import nn
 
+from latticekit.torch.prepare import tensor_stamp
+
 __all__ = ["ResidualBlock", "MedusaLayer", "FusedBlocks", "LAYER_KINDS"]
 
 
@@ -96,7 +98,7 @@ class FusedBlocks:
         stacks = [list(block) if isinstance(block, nn.Sequential) else [block] for block in blocks]
         names = ("up", "down") if layer == "mlp" else ("linear",)
         self.layer = layer
-        self._sources: list[tuple[nn.Module, str, torch.Tensor, int, int]] = []
+        self._sources: list[tuple[nn.Module, str, torch.Tensor]] = []
         # per layer, per product: the heads' weights transposed and stacked (heads, in, out) and
         # their biases (heads, 1, out)
         self._products: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
@@ -123,10 +125,11 @@ class FusedBlocks:
             self._products[0][0] = (shared.weight.view(heads, out, width).transpose(1, 2), bias)
             self._shared = wrap(shared) if wrap is not None else shared
         self.dtype, self.device = first.dtype, first.device
+        self._stamp = tensor_stamp(tuple(source[2] for source in self._sources))
 
     def _source(self, module: nn.Module, name: str) -> Tensor:
         tensor = getattr(module, name)
-        self._sources.append((module, name, tensor, tensor._version, tensor.data_ptr()))
+        self._sources.append((module, name, tensor))
         return tensor.detach()
 
     def serves(self, hidden: Tensor) -> bool:
@@ -141,8 +144,8 @@ class FusedBlocks:
     def current(self) -> bool:
         """Whether the blocks still hold the weights fused: the same tensors, unchanged since
         (not written in place, their data not replaced, as ``module.to`` replaces it)."""
-        return all(getattr(module, name) is tensor and tensor._version == version and tensor.data_ptr() == pointer
-                   for module, name, tensor, version, pointer in self._sources)
+        return (all(getattr(module, name) is tensor for module, name, tensor in self._sources)
+                and tensor_stamp(tuple(source[2] for source in self._sources)) == self._stamp)
 
     def __call__(self, hidden: Tensor, offsets: Optional[Tensor] = None) -> Tensor:
         """Every head's block on ``hidden`` `(n, d)`: `(n, heads, d)`. ``offsets`` `(heads, n, d)`:

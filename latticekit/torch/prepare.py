@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 __all__ = ["PackedLinear", "Preparation", "pack_linears", "fuse_heads", "prepare_target", "prepare_heads", "grouped_sdpa",
+           "tensor_stamp",
            "ATTENTION", "CUDA_SDPA_BACKENDS", "sdpa_backends", "sdpa_context"]
 
 #: The attention implementation name prepared HF models use (registered with transformers).
@@ -91,12 +92,32 @@ def _can_pack(weight: torch.Tensor) -> bool:
             and torch.backends.mkldnn.is_available())
 
 
+def tensor_stamp(tensors: tuple[Optional[torch.Tensor], ...]) -> tuple[Any, ...]:
+    """What a copy of ``tensors`` (packed or stacked for inference) was made from: each one's
+    data, dtype and in-place writes (``module.to`` replaces a parameter's data,
+    ``load_state_dict`` writes it in place). A copy whose sources' stamp changed is stale."""
+    return tuple(None if t is None else (t.data_ptr(), t.dtype, _version(t)) for t in tensors)
+
+
+def _version(tensor: torch.Tensor) -> int:
+    try:
+        return tensor._version
+    except RuntimeError:  # an inference tensor keeps no version counter: its data pointer tells
+        return -1
+
+
 class _SharedProjection:
     """One packed GEMM for sibling projections of the same input: the first sibling called
-    with an input computes every sibling's output and keeps them until another input comes."""
+    with an input computes every sibling's output and keeps them until another input comes.
+    The siblings' weights and biases written in place since packing are packed anew."""
 
     def __init__(self, weights: list[torch.Tensor], biases: list[Optional[torch.Tensor]]) -> None:
+        self.weights, self.biases = weights, biases
         self.sizes = [int(w.shape[0]) for w in weights]
+        self._pack()
+
+    def _pack(self) -> None:
+        weights, biases = self.weights, self.biases
         with torch.no_grad():
             weight = torch.cat([w.detach() for w in weights])
             self.bias = None
@@ -104,11 +125,14 @@ class _SharedProjection:
                 self.bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0])
                                        for w, b in zip(weights, biases)])
         self.packed = pack_rows(weight)
+        self._stamp = tensor_stamp((*weights, *biases))
         self._input: Optional[torch.Tensor] = None
         self._outputs: tuple[torch.Tensor, ...] = ()
 
     def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if x is not self._input:
+            if tensor_stamp((*self.weights, *self.biases)) != self._stamp:
+                self._pack()
             y = _packed_linear(x, self.packed, self.bias, sum(self.sizes))
             self._outputs = y.split(self.sizes, dim=-1)
             self._input = x
@@ -132,7 +156,10 @@ class PackedLinear(nn.Module):
 
     ``weight`` and ``bias`` are the original parameters (same tensors, same ``state_dict``
     keys); the packed copy is an attribute. Inputs the packed kernel does not serve (another
-    device or dtype, or autograd) go through ``F.linear`` on the original weight.
+    device or dtype, or autograd) go through ``F.linear`` on the original weight. A weight
+    changed since packing (written in place, as ``load_state_dict`` writes it, or its data
+    replaced, as ``module.to`` replaces it) is packed anew before it is read; a sibling whose
+    parameter was replaced leaves the shared GEMM and is packed on its own.
 
     Attributes:
         in_features, out_features: as ``nn.Linear``'s.
@@ -145,7 +172,10 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         self._shared = shared
         self._index = index
-        self._packed = None if shared is not None else pack_rows(linear.weight)
+        self._packed: Optional[torch.Tensor] = None
+        self._stamp: tuple[Any, ...] = ()
+        if shared is None:
+            self._packed, self._stamp = pack_rows(linear.weight), tensor_stamp((linear.weight,))
 
     def _serves(self, x: torch.Tensor) -> bool:
         return (x.device == self.weight.device and x.dtype == self.weight.dtype
@@ -154,9 +184,14 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._serves(x):
             return nn.functional.linear(x, self.weight, self.bias)
-        if self._shared is not None:
-            return self._shared.outputs(x)[self._index]
-        return _packed_linear(x, cast(torch.Tensor, self._packed), self.bias, self.out_features)  # packed: not shared
+        shared = self._shared
+        if shared is not None:
+            if shared.weights[self._index] is self.weight and shared.biases[self._index] is self.bias:
+                return shared.outputs(x)[self._index]
+            self._shared = None  # a parameter replaced since: packed on its own from now on
+        if tensor_stamp((self.weight,)) != self._stamp:  # left the shared GEMM, or the weight changed
+            self._packed, self._stamp = pack_rows(self.weight), tensor_stamp((self.weight,))
+        return _packed_linear(x, cast(torch.Tensor, self._packed), self.bias, self.out_features)
 
     def extra_repr(self) -> str:
         shared = ", shared GEMM" if self._shared is not None else ""

@@ -328,8 +328,6 @@ def test_fused_blocks_compute_what_the_blocks_compute_one_by_one(layer, num_laye
         assert got.shape == want.shape == (*shape, num_heads, HIDDEN)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert torch.equal(got[..., 0, :], hidden)
-        if packed:  # a PackedLinear's own packed copy is for inference: it is not repacked either
-            return
         block = heads.blocks[-1]
         first = block[0] if isinstance(block, torch.nn.Sequential) else block
         linear = first.linear if layer == "medusa" else first.down
@@ -346,3 +344,14 @@ def test_fused_blocks_compute_what_the_blocks_compute_one_by_one(layer, num_laye
     hidden.requires_grad_(True)
     heads.head_states(hidden, token).sum().backward()
     assert linear.weight.grad is not None and hidden.grad is not None
+
+
+def test_heads_made_in_inference_mode_fuse() -> None:
+    """Heads built under ``torch.inference_mode`` (their weights keep no version counter) fuse
+    and compute what their blocks compute."""
+    with torch.inference_mode():
+        heads = BlockHeads(torch.nn.Linear(HIDDEN, VOCAB, bias=False), 3, 48, layer="mlp", num_layers=1)
+        hidden = torch.randn(2, HIDDEN)
+        want = heads.head_states(hidden, None)
+        assert heads.fuse().fused is not None and heads.fused.current()
+        torch.testing.assert_close(heads.head_states(hidden, None), want, rtol=1e-5, atol=1e-5)

@@ -93,6 +93,56 @@ def test_packed_linear_falls_back_where_it_cannot_serve() -> None:
             fails(x.double())
 
 
+@pytest.mark.parametrize("change", ["load_state_dict", "in_place", "to_bfloat16", "replaced", "bias"])
+def test_prepared_model_never_reads_a_stale_packed_weight(change: str) -> None:
+    """Weights changed after prepare_target (loaded, written in place, converted, or a
+    parameter replaced; fused siblings included) are what the prepared model then computes
+    with: its logits match the plain model changed the same way."""
+    torch.manual_seed(0)
+    plain = tiny_llama()
+    prepared = prepare_target(copy.deepcopy(plain))
+    ids = torch.randint(0, 50, (1, 7))
+    logits_of(prepared, ids)  # packed copies made and used before the change
+    other = tiny_llama()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    attention = prepared.model.layers[0].self_attn
+    if change == "load_state_dict":
+        prepared.load_state_dict(other.state_dict())
+        plain.load_state_dict(other.state_dict())
+    elif change == "in_place":  # one fused sibling and one lone linear
+        with torch.no_grad():
+            for model in (plain, prepared):
+                model.model.layers[0].self_attn.k_proj.weight.mul_(1.5)
+                model.get_output_embeddings().weight.add_(0.1)
+    elif change == "to_bfloat16":
+        plain, prepared = plain.to(torch.bfloat16), prepared.to(torch.bfloat16)
+    elif change == "replaced":  # a fused sibling's parameter replaced: it leaves the shared GEMM
+        for model in (plain, prepared):
+            proj = model.model.layers[0].mlp.up_proj
+            proj.weight = nn.Parameter(proj.weight.detach() * 0.5, requires_grad=False)
+    else:
+        with torch.no_grad():
+            for model in (plain, prepared):
+                v = model.model.layers[0].self_attn.v_proj
+                if v.bias is None:
+                    v.bias = nn.Parameter(torch.zeros(v.out_features))
+                v.bias.add_(0.3)
+    want, got = logits_of(plain, ids), logits_of(prepared, ids)
+    tolerance = 2e-2 if change == "to_bfloat16" else 1e-4
+    torch.testing.assert_close(got.float(), want.float(), rtol=tolerance, atol=tolerance)
+    assert isinstance(attention.q_proj, PackedLinear)
+
+
+def test_packed_weights_made_in_inference_mode_serve() -> None:
+    with torch.inference_mode():
+        linear = nn.Linear(8, 5)
+        x = torch.randn(3, 8)
+        packed = PackedLinear(linear)
+        torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
 class _Attention(nn.Module):
     def __init__(self, groups: int) -> None:
         super().__init__()
