@@ -317,17 +317,23 @@ class CandidateLattice:
 
 
 def candidate_lattices(sources: Sequence[CandidateLattice], hidden: torch.Tensor, ids: Sequence[Sequence[int]],
-                       columns: Sequence[Sequence[int]] = ()) -> list[SausageLattice]:
+                       columns: Sequence[Sequence[int]] = (), depth: Optional[int] = None) -> list[SausageLattice]:
     """One lattice per row of ``hidden`` (rows, hidden): row i's from ``sources[i]`` after
     ``ids[i]``, as :meth:`CandidateLattice.__call__` makes it. The heads run once on the whole
     batch and the static candidates are projected in one product (the sources share heads and
-    static candidates); each row's own text tokens are projected for it alone."""
+    static candidates); each row's own text tokens are projected for it alone. With ``depth``,
+    only heads 2..depth + 1 are projected and a lattice has depth + 1 positions, as
+    :func:`full_lattices` cuts them: a search for chains of at most ``depth`` drafts reads no
+    more (a batch whose rows may draft 2 tokens projects 2 of 7 heads' states)."""
     first = sources[0]
     if getattr(first.heads, "token_conditioned", False):
         last = torch.tensor([int(row[-1]) for row in ids], dtype=torch.long, device=hidden.device)
         states = first.heads.head_states(hidden, last)[:, 1:]
     else:
         states = first.heads.head_states(hidden)[:, 1:]
+    if depth is not None:
+        # contiguous: a strided slice makes the product several times slower
+        states = states[:, :max(1, int(depth))].contiguous()
     rows, heads, width = states.shape
     static = first._project_static(states.reshape(rows * heads, width)).reshape(rows, heads, -1)
     return [source._lattice(states[i], static[i], ids[i], columns) for i, source in enumerate(sources)]

@@ -6,7 +6,8 @@ Medusa checkpoint, or latticekit's own heads file) and, per request and step:
 1. takes the target's final hidden state at the request's last emitted token (the state whose
    logits gave that token) and runs the heads on it: head i >= 2 scores the token at t + i.
    The heads run once per step on the states of every request that drafts: the candidate
-   vocabulary's rows are projected in one product for them all
+   vocabulary's rows are projected in one product for them all, for heads 2..d + 1 alone, d
+   the deepest chain a row may take
    (:func:`~latticekit.decoding.lattices.candidate_lattices`), or, with ``vocabulary``
    ``"full"`` and no n-gram model, heads 2..d + 1 over the whole vocabulary for a chunk of
    rows at a time, d the deepest chain a row may take
@@ -194,7 +195,7 @@ class LatticeProposer(NGramProposer):
         sources = [self._source(state) for state in states]
         with torch.inference_mode():
             if all(isinstance(source, CandidateLattice) for source in sources):
-                lattices = candidate_lattices(sources, batch, [state.model.ids for state in states])
+                lattices = candidate_lattices(sources, batch, [state.model.ids for state in states], depth=depth)
             else:  # the full vocabulary's lattice: the heads run on the batch
                 lattices = full_lattices(cast(list[FullLattice], sources), batch, [state.model.ids for state in states],
                                          depth)

@@ -3,7 +3,7 @@ their own arcs), and decodes that equal greedy decoding."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pytest
@@ -227,12 +227,14 @@ def test_a_batchs_lattices_are_each_rows_own(conditioned: bool, kind: str, depth
 
 @settings(max_examples=40, deadline=None)
 @given(k=st.integers(1, 12), static_size=st.integers(1, 40), rows=st.integers(1, 4), seed=st.integers(0, 2**16),
-       text_length=st.integers(1, 30))
+       text_length=st.integers(1, 30), depth=st.sampled_from([None, 1, 2, 3, 5]))
 def test_candidate_lattices_rank_every_rows_candidates_as_one_log_softmax(k: int, static_size: int, rows: int,
-                                                                          seed: int, text_length: int) -> None:
+                                                                          seed: int, text_length: int,
+                                                                          depth: Optional[int]) -> None:
     """``candidate_lattices`` (the static candidates projected for the batch at once, each row's
     own text tokens for it alone) against brute force: per row, every head's log-softmax over
-    its candidates (the static ids and its text's), ranked whole, top k."""
+    its candidates (the static ids and its text's), ranked whole, top k; with ``depth``, heads
+    2..depth + 1 alone (depth + 1 positions, 4 at most: 3 draft heads)."""
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = tiny_llama()
@@ -244,14 +246,15 @@ def test_candidate_lattices_rank_every_rows_candidates_as_one_log_softmax(k: int
     texts = [rng.integers(0, 64, text_length).tolist() for _ in range(rows)]
     hidden = torch.randn(rows, model.config.hidden_size, generator=gen)
     with torch.no_grad():
-        got = candidate_lattices([CandidateLattice(heads, static, k) for _ in texts], hidden, texts)
+        got = candidate_lattices([CandidateLattice(heads, static, k) for _ in texts], hidden, texts, depth=depth)
         logits = heads(hidden).float()
+    positions = 4 if depth is None else min(4, depth + 1)
     for i, (text, lattice) in enumerate(zip(texts, got)):
         candidates = np.array(sorted(set(static.tolist()) | set(text)))
         logprobs = torch.log_softmax(logits[i][:, candidates], dim=-1).numpy()
         width = min(k, len(candidates))
-        assert lattice.tokens[0, 0] == text[-1] and lattice.widths[0] == 1
-        for row in range(1, 4):
+        assert lattice.tokens[0, 0] == text[-1] and lattice.widths[0] == 1 and lattice.h == positions
+        for row in range(1, positions):
             order = np.argsort(-logprobs[row], kind="stable")[:width]
             assert lattice.widths[row] == width
             np.testing.assert_allclose(lattice.scores[row, :width], logprobs[row, order], atol=1e-5)
