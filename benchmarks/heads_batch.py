@@ -8,7 +8,8 @@ alone; every row's lattice is checked equal to the one its row alone gives, but 
 (the row's last token alone, scored 0) and cut to d + 1 positions (tokens, widths; scores within
 1e-4); and (``--candidates``) every head over that many candidate tokens and each row's own
 (the vLLM lattice proposer's vocabulary ``"seen"``), each row's lattice checked equal to its own
-alone; and (``--blocks``) the heads' blocks fused (``BlockHeads.fuse``, as the vLLM lattice
+alone, and timed again from cold caches with every head and heads 2..d + 1 alone (``--depths``);
+and (``--blocks``) the heads' blocks fused (``BlockHeads.fuse``, as the vLLM lattice
 proposer and ``prepare_heads`` run them) against one by one, from cold caches. Median
 milliseconds of ``--repeats`` calls each way (the full ones interleaved, the candidate ones after
 them, ``--blocks``' interleaved, 4 x ``--repeats`` each), and the machine. Writes
@@ -141,6 +142,17 @@ def main(argv: list[str] | None = None) -> int:
                             and np.allclose(alone_lattice.scores, lattice.scores, atol=1e-4)):
                         raise SystemExit(f"{rows} rows: a batched candidate lattice differs from its row's own")
                 row["candidates_ms"] = 1e3 * statistics.median(timed[1:])
+                # heads 2..d + 1 alone (the vLLM lattice proposer's cut to the batch's deepest chain),
+                # each call after a 256 MB write (cold caches, as after the target's forward)
+                flush, cut = torch.zeros(64 * 2**20), {}
+                for i in range(args.repeats + 1):
+                    for depth in [None, *args.depths]:
+                        flush.add_(1.0)
+                        t0 = time.perf_counter()
+                        candidate_lattices(sources, hidden, ids, depth=depth)
+                        if i:
+                            cut.setdefault(str(depth), []).append(1e3 * (time.perf_counter() - t0))
+                row["candidates_cold_ms"] = {d: statistics.median(v) for d, v in cut.items()}
             if args.blocks:
                 row |= blocks_cold(heads, hidden, ids, model.config.vocab_size, args.candidates or 8192,
                                    4 * args.repeats)
@@ -176,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.candidates:
         lines += ["", f"Every head over {args.candidates} candidate tokens and each row's own (`candidate_lattices`, "
                   "the vLLM lattice proposer's vocabulary `seen`; each row's lattice equal to its own alone):", "",
-                  "| requests | candidates ms |", "|---|---|"]
-        lines += [f"| {r['rows']} | {r['candidates_ms']:.1f} |" for r in rows_out]
+                  "| requests | candidates ms | from cold caches: every head | "
+                  + " | ".join(f"{d} draft heads" for d in args.depths) + " |", "|---|---|---|" + "---|" * len(args.depths)]
+        lines += [f"| {r['rows']} | {r['candidates_ms']:.1f} | {r['candidates_cold_ms']['None']:.2f} | "
+                  + " | ".join(f"{r['candidates_cold_ms'][str(d)]:.2f}" for d in args.depths) + " |" for r in rows_out]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return 0
 
