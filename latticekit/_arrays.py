@@ -1,4 +1,5 @@
-"""Conversion and validation of token and score arrays at the public boundary."""
+"""Conversion and validation of token and score arrays at the public boundary; the stamp of
+the tensors a copy for inference was made from."""
 
 from __future__ import annotations
 
@@ -54,3 +55,17 @@ def token_array(tokens: Any, what: str = "tokens") -> np.ndarray:
     if arr.dtype == object or not np.issubdtype(arr.dtype, np.integer):
         raise LatticeError(f"{what} must hold integer token ids, got dtype {arr.dtype}")
     return int32_ids(arr, what)
+
+
+def tensor_stamp(tensors: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What a copy of ``tensors`` (packed or stacked for inference) was made from: each one's
+    data, dtype and in-place writes (``module.to`` replaces a parameter's data,
+    ``load_state_dict`` writes it in place). A copy whose sources' stamp changed is stale."""
+    return tuple(None if t is None else (t.data_ptr(), t.dtype, _version(t)) for t in tensors)
+
+
+def _version(tensor: Any) -> int:
+    try:
+        return tensor._version
+    except RuntimeError:  # an inference tensor keeps no version counter: its data pointer tells
+        return -1

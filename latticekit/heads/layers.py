@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torch import nn
 
-from latticekit.torch.prepare import tensor_stamp
+from latticekit._arrays import tensor_stamp
 
 __all__ = ["ResidualBlock", "MedusaLayer", "FusedBlocks", "LAYER_KINDS"]
 

@@ -39,8 +39,9 @@ from typing import Any, ContextManager, Optional, cast
 import torch
 from torch import nn
 
+from latticekit._arrays import tensor_stamp
+
 __all__ = ["PackedLinear", "Preparation", "pack_linears", "fuse_heads", "prepare_target", "prepare_heads", "grouped_sdpa",
-           "tensor_stamp",
            "ATTENTION", "CUDA_SDPA_BACKENDS", "sdpa_backends", "sdpa_context"]
 
 #: The attention implementation name prepared HF models use (registered with transformers).
@@ -90,20 +91,6 @@ class Preparation:
 def _can_pack(weight: torch.Tensor) -> bool:
     return (weight.device.type == "cpu" and weight.dtype in _PACKABLE and weight.dim() == 2
             and torch.backends.mkldnn.is_available())
-
-
-def tensor_stamp(tensors: tuple[Optional[torch.Tensor], ...]) -> tuple[Any, ...]:
-    """What a copy of ``tensors`` (packed or stacked for inference) was made from: each one's
-    data, dtype and in-place writes (``module.to`` replaces a parameter's data,
-    ``load_state_dict`` writes it in place). A copy whose sources' stamp changed is stale."""
-    return tuple(None if t is None else (t.data_ptr(), t.dtype, _version(t)) for t in tensors)
-
-
-def _version(tensor: torch.Tensor) -> int:
-    try:
-        return tensor._version
-    except RuntimeError:  # an inference tensor keeps no version counter: its data pointer tells
-        return -1
 
 
 class _SharedProjection:
