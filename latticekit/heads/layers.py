@@ -125,7 +125,8 @@ class FusedBlocks:
             self._products[0][0] = (shared.weight.view(heads, out, width).transpose(1, 2), bias)
             self._shared = wrap(shared) if wrap is not None else shared
         self.dtype, self.device = first.dtype, first.device
-        self._stamp = tensor_stamp(tuple(source[2] for source in self._sources))
+        self._tensors = tuple(source[2] for source in self._sources)  # the weights fused, in order
+        self._stamp = tensor_stamp(self._tensors)
 
     def _source(self, module: nn.Module, name: str) -> Tensor:
         tensor = getattr(module, name)
@@ -139,13 +140,13 @@ class FusedBlocks:
         if hidden.dtype != self.dtype or hidden.device != self.device or not self.current():
             return False
         return not torch.is_grad_enabled() or not (hidden.requires_grad
-                                                   or any(source[2].requires_grad for source in self._sources))
+                                                   or any(tensor.requires_grad for tensor in self._tensors))
 
     def current(self) -> bool:
         """Whether the blocks still hold the weights fused: the same tensors, unchanged since
         (not written in place, their data not replaced, as ``module.to`` replaces it)."""
         return (all(getattr(module, name) is tensor for module, name, tensor in self._sources)
-                and tensor_stamp(tuple(source[2] for source in self._sources)) == self._stamp)
+                and tensor_stamp(self._tensors) == self._stamp)
 
     def __call__(self, hidden: Tensor, offsets: Optional[Tensor] = None) -> Tensor:
         """Every head's block on ``hidden`` `(n, d)`: `(n, heads, d)`. ``offsets`` `(heads, n, d)`:

@@ -176,8 +176,9 @@ class PackedLinear(nn.Module):
             if shared.weights[self._index] is self.weight and shared.biases[self._index] is self.bias:
                 return shared.outputs(x)[self._index]
             self._shared = None  # a parameter replaced since: packed on its own from now on
-        if tensor_stamp((self.weight,)) != self._stamp:  # left the shared GEMM, or the weight changed
-            self._packed, self._stamp = pack_rows(self.weight), tensor_stamp((self.weight,))
+        stamp = tensor_stamp((self.weight,))
+        if stamp != self._stamp:  # left the shared GEMM, or the weight changed
+            self._packed, self._stamp = pack_rows(self.weight), stamp
         return _packed_linear(x, cast(torch.Tensor, self._packed), self.bias, self.out_features)
 
     def extra_repr(self) -> str:
