@@ -12,10 +12,12 @@ alone, and timed again from cold caches with every head and heads 2..d + 1 alone
 and (``--blocks``) the heads' blocks fused (``BlockHeads.fuse``, as the vLLM lattice
 proposer and ``prepare_heads`` run them) against one by one, from cold caches. Median
 milliseconds of ``--repeats`` calls each way (the full ones interleaved, the candidate ones after
-them, ``--blocks``' interleaved, 4 x ``--repeats`` each), and the machine. Writes
+them, ``--blocks``' interleaved, 4 x ``--repeats`` each), (``--dtypes``) the static candidates
+projected in each dtype from cold caches, interleaved, and their lattices' agreement with the
+float32 ones, and the machine. Writes
 ``results/heads_batch.{json,md}``::
 
-    PYTHONPATH=. python benchmarks/heads_batch.py [--threads 2] [--rows 1 4 16] [--depths 1 2 4] [--candidates 8192] [--blocks]
+    PYTHONPATH=. python benchmarks/heads_batch.py [--threads 2] [--rows 1 4 16] [--depths 1 2 4] [--candidates 8192] [--blocks] [--dtypes float32 bfloat16]
 """
 
 from __future__ import annotations
@@ -43,6 +45,16 @@ def same(want: Any, got: Any, root: int, depth: Optional[int]) -> bool:
             and got.widths[0] == 1 and got.scores[0, 0] == 0 and np.array_equal(want.tokens[1:h], got.tokens[1:])
             and np.array_equal(want.widths[1:h], got.widths[1:])
             and np.allclose(want.scores[1:h], got.scores[1:], atol=1e-4))
+
+
+def agreement(want: list[Any], got: list[Any]) -> dict[str, float]:
+    """How far lattices ``got`` keep ``want``'s (the float32 ones): the share of draft positions
+    whose first arc is the same, the share of top-k arcs kept, the largest score difference."""
+    first = [float(np.mean(w.tokens[1:, 0] == g.tokens[1:, 0])) for w, g in zip(want, got)]
+    kept = [np.mean([len(set(w.tokens[r]) & set(g.tokens[r])) / len(set(w.tokens[r])) for r in range(1, w.h)])
+            for w, g in zip(want, got)]
+    return {"first_arc": float(np.mean(first)), "top_k_kept": float(np.mean(kept)),
+            "largest_score_difference": float(max(np.abs(w.scores - g.scores).max() for w, g in zip(want, got)))}
 
 
 def blocks_cold(heads: Any, hidden: torch.Tensor, ids: list[list[int]], vocab: int, candidates: int,
@@ -87,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks", action="store_true",
                    help="also the heads' blocks fused (BlockHeads.fuse, as the lattice proposer and prepare_heads "
                         "run them) against one by one, from cold caches: head_states, and the candidate lattices")
+    p.add_argument("--dtypes", nargs="*", default=[],
+                   help="also the candidate lattices with the static candidates projected in each of these dtypes "
+                        "(float32, bfloat16: CandidateLattice's dtype), from cold caches, at every depth")
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -153,6 +168,22 @@ def main(argv: list[str] | None = None) -> int:
                         if i:
                             cut.setdefault(str(depth), []).append(1e3 * (time.perf_counter() - t0))
                 row["candidates_cold_ms"] = {d: statistics.median(v) for d, v in cut.items()}
+                if args.dtypes:  # the static candidates projected in each dtype, interleaved, from cold caches
+                    by_dtype = {name: [CandidateLattice(heads, static, 8, getattr(torch, name)) for _ in range(rows)]
+                                for name in args.dtypes}
+                    for name, each in by_dtype.items():
+                        candidate_lattices(each, hidden, ids)  # each row's own tokens gathered once
+                        row.setdefault("dtype_agreement", {})[name] = agreement(got, candidate_lattices(each, hidden, ids))
+                    timed_dtype: dict[str, list[float]] = {}
+                    for i in range(args.repeats + 1):
+                        for name, each in by_dtype.items():
+                            for depth in [None, *args.depths]:
+                                flush.add_(1.0)
+                                t0 = time.perf_counter()
+                                candidate_lattices(each, hidden, ids, depth=depth)
+                                if i:
+                                    timed_dtype.setdefault(f"{name}@{depth}", []).append(1e3 * (time.perf_counter() - t0))
+                    row["dtype_cold_ms"] = {key: statistics.median(v) for key, v in timed_dtype.items()}
             if args.blocks:
                 row |= blocks_cold(heads, hidden, ids, model.config.vocab_size, args.candidates or 8192,
                                    4 * args.repeats)
@@ -192,6 +223,20 @@ def main(argv: list[str] | None = None) -> int:
                   + " | ".join(f"{d} draft heads" for d in args.depths) + " |", "|---|---|---|" + "---|" * len(args.depths)]
         lines += [f"| {r['rows']} | {r['candidates_ms']:.1f} | {r['candidates_cold_ms']['None']:.2f} | "
                   + " | ".join(f"{r['candidates_cold_ms'][str(d)]:.2f}" for d in args.depths) + " |" for r in rows_out]
+    if args.candidates and args.dtypes:
+        lines += ["", "The static candidates projected in each dtype (`CandidateLattice(dtype=)`; bfloat16 is "
+                  "`candidate_dtype`'s `auto` on a CPU with AVX-512 BF16 or AMX), each call after 256 MB were written, "
+                  "interleaved; median ms, at every head and heads 2..d + 1 alone; agreement with the float32 lattices: "
+                  "first arcs the same, top-k arcs kept, largest score difference (nats):", "",
+                  "| requests | dtype | every head | " + " | ".join(f"{d} draft heads" for d in args.depths)
+                  + " | first arc | top k kept | largest score difference |",
+                  "|---|---|---|" + "---|" * len(args.depths) + "---|---|---|"]
+        for r in rows_out:
+            for name in args.dtypes:
+                a = r["dtype_agreement"][name]
+                lines.append(f"| {r['rows']} | {name} | {r['dtype_cold_ms'][f'{name}@None']:.2f} | "
+                             + " | ".join(f"{r['dtype_cold_ms'][f'{name}@{d}']:.2f}" for d in args.depths)
+                             + f" | {a['first_arc']:.3f} | {a['top_k_kept']:.3f} | {a['largest_score_difference']:.3f} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return 0
 

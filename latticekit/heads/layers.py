@@ -148,22 +148,32 @@ class FusedBlocks:
         return (all(getattr(module, name) is tensor for module, name, tensor in self._sources)
                 and tensor_stamp(self._tensors) == self._stamp)
 
-    def __call__(self, hidden: Tensor, offsets: Optional[Tensor] = None) -> Tensor:
-        """Every head's block on ``hidden`` `(n, d)`: `(n, heads, d)`. ``offsets`` `(heads, n, d)`:
-        head i's block reads ``hidden + offsets[i]`` (token-conditioned heads), else ``hidden``."""
+    def __call__(self, hidden: Tensor, offsets: Optional[Tensor] = None, count: Optional[int] = None) -> Tensor:
+        """The first ``count`` heads' blocks (default: every head's) on ``hidden`` `(n, d)`:
+        `(n, count, d)`. ``offsets`` `(heads, n, d)` (or its first ``count``): head i's block reads
+        ``hidden + offsets[i]`` (token-conditioned heads), else ``hidden``.
+
+        Fewer heads read fewer weights: each later product, and a first one for at most half the
+        heads, is a ``baddbmm`` over those heads' slices of the stacked weights; a first product
+        for more heads is the packed one over every head, its output cut. On the 2-core EPYC
+        (AVX-512, float32, SmolLM2's 7 heads, from cold caches), a first layer for 2 heads took
+        0.33 ms for one row and 0.53 for sixteen against 0.69 and 0.77 for the packed product of
+        all seven (stop 63)."""
         n = hidden.shape[0]
-        x: Optional[Tensor] = None  # (heads, n, d): each head's input
+        count = self.heads if count is None else max(1, min(int(count), self.heads))
+        x: Optional[Tensor] = None  # (count, n, d): each head's input
         for depth, products in enumerate(self._products):
             (weight, bias) = products[0]
-            if depth == 0 and offsets is None:  # one input for every head: one product
-                y = self._shared(hidden).reshape(n, self.heads, -1).transpose(0, 1)
+            if depth == 0 and offsets is None and 2 * count > self.heads:  # one product for every head
+                y = self._shared(hidden).reshape(n, self.heads, -1)[:, :count].transpose(0, 1)
                 inputs = hidden.unsqueeze(0)
             else:
-                inputs = x if x is not None else hidden.unsqueeze(0) + cast(Tensor, offsets)
-                y = torch.baddbmm(bias, inputs.expand(self.heads, n, -1), weight)
+                inputs = x if x is not None else hidden.unsqueeze(0) if offsets is None \
+                    else hidden.unsqueeze(0) + offsets[:count]
+                y = torch.baddbmm(bias[:count], inputs.expand(count, n, -1), weight[:count])
             if self.layer == "mlp":
                 down, down_bias = products[1]
-                x = inputs + torch.baddbmm(down_bias, nn.functional.silu(y), down)
+                x = inputs + torch.baddbmm(down_bias[:count], nn.functional.silu(y), down[:count])
             else:
                 x = inputs + nn.functional.silu(y)
         return cast(Tensor, x).transpose(0, 1)

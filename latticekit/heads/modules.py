@@ -206,16 +206,21 @@ class BlockHeads(nn.Module):
         return cls(lm_head, num_heads, intermediate_size, metadata=metadata, layer=layer, num_layers=num_layers,
                    token_conditioned=token_conditioned)
 
-    def head_states(self, hidden: Tensor, next_token: Optional[Union[Tensor, int]] = None) -> Tensor:
-        """The inputs of the output projection for every head.
+    def head_states(self, hidden: Tensor, next_token: Optional[Union[Tensor, int]] = None,
+                    depth: Optional[int] = None) -> Tensor:
+        """The inputs of the output projection for every head (or heads 1..depth + 1).
 
         Args:
             hidden (`torch.Tensor` of shape `(..., hidden)`): the target's final hidden state.
             next_token: for ``token_conditioned`` heads, the token at t + 1 (an int or a tensor of
                 token ids of shape `(...)`); default: head 1's arg-max. Other heads ignore it.
+            depth: compute only the first ``depth`` draft heads (heads 2..depth + 1; at least
+                one, at most every one): a search for chains of at most ``depth`` drafts reads
+                no more, and their blocks' weights are not read. Default: every head.
 
         Returns:
-            `torch.Tensor` of shape `(..., num_heads, hidden)`; `[..., 0, :]` is ``hidden``.
+            `torch.Tensor` of shape `(..., num_heads, hidden)` (`(..., depth + 1, hidden)` with
+            ``depth``); `[..., 0, :]` is ``hidden``.
 
         Raises:
             HeadsMismatchError: the last dimension is not ``hidden_size``, or ``next_token`` is
@@ -231,15 +236,16 @@ class BlockHeads(nn.Module):
                 next_token = self.lm_head(hidden).argmax(dim=-1)
             mapped = self.token_input(self._token_vectors(next_token, hidden))
             mapped = mapped.reshape(*hidden.shape[:-1], self.num_heads - 1, self.hidden_size)
-        if self.fused is not None and self.blocks and self.fused.serves(hidden):
+        count = self.num_heads - 1 if depth is None else min(max(1, int(depth)), self.num_heads - 1)
+        blocks = list(self.blocks)[:count]
+        if self.fused is not None and blocks and self.fused.serves(hidden):
             rows = hidden.reshape(-1, self.hidden_size)
             offsets = None if mapped is None else mapped.reshape(-1, self.num_heads - 1, self.hidden_size).transpose(0, 1)
-            return torch.cat([rows.unsqueeze(1), self.fused(rows, offsets)], dim=1).reshape(
-                *hidden.shape[:-1], self.num_heads, self.hidden_size)
+            return torch.cat([rows.unsqueeze(1), self.fused(rows, offsets, count)], dim=1).reshape(
+                *hidden.shape[:-1], count + 1, self.hidden_size)
         if mapped is None:
-            return torch.stack([hidden] + [block(hidden) for block in self.blocks], dim=-2)
-        return torch.stack([hidden] + [block(hidden + mapped[..., i, :]) for i, block in enumerate(self.blocks)],
-                           dim=-2)
+            return torch.stack([hidden] + [block(hidden) for block in blocks], dim=-2)
+        return torch.stack([hidden] + [block(hidden + mapped[..., i, :]) for i, block in enumerate(blocks)], dim=-2)
 
     def fuse(self, wrap: Optional[Callable[[nn.Linear], nn.Module]] = None) -> "BlockHeads":
         """Computes every head's block in one batched product per layer from now on

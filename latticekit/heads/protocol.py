@@ -46,4 +46,6 @@ class ProjectedHeads(DraftHeads, Protocol):
 
     lm_head: Any  # the output projection: a module with a `(vocab, hidden)` weight
 
+    # `(..., h, hidden)` for `hidden` `(..., hidden)`; heads whose method takes a `depth` keyword
+    # compute heads 1..depth + 1 alone when a lattice needs no more (BlockHeads.head_states)
     def head_states(self, hidden: "Tensor", *args: Any, **kwargs: Any) -> "Tensor": ...

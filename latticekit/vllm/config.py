@@ -80,6 +80,11 @@ class ProposerConfig:
             is not drafted by the heads; or ``"full"``, the whole vocabulary (every head's exact
             top k, a product as large as the target's logits). Heads without one shared output
             projection (``CandidateLattice.supports``) take the whole vocabulary either way.
+        candidate_dtype: what the lattice proposer projects the heads' candidates in:
+            ``"auto"`` (bfloat16 for float32 heads on a CPU with AVX-512 BF16 or AMX, where the
+            product runs at about twice float32's speed; else the model's dtype), ``"model"`` or
+            ``"bfloat16"`` (:func:`~latticekit.decoding.lattices.candidate_dtype`). Drafts
+            change by rounding, outputs never (every draft is verified).
         k: arcs per lattice position (each head's top k).
         p: lattice paths searched per request and step.
         alpha: the n-gram model's weight in the lattice search (``draft + alpha * n-gram``).
@@ -186,6 +191,7 @@ class ProposerConfig:
     stats: Optional[str] = None
     heads: Optional[str] = None
     vocabulary: str = "seen"
+    candidate_dtype: str = "auto"
     k: int = 8
     p: int = 16
     alpha: float = 1.0
@@ -279,6 +285,9 @@ class ProposerConfig:
         if self.vocabulary not in ("seen", "full"):
             raise ProposerConfigError(f"latticekit vLLM proposer: vocabulary must be 'seen' or 'full', "
                                       f"got {self.vocabulary!r}")
+        if self.candidate_dtype not in ("auto", "model", "bfloat16"):
+            raise ProposerConfigError(f"latticekit vLLM proposer: candidate_dtype must be 'auto', 'model' or "
+                                      f"'bfloat16', got {self.candidate_dtype!r}")
         if self.heads is not None:
             if not isinstance(self.heads, str) or not self.heads:
                 raise ProposerConfigError(f"latticekit vLLM proposer: heads must be a heads file or a Medusa "

@@ -230,7 +230,7 @@ class LatticeProposer(NGramProposer):
             from latticekit.decoding.lattices import lattice_source
 
             source = self._sources[state] = lattice_source(self.heads, self.config.k, self.vocab_size,
-                                                           self._vocabulary)
+                                                           self._vocabulary, self.config.candidate_dtype)
         return source
 
     def _check_hidden(self, hidden: Any, token: int) -> None:

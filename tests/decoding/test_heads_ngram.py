@@ -178,7 +178,24 @@ def test_heads_without_a_draft_head_are_named_by_full_lattices() -> None:
                           depth)
 
 
-@pytest.mark.parametrize("kind", ["candidates", "full", "full-chunked", "full-scaled"])
+class _StatesWithoutDepth(torch.nn.Module):
+    """Heads of a user's (:class:`~latticekit.heads.protocol.ProjectedHeads`) whose
+    ``head_states`` takes no ``depth``: every head's states, cut by the lattice."""
+
+    def __init__(self, heads: BlockHeads) -> None:
+        super().__init__()
+        self.inner, self.lm_head, self.num_heads = heads, heads.lm_head, heads.num_heads
+        self.token_conditioned = heads.token_conditioned
+
+    def head_states(self, hidden: torch.Tensor, next_token: Any = None) -> torch.Tensor:
+        return self.inner.head_states(hidden, next_token)
+
+    def forward(self, hidden: torch.Tensor, next_token: Any = None) -> torch.Tensor:
+        return self.inner(hidden, next_token=next_token)
+
+
+@pytest.mark.parametrize("kind", ["candidates", "candidates-no-depth", "full", "full-chunked", "full-scaled",
+                                  "full-no-depth"])
 @pytest.mark.parametrize("conditioned", [False, True])
 @pytest.mark.parametrize("depth", [None, 1, 2, 9])
 def test_a_batchs_lattices_are_each_rows_own(conditioned: bool, kind: str, depth: Any,
@@ -186,16 +203,19 @@ def test_a_batchs_lattices_are_each_rows_own(conditioned: bool, kind: str, depth
     """``candidate_lattices`` and ``full_lattices`` run the heads once on a batch of rows (the
     vLLM lattice proposer's step; the full one a chunk of rows at a time): each row's lattice
     is the one its own source gives it alone. The full one leaves head 1 out where the heads
-    project with one ``lm_head`` (its root is the row's last token alone, scored 0) and, with
-    ``depth``, runs heads 2..depth + 1 alone; heads with a logit scale (``full-scaled``) run
-    whole and are cut."""
+    project with one ``lm_head`` (its root is the row's last token alone, scored 0); with
+    ``depth``, both run heads 2..depth + 1 alone (``BlockHeads.head_states(depth=)``; heads
+    whose ``head_states`` takes no depth, ``*-no-depth``, run whole and are cut); heads with a
+    logit scale (``full-scaled``) run whole and are cut."""
     from latticekit.decoding import lattices
     from latticekit.decoding.lattices import full_lattices
 
-    if kind == "candidates" and depth is not None:
-        pytest.skip("candidate_lattices takes no depth")
     model = tiny_llama()
-    heads = _conditioned_heads(model) if conditioned else BlockHeads.for_model(model, num_heads=4)
+    heads: Any = _conditioned_heads(model) if conditioned else BlockHeads.for_model(model, num_heads=4)
+    if kind.endswith("no-depth"):
+        heads = _StatesWithoutDepth(heads)
+        assert CandidateLattice.supports(heads) and not lattices._takes_depth(heads)
+        kind = kind[:-len("-no-depth")]
     if kind == "full-scaled":
         heads.logit_scale = 0.5
         assert not CandidateLattice.supports(heads)
@@ -211,15 +231,16 @@ def test_a_batchs_lattices_are_each_rows_own(conditioned: bool, kind: str, depth
     alone, batched = [source() for _ in texts], [source() for _ in texts]
     with torch.no_grad():
         want = [s(hidden[i], texts[i], entropy=False)[0] for i, s in enumerate(alone)]
-        got = candidate_lattices(batched, hidden, texts) if kind == "candidates" \
+        got = candidate_lattices(batched, hidden, texts, depth=depth) if kind == "candidates" \
             else full_lattices(batched, hidden, texts, depth)
     positions = 4 if depth is None else min(4, depth + 1)
     for text, w, g in zip(texts, want, got):
         assert g.h == positions
-        if kind != "candidates":  # the root: the row's last token alone, scored 0
-            assert g.widths[0] == 1 and g.tokens[0, 0] == w.tokens[0, 0] == text[-1] and g.scores[0, 0] == 0
-            w = lk.SausageLattice(w.tokens[1:positions], w.scores[1:positions], w.widths[1:positions])
-            g = lk.SausageLattice(g.tokens[1:], g.scores[1:], g.widths[1:])
+        # the root: the row's last token alone (scored 0 where full_lattices gives it)
+        assert g.widths[0] == 1 and g.tokens[0, 0] == w.tokens[0, 0] == text[-1]
+        assert kind == "candidates" or g.scores[0, 0] == 0
+        w = lk.SausageLattice(w.tokens[1:positions], w.scores[1:positions], w.widths[1:positions])
+        g = lk.SausageLattice(g.tokens[1:], g.scores[1:], g.widths[1:])
         np.testing.assert_array_equal(g.tokens, w.tokens)
         np.testing.assert_array_equal(g.widths, w.widths)
         np.testing.assert_allclose(g.scores, w.scores, atol=1e-5)
@@ -263,3 +284,85 @@ def test_candidate_lattices_rank_every_rows_candidates_as_one_log_softmax(k: int
             assert len(set(tokens.tolist())) == width and np.isin(tokens, candidates).all()
             np.testing.assert_allclose(logprobs[row, np.searchsorted(candidates, tokens)], lattice.scores[row, :width],
                                        atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(k=st.integers(1, 8), static_size=st.integers(1, 40), rows=st.integers(1, 4), seed=st.integers(0, 2**16),
+       text_length=st.integers(1, 20), depth=st.sampled_from([None, 1, 2]))
+def test_candidate_lattices_in_bfloat16_keep_the_float32_top_k_up_to_rounding(k: int, static_size: int, rows: int,
+                                                                              seed: int, text_length: int,
+                                                                              depth: Optional[int]) -> None:
+    """Static candidates projected in bfloat16 (``candidate_dtype`` ``"auto"`` on a CPU with
+    native bfloat16 products) against the float32 log-softmax over every candidate: each arc is
+    a distinct candidate whose float32 log-probability is within the rounding bound of the
+    score it is given, and no candidate left out beats an arc by more than twice the bound (the
+    top k up to rounding). The bound: bfloat16's half-ulp (2^-9 relative) on the states, the
+    rows and the product, over the sum of the products' magnitudes, doubled."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = tiny_llama()
+    heads = BlockHeads.for_model(model, num_heads=4)
+    with torch.no_grad():
+        for p in heads.blocks.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    static = rng.choice(64, static_size, replace=False)
+    texts = [rng.integers(0, 64, text_length).tolist() for _ in range(rows)]
+    hidden = torch.randn(rows, model.config.hidden_size, generator=gen)
+    weight = heads.lm_head.weight.detach()
+    with torch.no_grad():
+        sources = [CandidateLattice(heads, static, k, torch.bfloat16) for _ in texts]
+        assert sources[0]._rows.dtype == torch.bfloat16
+        got = candidate_lattices(sources, hidden, texts, depth=depth)
+        states = heads.head_states(hidden)
+        logits = (states @ weight.T).float()
+        magnitude = states.abs() @ weight.abs().T  # the sum of the products' magnitudes per logit
+    bound = float(4 * 2.0 ** -9 * magnitude.max())  # per logit; the normaliser moves by at most as much
+    positions = 4 if depth is None else min(4, depth + 1)
+    for i, (text, lattice) in enumerate(zip(texts, got)):
+        candidates = np.array(sorted(set(static.tolist()) | set(text)))
+        logprobs = torch.log_softmax(logits[i][:, candidates], dim=-1).numpy()
+        width = min(k, len(candidates))
+        assert lattice.tokens[0, 0] == text[-1] and lattice.widths[0] == 1 and lattice.h == positions
+        for row in range(1, positions):
+            tokens = lattice.tokens[row, :width]
+            assert lattice.widths[row] == width and len(set(tokens.tolist())) == width
+            assert np.isin(tokens, candidates).all()
+            mine = logprobs[row, np.searchsorted(candidates, tokens)]
+            np.testing.assert_allclose(lattice.scores[row, :width], mine, atol=2 * bound)
+            left_out = np.setdiff1d(candidates, tokens)
+            if len(left_out):
+                assert logprobs[row, np.searchsorted(candidates, left_out)].max() <= mine.min() + 4 * bound
+
+
+def test_candidate_dtype_follows_the_cpu_and_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto``: bfloat16 for float32 rows where the CPU computes bfloat16 products natively, the
+    weight's own dtype elsewhere; ``model`` and ``bfloat16`` as named; another setting an error;
+    a source's static rows are packed in its dtype, and sources of both dtypes on one projection
+    each project in their own."""
+    from latticekit.decoding import lattices
+    from latticekit.decoding.lattices import candidate_dtype, lattice_source
+
+    weight = torch.zeros(4, 3)
+    for native in (True, False):
+        monkeypatch.setattr(lattices, "native_bfloat16", lambda native=native: native)
+        assert candidate_dtype(weight) == (torch.bfloat16 if native else torch.float32)
+        assert candidate_dtype(weight.double()) == torch.float64  # only float32 weights change
+        assert candidate_dtype(weight, "model") == torch.float32
+        assert candidate_dtype(weight, "bfloat16") == torch.bfloat16
+    with pytest.raises(ValueError, match="'auto', 'model' or 'bfloat16'"):
+        candidate_dtype(weight, "half")
+    model = tiny_llama()
+    heads = BlockHeads.for_model(model, num_heads=3)
+    hidden = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        half = lattice_source(heads, 4, 64, np.arange(40), "bfloat16")
+        full = lattice_source(heads, 4, 64, np.arange(40), "model")
+        assert half._rows.dtype == torch.bfloat16 and full._rows.dtype == torch.float32
+        again = lattice_source(heads, 4, 64, np.arange(40), "bfloat16")
+        want = full(hidden, [1, 2])[0]
+        for source in (half, again):
+            assert source._rows.dtype == torch.bfloat16
+            got = source(hidden, [1, 2])[0]
+            np.testing.assert_allclose(got.scores, want.scores, atol=0.05)
+        assert full._rows.dtype == torch.float32
+        np.testing.assert_array_equal(full(hidden, [1, 2])[0].tokens, want.tokens)

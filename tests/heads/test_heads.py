@@ -328,6 +328,11 @@ def test_fused_blocks_compute_what_the_blocks_compute_one_by_one(layer, num_laye
         assert got.shape == want.shape == (*shape, num_heads, HIDDEN)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert torch.equal(got[..., 0, :], hidden)
+        for depth in range(1, num_heads + 1):  # the first heads alone (fewer blocks' weights read)
+            count = min(depth, num_heads - 1)
+            cut = heads.head_states(hidden, token, depth=depth)
+            assert cut.shape == (*shape, count + 1, HIDDEN)
+            torch.testing.assert_close(cut, want[..., :count + 1, :], rtol=1e-5, atol=1e-5)
         block = heads.blocks[-1]
         first = block[0] if isinstance(block, torch.nn.Sequential) else block
         linear = first.linear if layer == "medusa" else first.down
@@ -340,8 +345,11 @@ def test_fused_blocks_compute_what_the_blocks_compute_one_by_one(layer, num_laye
         linear.weight.data = linear.weight.data.clone()  # its data replaced, as module.to replaces it
         assert not heads.fused.current()
         assert heads.fuse().fused.current()
+        heads.fused = None  # the blocks one by one, the first heads alone
+        torch.testing.assert_close(heads.head_states(hidden, token, depth=1), changed[..., :2, :], rtol=1e-4, atol=1e-4)
     # gradients flow through the blocks, never through the fused copy
     hidden.requires_grad_(True)
+    heads.fuse()
     heads.head_states(hidden, token).sum().backward()
     assert linear.weight.grad is not None and hidden.grad is not None
 

@@ -1198,23 +1198,27 @@ def test_a_long_rows_drafts_cost_more_and_are_cut_first() -> None:
     assert proposer._repaid([np.array([0.5])], [1], 0.0, 0.0) == ([1], 0.5, 0.5)
 
 
-@pytest.mark.parametrize("vocabulary", ["seen", "full", "seen, heads without head_states"])
+@pytest.mark.parametrize("vocabulary", ["seen", "seen:model", "seen:bfloat16", "full",
+                                        "seen, heads without head_states"])
 def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattice(tmp_path: Path,
                                                                                   vocabulary: str) -> None:
     """One step of the lattice proposer as vLLM's runner drives it: the hidden states the hook
     kept (one row per request, none verified drafts), the heads run on the batch's rows, each
     request's chain the one its own lattice gives (against the lattice built for it alone: over
-    the whole vocabulary, or over the tokens seen, here the two requests' texts; heads that
-    cannot be projected on candidates, over the whole vocabulary whatever the setting)."""
+    the whole vocabulary, or over the tokens seen, here the two requests' texts, projected in
+    the ``candidate_dtype`` set (after the colon; default ``auto``); heads that cannot be
+    projected on candidates, over the whole vocabulary whatever the setting)."""
     import weakref
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from latticekit.decoding.lattices import CandidateLattice, FullLattice
+    from latticekit.decoding.lattices import CandidateLattice, FullLattice, candidate_dtype
     from latticekit.heads.modules import BlockHeads
 
     torch.manual_seed(0)
+    dtype = vocabulary.split(":")[1] if ":" in vocabulary else "auto"
+    vocabulary = vocabulary.split(":")[0]
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=4, num_key_value_heads=2)).eval()
     heads = BlockHeads.for_model(model, num_heads=4).eval()
@@ -1231,7 +1235,8 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
 
     proposer = LatticeProposer(engine_config(k=3, vocab=64), ProposerConfig(heads=str(given), step_costs=(0.1, 0.0),
                                                                              k=4, p=4,
-                                                                             vocabulary=vocabulary.split(",")[0]))
+                                                                             vocabulary=vocabulary.split(",")[0],
+                                                                             candidate_dtype=dtype))
     proposer.heads = heads if "," not in vocabulary else Opaque()
     runner = Runner()
     runner.input_batch = SimpleNamespace(req_ids=["a", "b"], spec_token_ids=[[], []])
@@ -1258,7 +1263,8 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     for r, text in enumerate(texts):
         alone = ChainDrafter(None, 64, AcceptanceModel.prior(trust="head+cache"), candidates=32, max_depth=12)
         alone.observe(text)
-        source: Any = CandidateLattice(heads, seen, 4) if vocabulary == "seen" else FullLattice(heads, 4, 64)
+        source: Any = CandidateLattice(heads, seen, 4, candidate_dtype(heads.lm_head.weight, dtype)) \
+            if vocabulary == "seen" else FullLattice(heads, 4, 64)
         with torch.no_grad():
             lattice, _ = source(hidden[r], text, entropy=False)
         if vocabulary == "seen":
@@ -1330,6 +1336,8 @@ def test_the_lattice_proposers_vocabulary_is_the_tokens_it_has_seen_most(tmp_pat
         assert (other._vocabulary is None) == ("vocabulary" in settings)
     with pytest.raises(ProposerConfigError, match="vocabulary must be 'seen' or 'full'"):
         ProposerConfig(vocabulary="all")
+    with pytest.raises(ProposerConfigError, match="candidate_dtype must be 'auto', 'model' or 'bfloat16'"):
+        ProposerConfig(candidate_dtype="float16")
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status (Linux)")
