@@ -226,10 +226,13 @@ def candidate_dtype(weight: torch.Tensor, setting: str = "auto") -> torch.dtype:
 
     Drafts, not outputs, change: the candidates' logits are rounded to bfloat16's 8 bits (on
     SmolLM2's shipped heads and 8,192 candidates, every head's first arc the same as in float32
-    and 97-99% of the top 8, scores within 0.3 nats; stop 63), and every draft is verified. On
-    the 2-core AVX-512 EPYC the rows are half the bytes and the product twice the speed: the
-    candidate lattices from cold caches took 3.0 against 3.8 ms for one row and 12.1 against
-    14.7 ms for sixteen (stop 63, ``benchmarks/heads_batch.py --dtypes``).
+    at 99-100% of draft positions and 98-99.5% of the top 8, scores within 0.3 nats; stop 63), and every
+    draft is verified. The rows are half the bytes (19 MB for SmolLM2's 8,192 candidates). On the
+    2-core AVX-512 EPYC from cold caches, the candidate lattices of every head took 2.8-3.3 ms
+    against 3.1-3.6 for one row and 9.0-9.4 against 11.5-13.0 for sixteen
+    (``benchmarks/results/heads_batch-63/``, ``benchmarks/heads_batch.py --dtypes``); inside
+    vLLM the lattice proposer drafted in as many milliseconds either way (3.2-4.2 a step at one
+    request), and ran as fast (``benchmarks/results/vllm_speed/candidate-dtype-63/``).
 
     Raises:
         ValueError: another setting.

@@ -156,9 +156,10 @@ class FusedBlocks:
         Fewer heads read fewer weights: each later product, and a first one for at most half the
         heads, is a ``baddbmm`` over those heads' slices of the stacked weights; a first product
         for more heads is the packed one over every head, its output cut. On the 2-core EPYC
-        (AVX-512, float32, SmolLM2's 7 heads, from cold caches), a first layer for 2 heads took
-        0.33 ms for one row and 0.53 for sixteen against 0.69 and 0.77 for the packed product of
-        all seven (stop 63)."""
+        (AVX-512, float32, SmolLM2's 7 heads over 8,192 candidates, from cold caches), the
+        candidate lattices for one draft head took 4.8 ms for sixteen rows against 5.9-6.2 when
+        every head's block ran, 2.5-2.8 against 2.9-3.0 for one row
+        (``benchmarks/results/heads_batch-63/``, two runs each way, stop 63)."""
         n = hidden.shape[0]
         count = self.heads if count is None else max(1, min(int(count), self.heads))
         x: Optional[Tensor] = None  # (count, n, d): each head's input
