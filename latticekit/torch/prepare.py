@@ -33,6 +33,7 @@ the same prepared model. Nothing changes on other devices and dtypes but the att
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ContextManager, Optional, cast
 
@@ -88,11 +89,12 @@ class Preparation:
         return f"prepared for {self.device}: " + ", ".join(parts)
 
 
+@functools.lru_cache(maxsize=None)
 def native_bfloat16() -> bool:
     """Whether this CPU computes bfloat16 products natively (AVX-512 BF16 or AMX) and oneDNN
-    packs them: there a bfloat16 product reads half a float32 one's bytes at about twice its
-    speed. Without (AVX2, or AVX-512 without BF16), bfloat16 products are emulated and slower
-    than float32 ones (stop 61's AVX2 EPYC: 2-10x)."""
+    packs them: there a bfloat16 product reads half a float32 one's bytes, with dot-product
+    instructions of its own. Without (AVX2, or AVX-512 without BF16), bfloat16 products are
+    emulated and slower than float32 ones (stop 61's AVX2 EPYC: 2-10x)."""
     cpu = getattr(torch, "cpu", None)
     native = any(callable(getattr(cpu, name, None)) and getattr(cpu, name)()
                  for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))

@@ -81,8 +81,9 @@ class ProposerConfig:
             top k, a product as large as the target's logits). Heads without one shared output
             projection (``CandidateLattice.supports``) take the whole vocabulary either way.
         candidate_dtype: what the lattice proposer projects the heads' candidates in:
-            ``"auto"`` (bfloat16 for float32 heads on a CPU with AVX-512 BF16 or AMX, where the
-            product runs at about twice float32's speed; else the model's dtype), ``"model"`` or
+            ``"auto"`` (bfloat16 for float32 heads on a CPU with AVX-512 BF16 or AMX: half the
+            candidates' bytes, and their lattices 10-30% faster from cold caches on the 2-core
+            AVX-512 EPYC, as fast inside vLLM; else the model's dtype), ``"model"`` or
             ``"bfloat16"`` (:func:`~latticekit.decoding.lattices.candidate_dtype`). Drafts
             change by rounding, outputs never (every draft is verified).
         k: arcs per lattice position (each head's top k).
