@@ -302,7 +302,8 @@ def test_fused_blocks_compute_what_the_blocks_compute_one_by_one(layer, num_laye
     """``fuse`` (one product per layer for every head; oneDNN-packed as ``prepare_heads``
     packs them) against each block run alone, for every layer kind and depth, with and
     without the next token; and a weight changed after fusing (unpacked) is never read stale,
-    nor a gradient lost."""
+    nor a gradient lost. The blocks' own packed copies are released once fused and packed
+    anew when the blocks run one by one."""
     from latticekit.torch.prepare import fuse_heads, pack_linears
 
     gen = torch.Generator().manual_seed(seed)
@@ -321,6 +322,8 @@ def test_fused_blocks_compute_what_the_blocks_compute_one_by_one(layer, num_laye
         if packed:  # as prepare_heads does: the first layer's fused linear packed too
             fuse_heads(heads)
             assert type(heads.fused._shared).__name__ == "PackedLinear"
+            blocks_packed = [m for m in heads.blocks.modules() if type(m).__name__ == "PackedLinear"]
+            assert blocks_packed and all(m.packed_bytes == 0 for m in blocks_packed)  # released once fused
         else:
             assert heads.fuse() is heads
         assert heads.fused is not None
@@ -340,6 +343,8 @@ def test_fused_blocks_compute_what_the_blocks_compute_one_by_one(layer, num_laye
         assert not heads.fused.current()
         changed = heads.head_states(hidden, token)
         assert not torch.allclose(changed[..., -1, :], want[..., -1, :])
+        if packed:  # the blocks one by one: the changed block packed anew, from its new weight
+            assert linear.packed_bytes > 0
         heads.fuse()  # fused anew on the new weights
         torch.testing.assert_close(heads.head_states(hidden, token), changed, rtol=1e-4, atol=1e-4)
         linear.weight.data = linear.weight.data.clone()  # its data replaced, as module.to replaces it
