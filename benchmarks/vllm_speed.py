@@ -212,8 +212,8 @@ class StepLogProposer(NGramProposer):
                                round(pending.draft_s, 6), pending.arm, sum(len(s) for s in sampled)])
         super()._learn(pending, start, sampled, keys, tokens)
 
-    def _write_stats(self, now: float) -> None:
-        super()._write_stats(now)
+    def _write_stats(self, now: float, wait: bool = False) -> None:
+        super()._write_stats(now, wait)
         if self.config.stats is not None:
             from latticekit._files import atomic_write
 

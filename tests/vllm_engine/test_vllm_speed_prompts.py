@@ -101,3 +101,30 @@ def test_tcmalloc_when_asked_starts_the_run_again_with_it_and_a_missing_one_stop
     assert len(started) == 1
     results = {"vllm": "0", "machine": {"cpu": "cpu", "isa": []}, "args": {}, "malloc": str(library)}
     assert f"Allocator: {library}." in bench.markdown({}, results)
+
+
+def test_the_step_log_engine_writes_its_steps_beside_its_stats(tmp_path):
+    """``latticekit-steps`` (``StepLogProposer``) drafts as the n-gram proposer does and logs a
+    line per step it learnt from in ``.steps.json`` whenever its stats are written."""
+    import json
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from latticekit.vllm.config import ProposerConfig
+
+    bench = vllm_speed_module()
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                             model_config=SimpleNamespace(max_model_len=64, get_vocab_size=lambda: 100))
+    stats = tmp_path / "stats.json"
+    proposer = bench.StepLogProposer(config, ProposerConfig(step_costs=(0.1, 0.0), stats=str(stats)))
+    ids = np.zeros((1, 64), dtype=np.int32)
+    text = [5, 6, 7, 8, 9] * 5
+    for n in range(20, 25):
+        ids[0, :n] = text[:n]
+        assert proposer.propose([[text[n - 1]]], np.array([n], dtype=np.int32), ids)[0] == \
+            (text * 2)[n:n + 4]
+    proposer._write_stats(0.0, wait=True)
+    steps = json.loads(stats.with_suffix(".steps.json").read_text())
+    assert len(steps) == 4 and all(step[0] == 1 and len(step) == 7 for step in steps)  # rows, ..., emitted
+    assert json.loads(stats.read_text())["errors"] == 0
