@@ -407,7 +407,7 @@ def lattice_source(heads: DraftHeads, k: int, vocab_size: int, vocabulary: Optio
     and the decoded text's tokens where the heads support it (:class:`CandidateLattice`, its
     static candidates projected in :func:`candidate_dtype`'s choice for ``dtype``), else the
     exact full-vocabulary lattice (:class:`FullLattice`). ``generate`` keeps the default,
-    the model's dtype: with ``"auto"`` (bfloat16 on this AVX-512 BF16 EPYC) ``generate`` with
+    the model's dtype: with ``"auto"`` (bfloat16 on stop 63's AVX-512 BF16 EPYC) ``generate`` with
     the shipped heads ran at 0.979x / 0.952x ``generate`` without them on code / instruction
     prompts, against 1.011x / 1.025x at the commit before, in two runs one after the other
     (``benchmarks/results/sources/persisted-63/``, stop 63): not one run's A/B, but no gain to

@@ -1,0 +1,131 @@
+"""What latticekit's text-only chain leaves in the candidate tree it is chosen from, step by step.
+
+On greedy streams of ``benchmarks/vllm_speed.py``'s domains (the first ``--count`` requests in
+id order, :func:`replay_heldout.greedy_streams`), latticekit's chain drafter with its answer
+memory (as its vLLM proposer runs it; every chain at full length, at most ``--n`` tokens) walks
+each stream as :func:`latticekit.eval.chain_replay.replay_chains` does. At every step it is
+asked for its chain and for the whole candidate tree the chain was chosen from (the text's and
+the memory's continuations, :meth:`~latticekit.drafting.chains.ChainDrafter.candidate_tree`),
+and SuffixDecoding (``replay_drafters.Suffix``, its defaults, 24 tokens) for its chain at the
+same position. Per domain:
+
+* tokens accepted a step by the chain, by the best path of its tree (what a chain drafter
+  that chose perfectly among the same candidates would get), and by SuffixDecoding there;
+* the tokens the chain leaves to its tree's best path, split by where the chain went wrong:
+  its **first** token (another first token of the tree was right; with the first tokens the
+  tree held there, on average) or a **later** one;
+* the vLLM proposer's allocation replayed on the same streams
+  (:class:`latticekit.vllm.replay.ProposerChains`, a simulated engine of ``a`` seconds a step
+  and ``b`` a query token, for each ``--engine-b``), against the full chains, in tokens a call.
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/chain_tree_gap.py [--domains chat summary code] [--count 40] \\
+        [--max-tokens 96] [--n 8] [--out benchmarks/results/replay/chain_tree_gap.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+
+def tree_gap(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int) -> dict[str, Any]:
+    """One domain's step-by-step counts (see the module docstring)."""
+    from replay_drafters import MEMORY_TOKENS, VOCAB, Suffix
+
+    from latticekit.drafting.memory import AnswerMemory
+    from latticekit.eval.chain_replay import LatticekitChains, accepted_prefix
+
+    chains = LatticekitChains(VOCAB, memory=AnswerMemory(MEMORY_TOKENS, vocab_size=VOCAB))
+    suffix = Suffix()
+    c: Counter[str] = Counter()
+    for prompt, continuation in streams:
+        prompt, continuation = [int(t) for t in prompt], [int(t) for t in continuation]
+        if not continuation:
+            continue
+        chains.start(prompt)
+        suffix.start(prompt)
+        ids, emitted = prompt + continuation[:1], continuation[:1]
+        while len(ids) - len(prompt) < len(continuation):
+            at = len(ids) - len(prompt)
+            chain = list(chains.propose(ids, emitted, n))
+            assert chains.state is not None
+            paths = chains.state.candidate_tree(n).paths()
+            got = accepted_prefix(chain, continuation, at)
+            best = max((accepted_prefix(path, continuation, at) for path in paths), default=0)
+            c["steps"] += 1
+            c["chain"] += got
+            c["tree"] += best
+            c["suffix"] += accepted_prefix(list(suffix.propose(ids, emitted, 24)), continuation, at)
+            if best > got:
+                where = "first" if got == 0 else "later"
+                c[f"lost_{where}_steps"] += 1
+                c[f"lost_{where}_tokens"] += best - got
+                if where == "first":
+                    c["first_tokens_held"] += len({path[0] for path in paths if path})
+            emitted = continuation[at:at + got + 1]
+            ids = ids + emitted
+        chains.finish(ids)
+        suffix.finish(ids)
+    steps = max(c["steps"], 1)
+    lost = max(c["lost_first_tokens"] + c["lost_later_tokens"], 1)
+    return {"requests": len(streams), "steps": c["steps"],
+            "accepted_per_step": {k: c[k] / steps for k in ("chain", "tree", "suffix")},
+            "lost_first_share": c["lost_first_tokens"] / lost,
+            "first_tokens_held": c["first_tokens_held"] / max(c["lost_first_steps"], 1), "counts": dict(c)}
+
+
+def allocation(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int, a: float,
+               bs: Sequence[float]) -> dict[str, float]:
+    """Tokens a call: the full chains, and the vLLM proposer's allocation at each ``b``."""
+    from replay_drafters import drafters, VOCAB
+
+    from latticekit.eval.chain_replay import replay_chains
+    from latticekit.vllm.replay import ProposerChains
+
+    out = {"full": replay_chains(streams, drafters()["latticekit-chain+memory"](), n).tokens_per_call}
+    for b in bs:
+        out[f"proposer b={b}"] = replay_chains(streams, ProposerChains(n, VOCAB, engine=(a, b)), n).tokens_per_call
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--domains", nargs="+", default=["chat", "summary", "code"])
+    p.add_argument("--count", type=int, default=40)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--engine-a", type=float, default=0.044, help="the simulated engine's seconds a step")
+    p.add_argument("--engine-b", type=float, nargs="+", default=[0.0002, 0.001, 0.003],
+                   help="the simulated engine's seconds a query token")
+    p.add_argument("--out", default=str(ROOT / "results" / "replay" / "chain_tree_gap.json"))
+    args = p.parse_args()
+    from replay_heldout import greedy_streams
+    from vllm_speed import requests
+
+    from latticekit._files import atomic_write
+    from latticekit._machine import machine
+
+    streams = greedy_streams(requests(args.count, args.domains), args.max_tokens)
+    results: dict[str, Any] = {"command": "PYTHONPATH=. python benchmarks/chain_tree_gap.py " + " ".join(sys.argv[1:]),
+                               "machine": machine(), "n": args.n, "max_tokens": args.max_tokens, "domains": {}}
+    for domain, got in streams.items():
+        row = tree_gap(got, args.n)
+        row["tokens_per_call"] = allocation(got, args.n, args.engine_a, args.engine_b)
+        results["domains"][domain] = row
+        print(domain, json.dumps({k: v for k, v in row.items() if k != "counts"}), flush=True)
+    with atomic_write(args.out) as f:
+        f.write(json.dumps(results, indent=1).encode())
+
+
+if __name__ == "__main__":
+    main()
