@@ -14,6 +14,10 @@ same position. Per domain:
 * the tokens the chain leaves to its tree's best path, split by where the chain went wrong:
   its **first** token (another first token of the tree was right; with the first tokens the
   tree held there, on average) or a **later** one;
+* two plain rules of the request's own text at the same steps, against the chain's first
+  token: the follower of the *most recent* occurrence of the longest earlier match of the
+  text's last 1-8 tokens (within its last 400), and that match's *most frequent* follower
+  (steps with such a match and a chain; how often each first token was right);
 * the vLLM proposer's allocation replayed on the same streams
   (:class:`latticekit.vllm.replay.ProposerChains`, a simulated engine of ``a`` seconds a step
   and ``b`` a query token, for each ``--engine-b``), against the full chains, in tokens a call.
@@ -36,6 +40,19 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+
+
+def match_followers(ids: Sequence[int], longest: int = 8, window: int = 400) -> list[int]:
+    """The tokens that followed each earlier occurrence of the longest run of ``ids``' last
+    1..``longest`` tokens that occurred before (within the last ``window`` tokens), oldest first."""
+    text = list(ids[-window:])
+    end = len(text)
+    for n in range(min(longest, end - 1), 0, -1):
+        context = text[end - n:]
+        found = [text[i + n] for i in range(end - n) if text[i:i + n] == context]
+        if found:
+            return found
+    return []
 
 
 def tree_gap(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int) -> dict[str, Any]:
@@ -66,6 +83,13 @@ def tree_gap(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int) -> 
             c["chain"] += got
             c["tree"] += best
             c["suffix"] += accepted_prefix(list(suffix.propose(ids, emitted, 24)), continuation, at)
+            found = match_followers(ids)
+            if found and chain:
+                truth = continuation[at]
+                c["rule_steps"] += 1
+                c["rule_chain_right"] += chain[0] == truth
+                c["rule_recent_right"] += found[-1] == truth
+                c["rule_frequent_right"] += Counter(found).most_common(1)[0][0] == truth
             if best > got:
                 where = "first" if got == 0 else "later"
                 c[f"lost_{where}_steps"] += 1
@@ -81,7 +105,9 @@ def tree_gap(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int) -> 
     return {"requests": len(streams), "steps": c["steps"],
             "accepted_per_step": {k: c[k] / steps for k in ("chain", "tree", "suffix")},
             "lost_first_share": c["lost_first_tokens"] / lost,
-            "first_tokens_held": c["first_tokens_held"] / max(c["lost_first_steps"], 1), "counts": dict(c)}
+            "first_tokens_held": c["first_tokens_held"] / max(c["lost_first_steps"], 1),
+            "first_token_right": {k: c[f"rule_{k}_right"] / max(c["rule_steps"], 1) for k in ("chain", "recent", "frequent")},
+            "counts": dict(c)}
 
 
 def allocation(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int, a: float,
