@@ -1,7 +1,7 @@
 """What latticekit's text-only chain leaves in the candidate tree it is chosen from, step by step.
 
 On greedy streams of ``benchmarks/vllm_speed.py``'s domains (the first ``--count`` requests in
-id order, :func:`replay_heldout.greedy_streams`), latticekit's chain drafter with its answer
+id order, :func:`replay_workloads.streams_of`, cached), latticekit's chain drafter with its answer
 memory (as its vLLM proposer runs it; every chain at full length, at most ``--n`` tokens) walks
 each stream as :func:`latticekit.eval.chain_replay.replay_chains` does. At every step it is
 asked for its chain and for the whole candidate tree the chain was chosen from (the text's and
@@ -69,6 +69,8 @@ def tree_gap(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int) -> 
         prompt, continuation = [int(t) for t in prompt], [int(t) for t in continuation]
         if not continuation:
             continue
+        c["requests"] += 1
+        c["tokens"] += len(continuation)
         chains.start(prompt)
         suffix.start(prompt)
         ids, emitted = prompt + continuation[:1], continuation[:1]
@@ -102,7 +104,8 @@ def tree_gap(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int) -> 
         suffix.finish(ids)
     steps = max(c["steps"], 1)
     lost = max(c["lost_first_tokens"] + c["lost_later_tokens"], 1)
-    return {"requests": len(streams), "steps": c["steps"],
+    return {"requests": c["requests"], "steps": c["steps"],
+            "tokens_per_call": {"full": c["tokens"] / max(c["steps"] + c["requests"], 1)},  # a prefill and the steps
             "accepted_per_step": {k: c[k] / steps for k in ("chain", "tree", "suffix")},
             "lost_first_share": c["lost_first_tokens"] / lost,
             "first_tokens_held": c["first_tokens_held"] / max(c["lost_first_steps"], 1),
@@ -112,16 +115,14 @@ def tree_gap(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int) -> 
 
 def allocation(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int, a: float,
                bs: Sequence[float]) -> dict[str, float]:
-    """Tokens a call: the full chains, and the vLLM proposer's allocation at each ``b``."""
-    from replay_drafters import drafters, VOCAB
+    """Tokens a call of the vLLM proposer's allocation at each ``b``."""
+    from replay_drafters import VOCAB
 
     from latticekit.eval.chain_replay import replay_chains
     from latticekit.vllm.replay import ProposerChains
 
-    out = {"full": replay_chains(streams, drafters()["latticekit-chain+memory"](), n).tokens_per_call}
-    for b in bs:
-        out[f"proposer b={b}"] = replay_chains(streams, ProposerChains(n, VOCAB, engine=(a, b)), n).tokens_per_call
-    return out
+    return {f"proposer b={b}": replay_chains(streams, ProposerChains(n, VOCAB, engine=(a, b)), n).tokens_per_call
+            for b in bs}
 
 
 def main() -> None:
@@ -135,18 +136,19 @@ def main() -> None:
                    help="the simulated engine's seconds a query token")
     p.add_argument("--out", default=str(ROOT / "results" / "replay" / "chain_tree_gap.json"))
     args = p.parse_args()
-    from replay_heldout import greedy_streams
+    from replay_workloads import streams_of
     from vllm_speed import requests
 
     from latticekit._files import atomic_write
     from latticekit._machine import machine
 
-    streams = greedy_streams(requests(args.count, args.domains), args.max_tokens)
+    streams = {domain: [(s["prompt"], s["continuation"]) for s in streams_of(domain, texts, args.max_tokens, batch=16)]
+               for domain, texts in requests(args.count, args.domains).items()}
     results: dict[str, Any] = {"command": "PYTHONPATH=. python benchmarks/chain_tree_gap.py " + " ".join(sys.argv[1:]),
                                "machine": machine(), "n": args.n, "max_tokens": args.max_tokens, "domains": {}}
     for domain, got in streams.items():
         row = tree_gap(got, args.n)
-        row["tokens_per_call"] = allocation(got, args.n, args.engine_a, args.engine_b)
+        row["tokens_per_call"].update(allocation(got, args.n, args.engine_a, args.engine_b))
         results["domains"][domain] = row
         print(domain, json.dumps({k: v for k, v in row.items() if k != "counts"}), flush=True)
     with atomic_write(args.out) as f:

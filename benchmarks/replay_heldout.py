@@ -28,27 +28,6 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-def greedy_streams(texts: dict[str, list[str]], max_tokens: int) -> dict[str, list[tuple[list[int], list[int]]]]:
-    """Per domain, each request's ``(prompt ids, greedy continuation)``: SmolLM2-135M-Instruct
-    float32 on vLLM's CPU engine without speculation, the request through the chat template, at
-    most ``max_tokens`` new tokens."""
-    import vllm
-
-    from latticekit.loading import smollm2_hf_folder
-
-    llm = vllm.LLM(model=str(smollm2_hf_folder()), dtype="float32", max_model_len=4096, max_num_seqs=16,
-                   enforce_eager=True, seed=0)
-    tok = llm.get_tokenizer()
-    out = {}
-    for domain, queries in texts.items():
-        prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                      tokenize=False), add_special_tokens=False) for q in queries]
-        got = llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
-                           vllm.SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
-        out[domain] = [(list(p), list(o.outputs[0].token_ids)) for p, o in zip(prompts, got)]
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--count", type=int, default=40)
@@ -56,12 +35,14 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "results" / "replay" / "heldout_replay.json"))
     args = p.parse_args()
     from replay_drafters import drafters
+    from replay_workloads import streams_of
     from vllm_speed import requests
 
     from latticekit._machine import machine
     from latticekit.eval.chain_replay import replay_chains
 
-    streams = greedy_streams(requests(args.count, ["heldout"]), args.max_tokens)["heldout"]
+    streams = [(s["prompt"], s["continuation"])
+               for s in streams_of("heldout", requests(args.count, ["heldout"])["heldout"], args.max_tokens, batch=16)]
     factories = drafters()
     rows = []
     for name, n in [("suffix", 24), ("suffix", 8), ("vllm-ngram-2-4", 5), ("latticekit-chain", 8),
