@@ -29,7 +29,7 @@ from latticekit.vllm.lattice import hidden_rows
 from latticekit.vllm.config import ARMS
 from latticekit.vllm.loads import WARMUP_ORDER, Load, Turnover, closed_values, ending_rows, load_bucket
 from latticekit.vllm.proposer import LEVELS, _Step
-from vllm_helpers import rss_mb
+from vllm_helpers import engine_config, rss_mb
 
 ARPA = Path(__file__).resolve().parents[1] / "data" / "words-small-katz2.arpa.gz"
 #: The n-gram proposer's arms: every level of aggressiveness and plain steps (``text`` is the lattice proposer's).
@@ -501,12 +501,6 @@ def test_plain_steps_prepare_a_step_without_drafts_without_speculation_and_leave
     assert not plain_steps(unspeculative, SimpleNamespace())
     with pytest.raises(ProposerConfigError, match="plain_steps must be true or false"):
         ProposerConfig.from_dict({"plain_steps": "no"})
-
-
-def engine_config(k: int = 4, max_model_len: int = 64, vocab: int = 100) -> Any:
-    """The three fields of vLLM's VllmConfig the proposer reads."""
-    return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
-                           model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: vocab))
 
 
 class Batch:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_helpers import vllm_speed_module
+from vllm_helpers import engine_config, vllm_speed_module
 
 
 def test_phases_get_distinct_prompts():
@@ -107,17 +107,14 @@ def test_the_step_log_engine_writes_its_steps_beside_its_stats(tmp_path):
     """``latticekit-steps`` (``StepLogProposer``) drafts as the n-gram proposer does and logs a
     line per step it learnt from in ``.steps.json`` whenever its stats are written."""
     import json
-    from types import SimpleNamespace
 
     import numpy as np
 
     from latticekit.vllm.config import ProposerConfig
 
     bench = vllm_speed_module()
-    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                             model_config=SimpleNamespace(max_model_len=64, get_vocab_size=lambda: 100))
     stats = tmp_path / "stats.json"
-    proposer = bench.StepLogProposer(config, ProposerConfig(step_costs=(0.1, 0.0), stats=str(stats)))
+    proposer = bench.StepLogProposer(engine_config(), ProposerConfig(step_costs=(0.1, 0.0), stats=str(stats)))
     ids = np.zeros((1, 64), dtype=np.int32)
     text = [5, 6, 7, 8, 9] * 5
     for n in range(20, 25):

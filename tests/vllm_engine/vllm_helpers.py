@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 # vLLM's CPU build takes its KV cache size from the environment (GiB): the default is sized for a server
@@ -95,3 +96,9 @@ def vllm_speed_module() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def engine_config(k: int = 4, max_model_len: int = 64, vocab: int = 100) -> Any:
+    """The three fields of vLLM's VllmConfig the proposer reads."""
+    return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                           model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: vocab))
