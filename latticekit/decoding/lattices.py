@@ -32,7 +32,7 @@ import torch
 
 from latticekit.errors import HeadsError, HeadsMismatchError
 from latticekit.lattice import SausageLattice
-from latticekit.torch.prepare import native_bfloat16, pack_rows
+from latticekit.torch.prepare import native_bfloat16, pack_rows, packable
 
 if TYPE_CHECKING:
     from typing_extensions import TypeGuard
@@ -222,7 +222,9 @@ def candidate_dtype(weight: torch.Tensor, setting: str = "auto") -> torch.dtype:
     """The dtype a :class:`CandidateLattice` projects its static candidates in, for an output
     projection's ``weight``: ``"auto"``, bfloat16 for a float32 weight on a CPU that computes
     bfloat16 products natively (AVX-512 BF16 or AMX, :func:`~latticekit.torch.prepare.native_bfloat16`),
-    else the weight's own; ``"model"``, the weight's own; ``"bfloat16"``, bfloat16.
+    else the weight's own; ``"model"``, the weight's own; ``"bfloat16"``, bfloat16 (on a CPU
+    where oneDNN does not pack bfloat16, AVX2 only, an unpacked emulated product: slower, the same
+    drafts).
 
     Drafts, not outputs, change: the candidates' logits are rounded to bfloat16's 8 bits (on
     SmolLM2's shipped heads and 8,192 candidates, every head's first arc the same as in float32
@@ -263,8 +265,7 @@ def _candidate_rows(projection: torch.nn.Module, static: np.ndarray, dtype: torc
         index = torch.from_numpy(static).to(weight.device)
         rows = weight.detach().index_select(0, index).to(dtype).contiguous()
         packed = None
-        if rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.bfloat16) \
-                and torch.backends.mkldnn.is_available():
+        if rows.device.type == "cpu" and packable(rows.dtype):
             packed = pack_rows(rows)
         per_weight.clear()  # one candidate set (and dtype) per weight is kept
         per_weight[key] = (rows, packed)

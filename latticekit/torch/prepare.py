@@ -42,7 +42,7 @@ from torch import nn
 
 from latticekit._arrays import tensor_stamp
 
-__all__ = ["PackedLinear", "Preparation", "native_bfloat16", "pack_linears", "fuse_heads", "prepare_target", "prepare_heads", "grouped_sdpa",
+__all__ = ["PackedLinear", "Preparation", "native_bfloat16", "packable", "pack_linears", "fuse_heads", "prepare_target", "prepare_heads", "grouped_sdpa",
            "ATTENTION", "CUDA_SDPA_BACKENDS", "sdpa_backends", "sdpa_context"]
 
 #: The attention implementation name prepared HF models use (registered with transformers).
@@ -101,9 +101,19 @@ def native_bfloat16() -> bool:
     return bool(native and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+@functools.lru_cache(maxsize=None)
+def packable(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs CPU weights of ``dtype`` (:func:`pack_rows`): float32 wherever
+    oneDNN is built in; bfloat16 only where its bfloat16 kernels run (AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT: on an AVX2-only CPU oneDNN refuses to pack bfloat16, and bfloat16 products
+    go through ``torch.matmul``'s emulated kernel)."""
+    if dtype not in _PACKABLE or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def _can_pack(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype in _PACKABLE and weight.dim() == 2
-            and torch.backends.mkldnn.is_available())
+    return weight.device.type == "cpu" and weight.dim() == 2 and packable(weight.dtype)
 
 
 class _SharedProjection:
@@ -141,7 +151,8 @@ class _SharedProjection:
 
 def pack_rows(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` (out, in) packed by oneDNN for ``_linear_pointwise``: the one packer of the
-    package (prepared targets and heads, candidate-vocabulary lattices)."""
+    package (prepared targets and heads, candidate-vocabulary lattices). Only for a CPU weight
+    whose dtype is :func:`packable`."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_ROWS)
 
 
@@ -156,7 +167,7 @@ class PackedLinear(nn.Module):
 
     ``weight`` and ``bias`` are the original parameters (same tensors, same ``state_dict``
     keys); the packed copy is an attribute. Inputs the packed kernel does not serve (another
-    device or dtype, or autograd) go through ``F.linear`` on the original weight. A weight
+    device or dtype, a dtype oneDNN does not pack on this CPU (:func:`packable`), or autograd) go through ``F.linear`` on the original weight. A weight
     changed since packing (written in place, as ``load_state_dict`` writes it, or its data
     replaced, as ``module.to`` replaces it) is packed anew before it is read; a sibling whose
     parameter was replaced leaves the shared GEMM and is packed on its own.
@@ -179,6 +190,7 @@ class PackedLinear(nn.Module):
 
     def _serves(self, x: torch.Tensor) -> bool:
         return (x.device == self.weight.device and x.dtype == self.weight.dtype
+                and x.device.type == "cpu" and packable(x.dtype)
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -135,6 +135,51 @@ def test_prepared_model_never_reads_a_stale_packed_weight(change: str) -> None:
     assert isinstance(attention.q_proj, PackedLinear)
 
 
+@pytest.mark.parametrize("bfloat16_packs", [True, False])
+def test_bfloat16_weights_are_packed_only_where_onednn_packs_them(monkeypatch: pytest.MonkeyPatch,
+                                                                   bfloat16_packs: bool) -> None:
+    """oneDNN packs bfloat16 weights only where its bfloat16 kernels run (not on an AVX2-only
+    CPU, where packing raises): ``packable`` says so, a bfloat16 model prepared there keeps plain
+    linears, a float32 one converted after preparing computes with ``F.linear``, and the
+    candidate lattices' bfloat16 rows stay unpacked; both ways the logits and drafts are the
+    plain model's. The branch this CPU does not take is forced."""
+    from latticekit.decoding import lattices
+    from latticekit.decoding.lattices import lattice_source
+    from latticekit.heads.modules import BlockHeads
+    from latticekit.torch import prepare
+
+    assert prepare.packable(torch.float32) == torch.backends.mkldnn.is_available()
+    assert not prepare.packable(torch.float16) and not prepare.packable(torch.float64)
+    native = prepare.packable(torch.bfloat16)
+    assert native == (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if bfloat16_packs and not native:
+        pytest.skip("oneDNN does not pack bfloat16 on this CPU")
+    rule = (lambda dtype: dtype == torch.float32) if not bfloat16_packs else prepare.packable
+    monkeypatch.setattr(prepare, "packable", rule)
+    monkeypatch.setattr(lattices, "packable", rule)
+    torch.manual_seed(0)
+    plain = tiny_llama().to(torch.bfloat16)
+    ids = torch.randint(0, 50, (1, 7))
+    prepared = prepare_target(copy.deepcopy(plain))
+    linears = [m for m in prepared.modules() if isinstance(m, (nn.Linear, PackedLinear))]
+    assert linears and all(isinstance(m, PackedLinear) == bfloat16_packs for m in linears)
+    converted = prepare_target(tiny_llama()).to(torch.bfloat16)  # packed in float32, then converted
+    converted.load_state_dict(plain.state_dict())
+    for model in (prepared, converted):
+        torch.testing.assert_close(logits_of(model, ids).float(), logits_of(plain, ids).float(),
+                                   rtol=2e-2, atol=2e-2)
+    heads = BlockHeads.for_model(tiny_llama(), num_heads=3)
+    lattices._PACKED.clear()
+    source = lattice_source(heads, 4, 64, np.arange(40), "bfloat16")
+    assert source._rows.dtype == torch.bfloat16 and (source._packed is not None) == bfloat16_packs
+    hidden = torch.randn(heads.lm_head.weight.shape[1], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = source(hidden, [1, 2])[0]
+        want = lattice_source(heads, 4, 64, np.arange(40), "model")(hidden, [1, 2])[0]
+    np.testing.assert_allclose(got.scores, want.scores, atol=0.05)
+    lattices._PACKED.clear()
+
+
 def test_packed_weights_made_in_inference_mode_serve() -> None:
     with torch.inference_mode():
         linear = nn.Linear(8, 5)
