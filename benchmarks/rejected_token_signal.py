@@ -12,7 +12,10 @@ SmolLM2 (transformers, float32) under a 4-D mask, checked against a plain forwar
 requests. Per domain, at the steps after a rejection: how often the chain's first token, the
 prediction's arg-max (and its top 4) and the tree's first tokens re-ranked by the prediction
 are right; the tokens accepted a step by the chain, by the re-ranked tree's first path under its
-pick, and by the tree's best path; and the same shares where the prediction is confident.
+pick, and by the tree's best path; and the same shares where the prediction is confident. Beside
+it, a signal of the text alone: the rejected chain's rest, realigned after the bonus token as if
+the target had substituted, inserted or deleted a token (how often right, what it accepts, what
+knowing when to take it over the chain would accept, and what it accepts where there is no chain).
 
 Usage::
 
@@ -97,7 +100,7 @@ def domain_counts(model: Any, streams: Sequence[tuple[Sequence[int], Sequence[in
         for prev, cur in zip(steps, steps[1:]):
             if prev["got"] < len(prev["chain"]):  # it drafted and a token was rejected
                 queries.append((len(prompt) + prev["at"] + prev["got"], prev["chain"][prev["got"]]))
-                after.append(cur)
+                after.append((prev, cur))
         if not queries:
             continue
         logits = counterfactual_logits(model, text, queries)
@@ -108,7 +111,7 @@ def domain_counts(model: Any, streams: Sequence[tuple[Sequence[int], Sequence[in
                 plain = model(input_ids=torch.tensor([text[:q] + [token]])).logits[0, -1]
             if not torch.allclose(plain, logits[0], atol=1e-3):
                 raise AssertionError(f"4-D mask's logits differ from a plain forward by {(plain - logits[0]).abs().max()}")
-        for row, cur in zip(logits, after):
+        for row, (prev, cur) in zip(logits, after):
             at, chain = cur["at"], cur["chain"]
             truth = continuation[at]
             chain_right = bool(chain) and chain[0] == truth
@@ -130,10 +133,21 @@ def domain_counts(model: Any, streams: Sequence[tuple[Sequence[int], Sequence[in
                 c["reranked_right"] += pick == truth
                 first_path = chain if chain and chain[0] == pick else next(p for p in cur["paths"] if p and p[0] == pick)
                 c["reranked_accepted"] += accepted_prefix(first_path, continuation, at)
+            # the rejected chain's rest, realigned: the bonus token in the rejected one's place
+            # (substitution), before it (insertion), or in the place of it and the next (deletion)
+            rest = prev["chain"][prev["got"]:]
+            for kind, repair in (("substitution", rest[1:]), ("insertion", rest), ("deletion", rest[2:])):
+                got = accepted_prefix(repair[:n], continuation, at) if repair else 0
+                c[f"{kind}_right"] += got > 0
+                c[f"{kind}_accepted"] += got
+                c[f"{kind}_or_chain_best_accepted"] += max(got, cur["got"])  # knowing which to take
+                c[f"{kind}_where_no_chain_accepted"] += got if not chain else 0
     steps = max(c["steps"], 1)
+    repairs = ("substitution", "insertion", "deletion")
     share = {k: c[k] / steps for k in ("chain_right", "prediction_right", "prediction_top4", "tree_holds_truth",
-                                       "reranked_right")}
-    accepted = {k: c[f"{k}_accepted"] / steps for k in ("chain", "reranked", "tree_best")}
+                                       "reranked_right") + tuple(f"{kind}_right" for kind in repairs)}
+    accepted = {k: c[f"{k}_accepted"] / steps for k in ("chain", "reranked", "tree_best") + repairs
+                + tuple(f"{kind}_{what}" for kind in repairs for what in ("or_chain_best", "where_no_chain"))}
     confident = {f"{kind}_{k}": c[f"{kind}_{k}_right"] / max(c[f"{kind}_steps"], 1)
                  for kind in ("confident", "unsure") for k in ("prediction", "chain")}
     return {"all_steps": c["all_steps"], "steps_after_rejection": c["steps"], "right": share,
