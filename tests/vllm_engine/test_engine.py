@@ -363,7 +363,7 @@ def test_vllm_serve_with_the_defaults_alone_answers_as_vllm_learns_per_load_and_
         # one more request, marked as engine_stats' is (through vLLM's extra args): its step's
         # call learns that the earlier requests finished and waits for the stats file's rewrite,
         # which is otherwise written off the engine's thread (read at once, it was once a
-        # rewrite behind under the suite's load: 4 answers of 18)
+        # rewrite behind under the suite's load: 4 answers where 19 requests had ended)
         client.completions.create(model="smollm2", prompt="1", max_tokens=1,
                                   extra_body={"vllm_xargs": {STATS_REQUEST: 1}})
         got = json.loads(stats_path.read_text())
