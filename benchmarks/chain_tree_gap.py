@@ -34,7 +34,7 @@ import argparse
 import json
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,20 @@ def main() -> None:
                    help="the simulated engine's seconds a query token")
     p.add_argument("--out", default=str(ROOT / "results" / "replay" / "chain_tree_gap.json"))
     args = p.parse_args()
+
+    def row_of(got: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict[str, Any]:
+        row = tree_gap(got, args.n)
+        row["tokens_per_call"].update(allocation(got, args.n, args.engine_a, args.engine_b))
+        return row
+
+    replay_domains("chain_tree_gap.py", args, row_of)
+
+
+def replay_domains(script: str, args: argparse.Namespace,
+                   row_of: Callable[[Sequence[tuple[Sequence[int], Sequence[int]]]], dict[str, Any]]) -> None:
+    """Runs ``row_of`` on each of ``args.domains``' greedy streams (its first ``args.count``
+    requests, ``args.max_tokens`` tokens), prints each row (less its ``counts``) and writes them
+    all, with the command, the machine, ``args.n`` and ``args.max_tokens``, to ``args.out``."""
     from replay_workloads import streams_of
     from vllm_speed import requests
 
@@ -144,11 +158,10 @@ def main() -> None:
 
     streams = {domain: [(s["prompt"], s["continuation"]) for s in streams_of(domain, texts, args.max_tokens, batch=16)]
                for domain, texts in requests(args.count, args.domains).items()}
-    results: dict[str, Any] = {"command": "PYTHONPATH=. python benchmarks/chain_tree_gap.py " + " ".join(sys.argv[1:]),
+    results: dict[str, Any] = {"command": f"PYTHONPATH=. python benchmarks/{script} " + " ".join(sys.argv[1:]),
                                "machine": machine(), "n": args.n, "max_tokens": args.max_tokens, "domains": {}}
     for domain, got in streams.items():
-        row = tree_gap(got, args.n)
-        row["tokens_per_call"].update(allocation(got, args.n, args.engine_a, args.engine_b))
+        row = row_of(got)
         results["domains"][domain] = row
         print(domain, json.dumps({k: v for k, v in row.items() if k != "counts"}), flush=True)
     with atomic_write(args.out) as f:

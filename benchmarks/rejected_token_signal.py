@@ -26,7 +26,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -164,27 +163,14 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "results" / "replay" / "rejected_token_signal.json"))
     args = p.parse_args()
     import torch
-    from replay_workloads import streams_of
+    from chain_tree_gap import replay_domains
     from transformers import AutoModelForCausalLM
-    from vllm_speed import requests
 
-    from latticekit._files import atomic_write
-    from latticekit._machine import machine
     from latticekit.loading import smollm2_hf_folder
 
-    streams = {domain: [(s["prompt"], s["continuation"]) for s in streams_of(domain, texts, args.max_tokens, batch=16)]
-               for domain, texts in requests(args.count, args.domains).items()}
     model = AutoModelForCausalLM.from_pretrained(str(smollm2_hf_folder()), dtype=torch.float32,
                                                  attn_implementation="eager").eval()
-    results: dict[str, Any] = {"command": "PYTHONPATH=. python benchmarks/rejected_token_signal.py "
-                               + " ".join(sys.argv[1:]), "machine": machine(), "n": args.n,
-                               "max_tokens": args.max_tokens, "domains": {}}
-    for domain, got in streams.items():
-        row = domain_counts(model, got, args.n)
-        results["domains"][domain] = row
-        print(domain, json.dumps({k: v for k, v in row.items() if k != "counts"}), flush=True)
-    with atomic_write(args.out) as f:
-        f.write(json.dumps(results, indent=1).encode())
+    replay_domains("rejected_token_signal.py", args, lambda got: domain_counts(model, got, args.n))
 
 
 if __name__ == "__main__":
