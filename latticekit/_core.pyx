@@ -32,7 +32,7 @@ from latticekit._cpp cimport (ReleaseFreeMemory, CountStream, CountTable, CountT
                               LatticeBatchView, BatchPathsOut, PathsOut, StateId, Checksum64,
                               BestContinuations, TrieConditionals, Continuations, KatzState, KatzStateMemo, KatzSuccessors, NGramCache,
                               NGramCacheFollower, LogisticSgd, SourceSgd, TreeChain, PendingLabels,
-                              ContinuationNodes, UniteContinuations)
+                              ContinuationNodes, UniteContinuations, UniteLatticePaths)
 
 
 cdef string _path_bytes(path):

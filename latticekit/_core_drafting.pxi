@@ -266,6 +266,42 @@ def unite_continuations(found, recalled, int64_t text_bit, int64_t memory_bit):
             _doubles(static_logprob), _doubles(score), _int64_array(&sources))
 
 
+def unite_lattice_paths(const int32_t[:, ::1] paths, int64_t heads_bit, const int64_t[::1] found_tokens,
+                        const int64_t[::1] found_parents, const int64_t[::1] found_sources,
+                        const int32_t[:, ::1] lattice_tokens, const float[:, ::1] lattice_scores,
+                        const int32_t[::1] lattice_widths):
+    """(tokens, parents, depths, sources, head) of the heads' best paths (rows of ``paths``) and
+    the text's continuations in one tree (continuations.h's UniteLatticePaths), over a lattice
+    of lattice_tokens' shape (h, k) whose widths lie in 1..k."""
+    cdef size_t n = found_tokens.shape[0], i
+    cdef size_t h = lattice_tokens.shape[0], k = lattice_tokens.shape[1]
+    if <size_t> found_parents.shape[0] != n or <size_t> found_sources.shape[0] != n:
+        raise ValueError(f"unite_lattice_paths: {n} tokens, {found_parents.shape[0]} parents and "
+                         f"{found_sources.shape[0]} sources")
+    if <size_t> lattice_scores.shape[0] != h or <size_t> lattice_scores.shape[1] != k \
+            or <size_t> lattice_widths.shape[0] != h or h == 0 or k == 0:
+        raise ValueError(f"unite_lattice_paths: a lattice of {h} x {k} tokens, {lattice_scores.shape[0]} x "
+                         f"{lattice_scores.shape[1]} scores and {lattice_widths.shape[0]} widths")
+    for i in range(h):
+        if lattice_widths[i] < 1 or <size_t> lattice_widths[i] > k:
+            raise ValueError(f"unite_lattice_paths: width {lattice_widths[i]} at position {i}, not in 1..{k}")
+    cdef LatticeView lattice
+    lattice.tokens, lattice.scores, lattice.widths = &lattice_tokens[0, 0], &lattice_scores[0, 0], &lattice_widths[0]
+    lattice.h, lattice.k = h, k
+    cdef size_t num_paths = paths.shape[0], length = paths.shape[1]
+    cdef const int32_t* path_ptr = &paths[0, 0] if num_paths > 0 and length > 0 else NULL
+    cdef const int64_t* tokens_ptr = &found_tokens[0] if n > 0 else NULL
+    cdef const int64_t* parents_ptr = &found_parents[0] if n > 0 else NULL
+    cdef const int64_t* sources_ptr = &found_sources[0] if n > 0 else NULL
+    cdef vector[int64_t] tokens, parents, depths, sources
+    cdef vector[double] head
+    with nogil:
+        UniteLatticePaths(path_ptr, num_paths if length > 0 else 0, length, heads_bit, tokens_ptr, parents_ptr,
+                          sources_ptr, n, lattice, &tokens, &parents, &depths, &sources, &head)
+    return (_int64_array(&tokens), _int64_array(&parents), _int64_array(&depths), _int64_array(&sources),
+            _doubles(head))
+
+
 def tree_chain(const int64_t[::1] parents, const int64_t[::1] depths, const double[::1] head,
                const double[::1] ngram, const double[::1] cache, const int64_t[::1] sources,
                const double[:, ::1] weights, const int64_t[::1] bits, size_t max_depth):

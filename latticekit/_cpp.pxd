@@ -255,6 +255,11 @@ cdef extern from "latticekit/continuations.h" namespace "latticekit" nogil:
                             int64_t memory_bit, vector[int64_t]* tokens, vector[int64_t]* parents,
                             vector[int64_t]* depths, vector[double]* logprob, vector[double]* static_logprob,
                             vector[double]* score, vector[int64_t]* sources) except +raise_core_error
+    void UniteLatticePaths(const int32_t* paths, size_t num_paths, size_t length, int64_t heads_bit,
+                           const int64_t* found_tokens, const int64_t* found_parents, const int64_t* found_sources,
+                           size_t found_size, const LatticeView& lattice, vector[int64_t]* tokens,
+                           vector[int64_t]* parents, vector[int64_t]* depths, vector[int64_t]* sources,
+                           vector[double]* head) except +raise_core_error
 
 
 cdef extern from "latticekit/acceptance.h" namespace "latticekit" nogil:

@@ -405,4 +405,62 @@ void UniteContinuations(const ContinuationNodes &found, const ContinuationNodes 
     (*score)[i] = ((*parents)[i] >= 0 ? (*score)[(*parents)[i]] : 0.0) + (*logprob)[i];
 }
 
+void UniteLatticePaths(const int32_t *paths, size_t num_paths, size_t length, int64_t heads_bit,
+                       const int64_t *found_tokens, const int64_t *found_parents, const int64_t *found_sources,
+                       size_t found_size, const LatticeView &lattice, std::vector<int64_t> *tokens,
+                       std::vector<int64_t> *parents, std::vector<int64_t> *depths, std::vector<int64_t> *sources,
+                       std::vector<double> *head) {
+  for (size_t i = 0; i < found_size; ++i)
+    if (found_parents[i] < -1 || found_parents[i] >= static_cast<int64_t>(i))
+      throw InvalidArgument("UniteLatticePaths: text node " + std::to_string(i) + " has parent " +
+                            std::to_string(found_parents[i]) + ", not an earlier node or -1");
+  const size_t most = num_paths * length + found_size;
+  for (auto *v : {tokens, parents, depths, sources}) {
+    v->clear();
+    v->reserve(most);
+  }
+  // children[parent + 1]: the tree's nodes under parent, as a linked list (the trees are small:
+  // a parent's children are searched one by one)
+  std::vector<int64_t> first(most + 1, -1), next(most, -1), last(most + 1, -1);
+  // the node under parent holding token, made (with no sources yet) where there is none
+  auto child = [&](int64_t parent, int64_t token) {
+    int64_t node = first[parent + 1];
+    while (node >= 0 && (*tokens)[node] != token) node = next[node];
+    if (node >= 0) return node;
+    node = static_cast<int64_t>(tokens->size());
+    tokens->push_back(token);
+    parents->push_back(parent);
+    depths->push_back(parent >= 0 ? (*depths)[parent] + 1 : 1);
+    sources->push_back(0);
+    int64_t &tail = last[parent + 1];
+    if (tail < 0) first[parent + 1] = node; else next[tail] = node;
+    tail = node;
+    return node;
+  };
+  for (size_t r = 0; r < num_paths; ++r) {
+    int64_t node = -1;
+    for (size_t j = 0; j < length; ++j) {
+      node = child(node, paths[r * length + j]);
+      (*sources)[node] |= heads_bit;
+    }
+  }
+  std::vector<int64_t> placed(found_size);
+  for (size_t i = 0; i < found_size; ++i) {
+    placed[i] = child(found_parents[i] >= 0 ? placed[found_parents[i]] : -1, found_tokens[i]);
+    for (int64_t up = placed[i]; up >= 0; up = (*parents)[up]) (*sources)[up] |= found_sources[i];
+  }
+  const size_t n = tokens->size();
+  head->assign(n, std::numeric_limits<double>::quiet_NaN());
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t depth = (*depths)[i];
+    if (depth >= lattice.h) continue;
+    const size_t row = static_cast<size_t>(depth) * static_cast<size_t>(lattice.k);
+    for (int32_t a = 0; a < lattice.widths[depth]; ++a)
+      if (lattice.tokens[row + a] == (*tokens)[i]) {
+        (*head)[i] = lattice.scores[row + a];
+        break;
+      }
+  }
+}
+
 }  // namespace latticekit

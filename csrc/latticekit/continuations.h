@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "latticekit/ngram_cache.h"
+#include "latticekit/search.h"
 #include "latticekit/successors.h"
 
 namespace latticekit {
@@ -69,6 +70,22 @@ void UniteContinuations(const ContinuationNodes &found, const ContinuationNodes 
                         std::vector<int64_t> *depths, std::vector<double> *logprob,
                         std::vector<double> *static_logprob, std::vector<double> *score,
                         std::vector<int64_t> *sources);
+
+// One candidate tree of the heads' lattice and the text's continuations (union.py's
+// united_candidates, written out with CandidateTree.from_paths and SausageLattice.arc_scores,
+// is the reference): the lattice's best paths (num_paths rows of length tokens below the root,
+// best first) merged into a trie, nodes in order of first appearance, then the nodes of found
+// (parents before children, -1 under the root) that the paths lack, under their parents'
+// places, in found's order. sources: heads_bit on every node of a path, found_sources[i] on
+// found node i's place and on every place above it (a node's sources are those of every
+// candidate through it). depths: 1 under the root. head: each node's arc score at lattice
+// position = its depth (within that position's width), NaN where its token is not among them
+// or the depth is lattice.h or more. Throws InvalidArgument for a found parent out of order.
+void UniteLatticePaths(const int32_t *paths, size_t num_paths, size_t length, int64_t heads_bit,
+                       const int64_t *found_tokens, const int64_t *found_parents, const int64_t *found_sources,
+                       size_t found_size, const LatticeView &lattice, std::vector<int64_t> *tokens,
+                       std::vector<int64_t> *parents, std::vector<int64_t> *depths, std::vector<int64_t> *sources,
+                       std::vector<double> *head);
 
 }  // namespace latticekit
 

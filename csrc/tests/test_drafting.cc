@@ -20,6 +20,7 @@
 #include "latticekit/errors.h"
 #include "latticekit/model.h"
 #include "latticekit/ngram_cache.h"
+#include "latticekit/search.h"
 #include "latticekit/successors.h"
 
 #include "check.h"
@@ -307,6 +308,41 @@ void TestPendingLabels() {
   CHECK(thrown);
 }
 
+
+// The heads' paths and the text's continuations in one trie: the order of first appearance, the
+// sources of every candidate through a node, the head scores at each node's depth.
+void TestUniteLatticePaths() {
+  // a lattice of 3 positions (0 the root) of 2 arcs, position 2 one arc wide
+  const int32_t lattice_tokens[] = {9, 0, 4, 5, 6, 7};
+  const float lattice_scores[] = {0.0f, 0.0f, -0.5f, -1.0f, -0.25f, -3.0f};
+  const int32_t widths[] = {1, 2, 1};
+  LatticeView lattice;
+  lattice.tokens = lattice_tokens;
+  lattice.scores = lattice_scores;
+  lattice.widths = widths;
+  lattice.h = 3;
+  lattice.k = 2;
+  const int32_t paths[] = {4, 6, 5, 6};  // two paths of 2 tokens
+  // the text's tree: 4 (the paths' first node), 4 7 (7 past position 2's width), 8, 8 6 6 (past the lattice)
+  const int64_t found_tokens[] = {4, 7, 8, 6, 6}, found_parents[] = {-1, 0, -1, 2, 3}, found_sources[] = {2, 6, 2, 2, 4};
+  std::vector<int64_t> tokens, parents, depths, sources;
+  std::vector<double> head;
+  UniteLatticePaths(paths, 2, 2, 1, found_tokens, found_parents, found_sources, 5, lattice, &tokens, &parents, &depths,
+                    &sources, &head);
+  CHECK((tokens == std::vector<int64_t>{4, 6, 5, 6, 7, 8, 6, 6}));
+  CHECK((parents == std::vector<int64_t>{-1, 0, -1, 2, 0, -1, 5, 6}));
+  CHECK((depths == std::vector<int64_t>{1, 2, 1, 2, 2, 1, 2, 3}));
+  // node 0 is on both paths' heads and under the text's 4 and 4 7 (text, memory)
+  CHECK((sources == std::vector<int64_t>{7, 1, 1, 1, 6, 6, 6, 4}));
+  CHECK(head[0] == -0.5 && head[1] == -0.25 && head[2] == -1.0 && head[3] == -0.25 && head[6] == -0.25);
+  CHECK(std::isnan(head[4]) && std::isnan(head[5]) && std::isnan(head[7]));
+  const int64_t bad_parents[] = {-1, 1};
+  CHECK_THROWS(InvalidArgument,
+               UniteLatticePaths(paths, 0, 2, 1, found_tokens, bad_parents, found_sources, 2, lattice, &tokens,
+                                 &parents, &depths, &sources, &head),
+               [](const InvalidArgument &e) { CHECK(std::string(e.what()).find("text node 1") != std::string::npos); });
+}
+
 }  // namespace
 
 void TestDrafting() {
@@ -315,6 +351,7 @@ void TestDrafting() {
   TestNGramCachePrime();
   TestSuccessors();
   TestPendingLabels();
+  TestUniteLatticePaths();
 }
 
 }  // namespace testing

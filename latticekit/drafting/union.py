@@ -9,7 +9,8 @@ gives every node the features the acceptance estimates read (:func:`~latticekit.
 its head, n-gram and cache-model log-probabilities. ``heads+ngram`` in latticekit's own loop and
 the lattice proposer inside vLLM both draft from it.
 
-Plain Python and numpy; nothing here imports torch.
+Python, numpy and the C++ core (the trie: ``UniteLatticePaths``, ``csrc/latticekit/continuations.h``);
+nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Optional
 
 import numpy as np
 
+from latticekit import _core
 from latticekit.drafting.cache_model import CacheModel
 from latticekit.drafting.calibration import SOURCES, CandidateTree
 from latticekit.drafting.continuations import Continuations
@@ -55,21 +57,22 @@ def united_candidates(model: CacheModel, ids: Sequence[int], found: Continuation
     """
     context = ids[max(0, len(ids) - search_lm.order): -1]
     paths = pbest(lattice, search_lm, p, alpha, context=context)
-    drafts = [tuple(int(t) for t in path.tokens[1:]) for path in paths]
-    found_paths = found.paths()
-    everything = drafts + found_paths
-    if found_sources is None:
-        found_sources = [SOURCES["text"]] * len(found_paths)
-    tree = CandidateTree.from_paths(everything, [[np.nan] * len(d) for d in everything],
-                                    path_sources=[SOURCES["heads"]] * len(drafts) + list(found_sources))
-    assert tree.cache_logprob is not None  # set by CandidateTree.__post_init__
-    # a node at depth d is the lattice's position d (0 is the root): NaN off it, or past its reach
-    tree.head_logprob[:] = lattice.arc_scores(tree.depths, tree.tokens)
+    # the paths' tokens below the root: every path runs through each of the lattice's positions
+    drafts = np.array([path.tokens[1:] for path in paths], dtype=np.int32).reshape(len(paths), lattice.h - 1)
+    sources = np.full(found.size, SOURCES["text"], dtype=np.int64) if found_sources is None \
+        else np.asarray(found_sources, dtype=np.int64).reshape(-1)
+    # the trie, its sources and head scores (a node at depth d is the lattice's position d, 0 the
+    # root: NaN off it, or past its reach) in the C++ core; tests/drafting/test_union.py checks it
+    # against CandidateTree.from_paths and SausageLattice.arc_scores
+    tokens, parents, depths, sources, head = _core.unite_lattice_paths(
+        drafts, SOURCES["heads"], np.ascontiguousarray(found.tokens, dtype=np.int64),
+        np.ascontiguousarray(found.parents, dtype=np.int64), sources, lattice.tokens, lattice.scores,
+        lattice.widths)
     # every node's conditionals in one call of the core: at the continuations' nodes exactly the
     # search's own (tests/drafting/test_drafting_reference.py)
-    tree.cache_logprob[:], tree.ngram_logprob[:] = model.trie_conditionals(ids, tree.parents, tree.tokens)
+    cache, ngram = model.trie_conditionals(ids, parents, tokens)
     if lm is None:
-        tree.ngram_logprob[:] = np.nan
-    missing = np.isnan(tree.head_logprob)
-    tree.head_logprob[missing] = tree.cache_logprob[missing]
-    return tree
+        ngram[:] = np.nan
+    missing = np.isnan(head)
+    head[missing] = cache[missing]
+    return CandidateTree(tokens, parents, depths, head, ngram, cache, sources)

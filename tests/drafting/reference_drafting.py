@@ -1,12 +1,14 @@
 """The drafting state as latticekit computed it before the C++ core took it over, kept verbatim
-as the reference the fast path is tested against (tests/drafting/test_drafting_reference.py).
+as the reference the fast path is tested against (tests/drafting/test_drafting_reference.py,
+tests/drafting/test_union.py).
 
 Pure Python, obviously correct and slow: the Katz successors from numpy tables
 (``latticekit/drafting/successors.py`` at f1f7f19), the n-gram cache of the text as
 dictionaries of tuples, each next-token distribution scored over every follower
 (``cache_model.py``), the best-first search (``continuations.py``), the pending labels checked
-node by node (``calibration.py``) and the chain drafter's step (``chains.py``). Only names
-changed (``Reference*``) and imports.
+node by node (``calibration.py``), the chain drafter's step (``chains.py``) and the union of the
+heads' paths with the text's continuations (``union.py``). Only names changed (``Reference*``)
+and imports.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator, Sequence
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from latticekit.drafting.calibration import FEATURES, AcceptanceModel, CandidateTree, logit
+from latticekit.drafting.calibration import FEATURES, SOURCES, AcceptanceModel, CandidateTree, logit
 from latticekit.drafting.continuations import Continuations
 from latticekit.errors import DecoderConfigError
+from latticekit.lattice import SausageLattice
 from latticekit.ngram import NGramLM
+from latticekit.search import pbest
 
 LN10 = math.log(10.0)
 
@@ -643,3 +647,28 @@ class ReferenceChainDrafter:
             node = int(children[np.argmax(probability[children])])
             chain.append(node)
         return tree.tokens[chain].astype(np.int64), probability[chain]
+
+
+def reference_united_candidates(model: Any, ids: Sequence[int], found: Continuations, lattice: SausageLattice,
+                                search_lm: NGramLM, p: int, alpha: float, lm: Optional[NGramLM],
+                                found_sources: Optional[Sequence[int]] = None) -> CandidateTree:
+    """``latticekit/drafting/union.py``'s ``united_candidates`` before its trie went to the C++ core
+    (at 2dd0ef0): the paths merged by ``CandidateTree.from_paths``, the head scores read by
+    ``SausageLattice.arc_scores``."""
+    context = ids[max(0, len(ids) - search_lm.order): -1]
+    paths = pbest(lattice, search_lm, p, alpha, context=context)
+    drafts = [tuple(int(t) for t in path.tokens[1:]) for path in paths]
+    found_paths = found.paths()
+    everything = drafts + found_paths
+    if found_sources is None:
+        found_sources = [SOURCES["text"]] * len(found_paths)
+    tree = CandidateTree.from_paths(everything, [[np.nan] * len(d) for d in everything],
+                                    path_sources=[SOURCES["heads"]] * len(drafts) + list(found_sources))
+    assert tree.cache_logprob is not None
+    tree.head_logprob[:] = lattice.arc_scores(tree.depths, tree.tokens)
+    tree.cache_logprob[:], tree.ngram_logprob[:] = model.trie_conditionals(ids, tree.parents, tree.tokens)
+    if lm is None:
+        tree.ngram_logprob[:] = np.nan
+    missing = np.isnan(tree.head_logprob)
+    tree.head_logprob[missing] = tree.cache_logprob[missing]
+    return tree
