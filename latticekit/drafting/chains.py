@@ -104,9 +104,11 @@ class ChainDrafter:
         else:
             self.acceptance.update(features, labels)
 
-    def propose(self, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    def propose(self, max_length: int, record: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """The chain after the text :meth:`observe` last saw (at most ``max_length`` tokens) and
-        each position's probability of being accepted (non-increasing)."""
+        each position's probability of being accepted (non-increasing). Its candidates wait for
+        their labels unless ``record`` is false (a look at the chain that is not drafted: its
+        nodes must not be labelled twice)."""
         text = self.model.ids
         if max_length < 1 or not text:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
@@ -125,7 +127,8 @@ class ChainDrafter:
                 model.cache, tail[len(tail) - min(len(tail), model.context_size):], successors, model.vocab_size,
                 recall.cache if recall is not None else None, recall_tail,
                 recall.vocab_size if recall is not None else 1, self.candidates, depth, weights, bits,
-                self.acceptance.max_depth, SOURCES["text"], SOURCES["memory"], self.pending.core, len(text) - 1,
+                self.acceptance.max_depth, SOURCES["text"], SOURCES["memory"],
+                self.pending.core if record else _core.CorePendingLabels(), len(text) - 1,
                 isinstance(self.acceptance, SourceAcceptance))
 
     def candidate_tree(self, max_length: int) -> Continuations:

@@ -174,6 +174,12 @@ class ProposerConfig:
             none (:func:`~latticekit.vllm.engine.plain_steps`; not for models with recurrent
             state). On the 2-core EPYC that path cost about 1 ms a step at 1, 4 and 16 requests
             (docs/vllm.md). False: vLLM's own path at every step.
+        text_first: the lattice proposer runs its heads only for the requests whose own chain
+            (their text's and the memory's candidates, as ``NGramProposer`` drafts them) does not
+            fill their room with an estimated probability of at least this at its last token
+            (corrected as the estimates are); a request whose chain does drafts that chain, its
+            heads not run: where the text is being copied, nothing the heads say can lengthen a
+            chain likely accepted whole. None: the heads run for every drafting request.
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -208,6 +214,7 @@ class ProposerConfig:
     closed_margin: Optional[int] = 8
     load_spread: Optional[float] = 0.5
     step_curve: bool = True
+    text_first: Optional[float] = None
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -274,6 +281,10 @@ class ProposerConfig:
                 self.load_spread, (int, float)) or not math.isfinite(self.load_spread) or self.load_spread <= 0):
             raise ProposerConfigError(f"latticekit vLLM proposer: load_spread must be a number > 0 or null, "
                                       f"got {self.load_spread!r}")
+        if self.text_first is not None and (isinstance(self.text_first, bool) or not isinstance(
+                self.text_first, (int, float)) or not 0 < self.text_first <= 1):
+            raise ProposerConfigError(f"latticekit vLLM proposer: text_first must be a number in (0, 1] or null, "
+                                      f"got {self.text_first!r}")
         if not isinstance(self.frugal, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: frugal must be true or false, got {self.frugal!r}")
         if isinstance(self.probe_budget, bool) or not isinstance(self.probe_budget, (int, float)) \

@@ -126,7 +126,7 @@ class LatticeProposer(NGramProposer):
         self._counted: "weakref.WeakKeyDictionary[ChainDrafter, int]" = weakref.WeakKeyDictionary()
         self._distinct = 0  # distinct tokens seen when the vocabulary was last taken
         self.counters |= {"lattice_rows": 0, "hidden_mismatch": 0, "hidden_checked": 0, "hidden_wrong": 0,
-                          "vocabulary_taken": 0}
+                          "vocabulary_taken": 0, "rows_text_first": 0}
 
     def load_model(self, model: Any, *args: Any, **kwargs: Any) -> None:
         """Loads the heads onto the target's output projection and hooks the hidden states."""
@@ -176,7 +176,7 @@ class LatticeProposer(NGramProposer):
         rows, states, positions, depth = [], [], [], 1
         for i, row in enumerate(hidden_rows([len(s) for s in sampled], drafts)):
             ready = prepared[i]
-            if row >= 0 and ready is not None:
+            if row >= 0 and ready is not None and not self._text_first(*ready):
                 rows.append(i)
                 states.append(ready[0])
                 positions.append(row)
@@ -202,6 +202,17 @@ class LatticeProposer(NGramProposer):
         for i, lattice in zip(rows, lattices):
             self._lattices[i] = lattice
         self.counters["lattice_rows"] += len(rows)
+
+    def _text_first(self, state: ChainDrafter, room: int) -> bool:
+        """Whether the request drafts its own chain this step, its heads not run (``text_first``):
+        that chain fills its room and is likely accepted whole (its last token's estimate, corrected,
+        at least ``text_first``). Counted in ``rows_text_first``."""
+        if self.config.text_first is None:
+            return False
+        chain, probability = state.propose(room, record=False)
+        whole = len(chain) >= room and float(probability[-1]) * self.correction >= self.config.text_first
+        self.counters["rows_text_first"] += whole
+        return whole
 
     def _see(self, states: list[ChainDrafter]) -> None:
         """Vocabulary "seen": counts the tokens of these requests' texts not counted yet, and takes

@@ -581,7 +581,9 @@ def test_lattice_settings_are_checked_and_name_the_lattice_proposer(tmp_path: Pa
     monkeypatch.delenv(ENV, raising=False)
     for bad, match in (({"k": 0}, "k must be"), ({"p": -1}, "p must be"), ({"alpha": -1}, "alpha"),
                        ({"alpha": float("nan")}, "alpha"), ({"check_hidden": "yes"}, "check_hidden"),
-                       ({"heads": str(tmp_path / "missing")}, "does not exist"), ({"heads": ""}, "heads")):
+                       ({"heads": str(tmp_path / "missing")}, "does not exist"), ({"heads": ""}, "heads"),
+                       ({"text_first": 0}, "text_first"), ({"text_first": 1.5}, "text_first"),
+                       ({"text_first": True}, "text_first"), ({"text_first": "0.5"}, "text_first")):
         with pytest.raises(ProposerConfigError, match=match):
             ProposerConfig.from_dict(bad)
     heads = tmp_path / "heads.safetensors"
@@ -1283,6 +1285,19 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
     got = text_only.propose([[2], [20]], repeated.lengths, repeated.ids)
     assert got == ngram.propose([[2], [20]], repeated.lengths, repeated.ids) and got[0][:1] == [3]
     assert text_only.counters["lattice_rows"] == 0 and text_only.counters["steps_text"] == 1
+    # text_first: a request whose own chain fills its room, likely accepted whole, drafts it without
+    # the heads (its tree waiting for its labels once); the others' heads run as before
+    for threshold, skipped in ((1e-6, 2), (1.0, 0)):
+        first = LatticeProposer(engine_config(k=3, vocab=64), ProposerConfig(heads=str(given), step_costs=(0.1, 0.0),
+                                                                              k=4, p=4, text_first=threshold))
+        first.heads = heads
+        first._runner = weakref.ref(runner)
+        logits(first, hidden)
+        got = first.propose([[2], [20]], repeated.lengths, repeated.ids)
+        assert first.counters["rows_text_first"] == skipped and first.counters["lattice_rows"] == 2 - skipped
+        assert first.counters["errors"] == 0 and all(len(state.pending) == 1 for state in first.states.values())
+        if skipped:  # draft tokens cost nothing here: each request's chain is its text's copy, whole
+            assert got == [[3, 1, 2], [21, 4, 20]]
     with pytest.raises(ProposerConfigError, match="'text'"):
         NGramProposer(engine_config(), ProposerConfig(arms=("model", "text")))
 
