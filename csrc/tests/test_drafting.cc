@@ -308,7 +308,6 @@ void TestPendingLabels() {
   CHECK(thrown);
 }
 
-
 // The heads' paths and the text's continuations in one trie: the order of first appearance, the
 // sources of every candidate through a node, the head scores at each node's depth.
 void TestUniteLatticePaths() {
