@@ -183,6 +183,10 @@ class ProposerConfig:
             request. Tried at stop 69 (docs/vllm.md): 0.2 ran at 1.218x the best of vLLM's own
             proposers at one request where the heads alone ran at 1.200x (tuning domains), and at
             0.99x the heads alone on held-out requests: no gain the runs could tell.
+        heads_depth: the most lattice positions the lattice proposer's heads draft (heads 2..
+            ``heads_depth`` + 1 run, their blocks and candidates' product cut to them); deeper chain
+            positions come from the text's and the memory's candidates alone. None: as deep as a
+            request's chain may go (``k``, ``max_depth``).
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
@@ -218,6 +222,7 @@ class ProposerConfig:
     load_spread: Optional[float] = 0.5
     step_curve: bool = True
     text_first: Optional[float] = None
+    heads_depth: Optional[int] = None
 
     def __post_init__(self) -> None:
         arms = self.arms
@@ -288,6 +293,10 @@ class ProposerConfig:
                 self.text_first, (int, float)) or not 0 < self.text_first <= 1):
             raise ProposerConfigError(f"latticekit vLLM proposer: text_first must be a number in (0, 1] or null, "
                                       f"got {self.text_first!r}")
+        if self.heads_depth is not None and (isinstance(self.heads_depth, bool) or not isinstance(
+                self.heads_depth, int) or self.heads_depth < 1):
+            raise ProposerConfigError(f"latticekit vLLM proposer: heads_depth must be an integer >= 1 or null, "
+                                      f"got {self.heads_depth!r}")
         if not isinstance(self.frugal, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: frugal must be true or false, got {self.frugal!r}")
         if isinstance(self.probe_budget, bool) or not isinstance(self.probe_budget, (int, float)) \

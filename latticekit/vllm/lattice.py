@@ -185,6 +185,8 @@ class LatticeProposer(NGramProposer):
                     self._check_hidden(hidden[row], sampled[i][-1])
         if not rows:
             return
+        if self.config.heads_depth is not None:  # deeper positions: the text's candidates alone
+            depth = min(depth, self.config.heads_depth)
         import torch
 
         from latticekit.decoding.lattices import CandidateLattice, FullLattice, candidate_lattices, full_lattices

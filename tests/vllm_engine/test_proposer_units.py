@@ -583,7 +583,8 @@ def test_lattice_settings_are_checked_and_name_the_lattice_proposer(tmp_path: Pa
                        ({"alpha": float("nan")}, "alpha"), ({"check_hidden": "yes"}, "check_hidden"),
                        ({"heads": str(tmp_path / "missing")}, "does not exist"), ({"heads": ""}, "heads"),
                        ({"text_first": 0}, "text_first"), ({"text_first": 1.5}, "text_first"),
-                       ({"text_first": True}, "text_first"), ({"text_first": "0.5"}, "text_first")):
+                       ({"text_first": True}, "text_first"), ({"text_first": "0.5"}, "text_first"),
+                       ({"heads_depth": 0}, "heads_depth"), ({"heads_depth": 2.5}, "heads_depth")):
         with pytest.raises(ProposerConfigError, match=match):
             ProposerConfig.from_dict(bad)
     heads = tmp_path / "heads.safetensors"
@@ -1298,6 +1299,29 @@ def test_the_lattice_proposer_reads_each_rows_hidden_state_and_drafts_its_lattic
         assert first.counters["errors"] == 0 and all(len(state.pending) == 1 for state in first.states.values())
         if skipped:  # draft tokens cost nothing here: each request's chain is its text's copy, whole
             assert got == [[3, 1, 2], [21, 4, 20]]
+    # heads_depth: the heads draft the lattice's first positions alone (each request's chain that
+    # of a lattice cut to them: the reference drafter given the same cut lattice)
+    shallow = LatticeProposer(engine_config(k=3, vocab=64), ProposerConfig(heads=str(given), step_costs=(0.1, 0.0),
+                                                                            k=4, p=4, heads_depth=1))
+    shallow.heads = heads
+    shallow._runner = weakref.ref(runner)
+    logits(shallow, hidden)
+    deep = LatticeProposer(engine_config(k=3, vocab=64), ProposerConfig(heads=str(given), step_costs=(0.1, 0.0),
+                                                                         k=4, p=4))
+    deep.heads = heads
+    deep._runner = weakref.ref(runner)
+    logits(deep, hidden)
+    deep.propose([[10], [22]], batch.lengths, batch.ids)
+    got = shallow.propose([[10], [22]], batch.lengths, batch.ids)
+    assert shallow.counters["lattice_rows"] == 2 and all(lattice.h == 2 for lattice in shallow._lattices)
+    for cut, whole in zip(shallow._lattices, deep._lattices):  # the same heads' first position
+        assert whole.h == 4 and np.array_equal(cut.tokens, whole.tokens[:2])
+        np.testing.assert_allclose(cut.scores, whole.scores[:2], atol=1e-5)
+    for r, text in enumerate(texts):
+        alone = ChainDrafter(None, 64, AcceptanceModel.prior(trust="head+cache"), candidates=32, max_depth=12)
+        alone.observe(text)
+        cut = shallow._lattices[r]
+        assert got[r] == alone.propose_lattice(3, cut, uniform_lm(), 4, 0.0)[0].tolist()
     with pytest.raises(ProposerConfigError, match="'text'"):
         NGramProposer(engine_config(), ProposerConfig(arms=("model", "text")))
 
