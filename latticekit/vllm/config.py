@@ -185,8 +185,9 @@ class ProposerConfig:
             0.99x the heads alone on held-out requests: no gain the runs could tell.
         heads_depth: the most lattice positions the lattice proposer's heads draft (heads 2..
             ``heads_depth`` + 1 run, their blocks and candidates' product cut to them); deeper chain
-            positions come from the text's and the memory's candidates alone. None: as deep as a
-            request's chain may go (``k``, ``max_depth``).
+            positions come from the text's and the memory's candidates alone. None (the default): as
+            deep as a request's chain may go (``k``, ``max_depth``). Tried at stop 69
+            (docs/vllm.md): 3 ran at 0.99x all the heads at one request and 1.03x at four.
         check_hidden: the lattice proposer checks, every step, that the hidden state it takes
             for a request is the one whose logits gave the request's last token (its arg-max
             must be that token: meaningful for greedy requests), counting ``hidden_checked``
