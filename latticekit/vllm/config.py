@@ -274,30 +274,17 @@ class ProposerConfig:
         if not isinstance(self.plain_steps, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: plain_steps must be true or false, "
                                       f"got {self.plain_steps!r}")
-        if self.plain_at_cost is not None and (isinstance(self.plain_at_cost, bool) or not isinstance(
-                self.plain_at_cost, (int, float)) or not 0 <= self.plain_at_cost <= 1):
-            raise ProposerConfigError(f"latticekit vLLM proposer: plain_at_cost must be a number in [0, 1], "
-                                      f"got {self.plain_at_cost!r}")
-        if self.closed_at_cost is not None and (isinstance(self.closed_at_cost, bool) or not isinstance(
-                self.closed_at_cost, (int, float)) or not 0 < self.closed_at_cost <= 1):
-            raise ProposerConfigError(f"latticekit vLLM proposer: closed_at_cost must be a number in (0, 1] or "
-                                      f"null, got {self.closed_at_cost!r}")
-        if self.closed_margin is not None and (isinstance(self.closed_margin, bool) or not isinstance(
-                self.closed_margin, int) or self.closed_margin < 0):
-            raise ProposerConfigError(f"latticekit vLLM proposer: closed_margin must be an integer >= 0 or null, "
-                                      f"got {self.closed_margin!r}")
-        if self.load_spread is not None and (isinstance(self.load_spread, bool) or not isinstance(
-                self.load_spread, (int, float)) or not math.isfinite(self.load_spread) or self.load_spread <= 0):
-            raise ProposerConfigError(f"latticekit vLLM proposer: load_spread must be a number > 0 or null, "
-                                      f"got {self.load_spread!r}")
-        if self.text_first is not None and (isinstance(self.text_first, bool) or not isinstance(
-                self.text_first, (int, float)) or not 0 < self.text_first <= 1):
-            raise ProposerConfigError(f"latticekit vLLM proposer: text_first must be a number in (0, 1] or null, "
-                                      f"got {self.text_first!r}")
-        if self.heads_depth is not None and (isinstance(self.heads_depth, bool) or not isinstance(
-                self.heads_depth, int) or self.heads_depth < 1):
-            raise ProposerConfigError(f"latticekit vLLM proposer: heads_depth must be an integer >= 1 or null, "
-                                      f"got {self.heads_depth!r}")
+        # the settings that may be null: a number (a bool is none) in its range, or an integer
+        for key, ok, wants in (
+                ("plain_at_cost", lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+                ("closed_at_cost", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1] or null"),
+                ("closed_margin", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 or null"),
+                ("load_spread", lambda v: _number(v) and math.isfinite(v) and v > 0, "a number > 0 or null"),
+                ("text_first", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1] or null"),
+                ("heads_depth", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1 or null")):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not ok(value)):
+                raise ProposerConfigError(f"latticekit vLLM proposer: {key} must be {wants}, got {value!r}")
         if not isinstance(self.frugal, bool):
             raise ProposerConfigError(f"latticekit vLLM proposer: frugal must be true or false, got {self.frugal!r}")
         if isinstance(self.probe_budget, bool) or not isinstance(self.probe_budget, (int, float)) \
@@ -363,6 +350,11 @@ class ProposerConfig:
             if key in data:
                 data[key] = list(data[key])
         return json.dumps(data, sort_keys=True)
+
+
+def _number(value: Any) -> bool:
+    """An int or a float (a bool is refused before this is asked)."""
+    return isinstance(value, (int, float))
 
 
 def speculative_config(num_speculative_tokens: int = 8, **settings: Any) -> dict[str, Any]:
