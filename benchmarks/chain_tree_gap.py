@@ -34,7 +34,7 @@ import argparse
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,29 @@ def match_followers(ids: Sequence[int], longest: int = 8, window: int = 400) -> 
     return []
 
 
+def walk(prompt: list[int], continuation: list[int], chains: Any, n: int) -> Iterator[dict[str, Any]]:
+    """One request's steps as :func:`latticekit.eval.chain_replay.replay_chains` takes them, every
+    chain at full length (``n`` tokens at most), one at a time: where the chain starts (``at``),
+    the text and the tokens just emitted it was drafted after (``ids``, ``emitted``), the chain,
+    its candidate tree's paths and the tokens it accepted (``got``); the text then grows by those
+    and one more. ``chains`` (a :class:`~latticekit.eval.chain_replay.LatticekitChains`) is
+    started on the prompt and finished on the whole text."""
+    from latticekit.eval.chain_replay import accepted_prefix
+
+    chains.start(prompt)
+    ids, emitted = prompt + continuation[:1], continuation[:1]
+    while len(ids) - len(prompt) < len(continuation):
+        at = len(ids) - len(prompt)
+        chain = list(chains.propose(ids, emitted, n))
+        assert chains.state is not None
+        paths = [list(path) for path in chains.state.candidate_tree(n).paths()]
+        got = accepted_prefix(chain, continuation, at)
+        yield {"at": at, "ids": ids, "emitted": emitted, "chain": chain, "paths": paths, "got": got}
+        emitted = continuation[at:at + got + 1]
+        ids = ids + emitted
+    chains.finish(ids)
+
+
 def tree_gap(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int) -> dict[str, Any]:
     """One domain's step-by-step counts (see the module docstring)."""
     from replay_drafters import MEMORY_TOKENS, VOCAB, Suffix
@@ -71,20 +94,14 @@ def tree_gap(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int) -> 
             continue
         c["requests"] += 1
         c["tokens"] += len(continuation)
-        chains.start(prompt)
         suffix.start(prompt)
-        ids, emitted = prompt + continuation[:1], continuation[:1]
-        while len(ids) - len(prompt) < len(continuation):
-            at = len(ids) - len(prompt)
-            chain = list(chains.propose(ids, emitted, n))
-            assert chains.state is not None
-            paths = chains.state.candidate_tree(n).paths()
-            got = accepted_prefix(chain, continuation, at)
+        for step in walk(prompt, continuation, chains, n):
+            at, ids, chain, paths, got = step["at"], step["ids"], step["chain"], step["paths"], step["got"]
             best = max((accepted_prefix(path, continuation, at) for path in paths), default=0)
             c["steps"] += 1
             c["chain"] += got
             c["tree"] += best
-            c["suffix"] += accepted_prefix(list(suffix.propose(ids, emitted, 24)), continuation, at)
+            c["suffix"] += accepted_prefix(list(suffix.propose(ids, step["emitted"], 24)), continuation, at)
             found = match_followers(ids)
             if found and chain:
                 truth = continuation[at]
@@ -98,10 +115,7 @@ def tree_gap(streams: Sequence[tuple[Sequence[int], Sequence[int]]], n: int) -> 
                 c[f"lost_{where}_tokens"] += best - got
                 if where == "first":
                     c["first_tokens_held"] += len({path[0] for path in paths if path})
-            emitted = continuation[at:at + got + 1]
-            ids = ids + emitted
-        chains.finish(ids)
-        suffix.finish(ids)
+        suffix.finish(prompt + continuation)  # the whole text, as the walk's end leaves it
     steps = max(c["steps"], 1)
     lost = max(c["lost_first_tokens"] + c["lost_later_tokens"], 1)
     return {"requests": c["requests"], "steps": c["steps"],

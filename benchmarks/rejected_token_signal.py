@@ -39,26 +39,6 @@ sys.path.insert(0, str(ROOT))
 CONFIDENT = 0.5
 
 
-def walk(prompt: list[int], continuation: list[int], chains: Any, n: int) -> list[dict[str, Any]]:
-    """One request's steps: where each chain started, the chain, what it accepted and its
-    candidate tree's paths."""
-    from latticekit.eval.chain_replay import accepted_prefix
-
-    steps: list[dict[str, Any]] = []
-    chains.start(prompt)
-    ids, emitted = prompt + continuation[:1], continuation[:1]
-    while len(ids) - len(prompt) < len(continuation):
-        at = len(ids) - len(prompt)
-        chain = list(chains.propose(ids, emitted, n))
-        paths = [list(p) for p in chains.state.candidate_tree(n).paths()]
-        got = accepted_prefix(chain, continuation, at)
-        steps.append({"at": at, "chain": chain, "got": got, "paths": paths})
-        emitted = continuation[at:at + got + 1]
-        ids = ids + emitted
-    chains.finish(ids)
-    return steps
-
-
 def counterfactual_logits(model: Any, text: Sequence[int], queries: Sequence[tuple[int, int]]) -> Any:
     """The target's logits after ``text[:q] + [token]`` for each ``(q, token)``, in one forward
     pass: ``text`` causally, then each query token attending ``text[:q]`` and itself at position q."""
@@ -81,6 +61,7 @@ def domain_counts(model: Any, streams: Sequence[tuple[Sequence[int], Sequence[in
                   check: int = 3) -> dict[str, Any]:
     """One domain's counts (see the module docstring)."""
     import torch
+    from chain_tree_gap import walk
     from replay_drafters import MEMORY_TOKENS, VOCAB
 
     from latticekit.drafting.memory import AnswerMemory
@@ -92,7 +73,7 @@ def domain_counts(model: Any, streams: Sequence[tuple[Sequence[int], Sequence[in
         prompt, continuation = [int(t) for t in prompt], [int(t) for t in continuation]
         if not continuation:
             continue
-        steps = walk(prompt, continuation, chains, n)
+        steps = list(walk(prompt, continuation, chains, n))
         c["all_steps"] += len(steps)
         text = prompt + continuation
         queries, after = [], []
